@@ -1,0 +1,194 @@
+"""The `fusefs` command: pack, mount, umount, info, verify, stats."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12,
+          "tib": 1 << 40}
+
+
+def parse_size(text: str, whole: int | None = None) -> int:
+    """'64MiB' -> bytes; '10%' -> that share of whole (e.g. the dataset's size)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(%|[a-zA-Z]*)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512MiB, 2GiB, 10%)")
+    value, unit = float(m.group(1)), m.group(2).lower()
+    if unit == "%":
+        if whole is None:
+            raise argparse.ArgumentTypeError(f"{text!r}: a percentage is not allowed here")
+        return int(whole * value / 100)
+    if unit not in _UNITS:
+        raise argparse.ArgumentTypeError(f"unknown unit in {text!r} (use B, KiB, MiB, GiB, TiB)")
+    return int(value * _UNITS[unit])
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def cmd_pack(a) -> int:
+    from .pack import PackError, pack
+    try:
+        r = pack(a.src, a.dst, chunk_bytes=None if a.chunk_count else parse_size(a.chunk_size),
+                 chunk_count=a.chunk_count, nodes=a.nodes, workers=a.workers, strict=a.strict,
+                 force=a.force, progress=False if a.quiet else None)
+    except PackError as e:
+        print(f"fusefs pack: {e}", file=sys.stderr)
+        return 2
+    for path, why in r.skipped:
+        print(f"skipped: {path}: {why}", file=sys.stderr)
+    print(f"packed {r.files} files, {_human(r.bytes)} into {r.chunks} chunks in {r.seconds:.1f} s "
+          f"({r.mb_per_s:.1f} MB/s){f'; {len(r.skipped)} skipped' if r.skipped else ''}")
+    return 0
+
+
+def _load(dst):
+    from .index import INDEX_NAME, Index
+    return Index.load(os.path.join(dst, INDEX_NAME))
+
+
+def cmd_info(a) -> int:
+    ix = _load(a.dst)
+    info = {"samples": ix.n_files, "classes": len(ix.classes), "directories": ix.n_dirs,
+            "chunks": len(ix.chunks), "bytes": ix.total_bytes, "nodes": len(ix.nodes),
+            "chunks_per_node": ix.chunks_per_node()}
+    if a.chunks:
+        info["chunk_nodes"] = {c.path: ix.nodes[c.node] for c in ix.chunks}
+    if a.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    print(f"samples:  {ix.n_files}\nclasses:  {len(ix.classes)}\ndirs:     {ix.n_dirs}\n"
+          f"chunks:   {len(ix.chunks)}\nbytes:    {ix.total_bytes} ({_human(ix.total_bytes)})\n"
+          f"nodes:    {len(ix.nodes)}")
+    for name, count in info["chunks_per_node"].items():
+        print(f"  {name}: {count} chunks")
+    if a.chunks:
+        for c in ix.chunks:
+            print(f"{c.path}\t{ix.nodes[c.node]}\t{c.count} samples\t{c.size} bytes")
+    return 0
+
+
+def cmd_verify(a) -> int:
+    from .store import verify
+    ix = _load(a.dst)
+    problems = verify(a.dst, ix, progress=False if a.quiet else None)
+    for p in problems:
+        print(f"BAD: {p}")
+    print(f"verified {ix.n_files} samples in {len(ix.chunks)} chunks: "
+          f"{'all good' if not problems else f'{len(problems)} problem(s)'}")
+    return 1 if problems else 0
+
+
+def cmd_mount(a) -> int:
+    from .mount import MountError, open_dataset, serve, start_background
+    if a.background:
+        argv = [x for x in sys.argv[1:] if x not in ("--background", "-b")]
+        log_path = a.log or os.path.join("/tmp", f"fusefs-{os.getuid()}-{os.path.basename(os.path.abspath(a.mnt))}.log")
+        return start_background(argv, a.mnt, log_path)
+    try:
+        index, store = open_dataset(a.dst)  # refuses a broken dataset before mounting
+        cache = parse_size(a.cache_size, whole=index.total_bytes)
+        serve(index, store, a.mnt, options=a.o or [], cache_bytes=cache, backend_threads=a.threads)
+    except (MountError, argparse.ArgumentTypeError) as e:
+        print(f"fusefs mount: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_umount(a) -> int:
+    from .mount import MountError, unmount
+    try:
+        unmount(a.mnt)
+    except MountError as e:
+        print(f"fusefs umount: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_stats(a) -> int:
+    path = os.path.join(a.mnt, ".fusefs", "stats")
+    try:
+        with open(path) as f:
+            stats = json.load(f)
+    except OSError as e:
+        print(f"fusefs stats: {path}: {e.strerror} (is {a.mnt} a fusefs mount?)", file=sys.stderr)
+        return 1
+    if a.json:
+        print(json.dumps(stats, indent=1, sort_keys=True))
+    else:
+        width = max(map(len, stats))
+        for k in sorted(stats):
+            print(f"{k:<{width}}  {stats[k]}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fusefs", description=__doc__.splitlines()[0])
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("pack", help="pack a folder tree into chunk files plus an index")
+    s.add_argument("src"); s.add_argument("dst")
+    s.add_argument("--chunk-size", default="64MiB", help="target bytes per chunk (default 64MiB)")
+    s.add_argument("--chunk-count", type=int, help="samples per chunk (instead of --chunk-size)")
+    s.add_argument("--nodes", type=int, help="spread chunks over N node folders (chunk i on node i mod N)")
+    s.add_argument("--workers", type=int, default=16, help="parallel source reads (default 16)")
+    s.add_argument("--strict", action="store_true", help="stop at the first unreadable source entry")
+    s.add_argument("--force", action="store_true", help="replace a packed dataset already in DST")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_pack)
+
+    s = sub.add_parser("mount", help="show a packed dataset as its original tree")
+    s.add_argument("dst"); s.add_argument("mnt")
+    s.add_argument("-b", "--background", action="store_true", help="detach once mounted")
+    s.add_argument("-o", action="append", metavar="OPTS", help="FUSE mount options, e.g. allow_other")
+    s.add_argument("--cache-size", default="256MiB", help="sample cache budget: bytes or %% of the dataset")
+    s.add_argument("--threads", type=int, default=16, help="concurrent backend reads (default 16)")
+    s.add_argument("--log", help="log file with --background (default /tmp/fusefs-UID-NAME.log)")
+    s.set_defaults(func=cmd_mount)
+
+    s = sub.add_parser("umount", help="unmount a fusefs mount")
+    s.add_argument("mnt")
+    s.set_defaults(func=cmd_umount)
+
+    s = sub.add_parser("info", help="print what a packed dataset holds")
+    s.add_argument("dst")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--chunks", action="store_true", help="also list every chunk and its node")
+    s.set_defaults(func=cmd_info)
+
+    s = sub.add_parser("verify", help="check every checksum of a packed dataset")
+    s.add_argument("dst")
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.set_defaults(func=cmd_verify)
+
+    s = sub.add_parser("stats", help="print a mount's statistics")
+    s.add_argument("mnt")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_stats)
+    return p
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from .index import IndexFormatError
+    try:
+        return a.func(a)
+    except IndexFormatError as e:
+        print(f"fusefs {a.command}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The hidden control namespace `MNT/.fusefs/`.
+
+Lookups reach it by name; the root's listing never shows it (ImageFolder would make a
+class of it). Each control file renders its content when opened for reading; a
+writable one takes the bytes written and commits them when the writer closes the file
+(flush), so an invalid write fails the writer's close() and changes nothing.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+
+from .entries import Attr, FsError, OpenResult
+
+CONTROL_NAME = b".fusefs"
+FH_BASE = 1 << 62  # control handles live far above every inode number
+MAX_WRITE = 256 << 20
+
+
+class ControlFile:
+    name: bytes = b""
+    writable = False
+
+    def render(self) -> bytes:
+        return b""
+
+    def commit(self, data: bytes) -> None:
+        raise NotImplementedError
+
+
+class StatsFile(ControlFile):
+    """`.fusefs/stats`: the daemon's counters as JSON."""
+
+    name = b"stats"
+
+    def __init__(self, core):
+        self.core = core
+
+    def render(self) -> bytes:
+        return (json.dumps(self.core.statistics(), indent=1, sort_keys=True) + "\n").encode()
+
+
+class _Handle:
+    __slots__ = ("file", "content", "written", "dirty")
+
+    def __init__(self, file: ControlFile, content: bytes, writing: bool):
+        self.file = file
+        self.content = content
+        self.written = bytearray() if writing else None
+        self.dirty = False
+
+
+class ControlNamespace:
+    def __init__(self, core, base_ino: int):
+        self.core = core
+        self.base = base_ino
+        self.files: list[ControlFile] = [StatsFile(core)]
+        self._handles: dict[int, _Handle] = {}
+        self._next_fh = FH_BASE
+
+    def add(self, file: ControlFile) -> None:
+        self.files.append(file)
+
+    # ---- metadata ----------------------------------------------------------------------
+    def dir_attr(self):
+        return Attr(self.base, stat.S_IFDIR | 0o755, 0, int(self.core.stats.started * 1e9),
+                    nlink=2, timeout=0.0)
+
+    def _attr(self, slot: int):
+        f = self.files[slot]
+        mode = stat.S_IFREG | (0o644 if f.writable else 0o444)
+        return Attr(self.base + 1 + slot, mode, 0, int(self.core.stats.started * 1e9), timeout=0.0)
+
+    def _slot(self, ino: int) -> int:
+        slot = ino - self.base - 1
+        if not 0 <= slot < len(self.files):
+            raise FsError(errno.ENOENT)
+        return slot
+
+    def lookup(self, name: bytes):
+        for slot, f in enumerate(self.files):
+            if f.name == name:
+                return self._attr(slot)
+        raise FsError(errno.ENOENT)
+
+    def getattr(self, ino: int):
+        return self.dir_attr() if ino == self.base else self._attr(self._slot(ino))
+
+    def readdir(self, start: int):
+        for slot in range(start, len(self.files)):
+            yield self.files[slot].name, self._attr(slot), slot + 1
+
+    # ---- data --------------------------------------------------------------------------
+    def open(self, ino: int, flags: int):
+        if ino == self.base:
+            raise FsError(errno.EISDIR)
+        f = self.files[self._slot(ino)]
+        writing = bool(flags & (os.O_WRONLY | os.O_RDWR))
+        if writing and not f.writable:
+            raise FsError(errno.EACCES)
+        content = b"" if writing else f.render()
+        fh = self._next_fh
+        self._next_fh += 1
+        self._handles[fh] = _Handle(f, content, writing)
+        return OpenResult(fh=fh, direct_io=True, keep_cache=False)
+
+    def _handle(self, fh: int) -> _Handle:
+        h = self._handles.get(fh)
+        if h is None:
+            raise FsError(errno.EBADF)
+        return h
+
+    def read(self, fh: int, off: int, size: int) -> bytes:
+        return self._handle(fh).content[off:off + size]
+
+    def write(self, fh: int, off: int, data: bytes) -> int:
+        h = self._handle(fh)
+        if h.written is None:
+            raise FsError(errno.EBADF)
+        if off + len(data) > MAX_WRITE:
+            raise FsError(errno.EFBIG)
+        if off > len(h.written):
+            h.written.extend(bytes(off - len(h.written)))
+        h.written[off:off + len(data)] = data
+        h.dirty = True
+        return len(data)
+
+    def flush(self, fh: int) -> None:
+        """Commit what was written (close() of the writer gets the error, if any)."""
+        h = self._handle(fh)
+        if h.dirty:
+            h.dirty = False
+            h.file.commit(bytes(h.written))
+
+    def release(self, fh: int) -> None:
+        self._handles.pop(fh, None)
+
+    @property
+    def open_handles(self) -> int:
+        return len(self._handles)

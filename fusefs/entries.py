@@ -1,0 +1,30 @@
+"""The plain values the filesystem core hands to the FUSE adapter."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+DATA_TIMEOUT = 24 * 3600.0  # the dataset is immutable: let the kernel keep entries a day
+
+
+class FsError(Exception):
+    def __init__(self, code: int, why: str = ""):
+        super().__init__(why or os.strerror(code))
+        self.errno = code
+
+
+@dataclass(frozen=True)
+class Attr:
+    ino: int
+    mode: int
+    size: int
+    mtime_ns: int
+    nlink: int = 1
+    timeout: float = DATA_TIMEOUT
+
+
+@dataclass(frozen=True)
+class OpenResult:
+    fh: int
+    direct_io: bool = False
+    keep_cache: bool = True

@@ -1,0 +1,138 @@
+"""The pyfuse3 adapter: inode numbers and attributes in, FUSE errors out.
+
+All filesystem logic lives in core.Core; this class only translates. No exception other
+than FUSEError may escape a handler (it would end pyfuse3.main and leave a dead mount):
+FsError becomes its errno, anything unexpected is logged with a traceback and is EIO.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+
+import pyfuse3
+
+from .core import Core
+from .entries import Attr, FsError
+
+log = logging.getLogger("fusefs")
+
+
+def _translate(fn):
+    @functools.wraps(fn)
+    async def wrapper(*args, **kwargs):
+        try:
+            return await fn(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except FsError as e:
+            raise pyfuse3.FUSEError(e.errno) from None
+        except Exception:
+            log.exception("unexpected error in %s", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+    return wrapper
+
+
+class Operations(pyfuse3.Operations):
+    supports_dot_lookup = False
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, core: Core):
+        super().__init__()
+        self.core = core
+
+    def _entry(self, a: Attr) -> pyfuse3.EntryAttributes:
+        e = pyfuse3.EntryAttributes()
+        e.st_ino = a.ino
+        e.generation = 0
+        e.entry_timeout = a.timeout
+        e.attr_timeout = a.timeout
+        e.st_mode = a.mode
+        e.st_nlink = a.nlink
+        e.st_uid = self.core.uid
+        e.st_gid = self.core.gid
+        e.st_rdev = 0
+        e.st_size = a.size
+        e.st_blksize = 131072
+        e.st_blocks = (a.size + 511) // 512
+        e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = a.mtime_ns
+        return e
+
+    @_translate
+    async def lookup(self, parent_inode, name, ctx=None):
+        return self._entry(self.core.lookup(parent_inode, name))
+
+    @_translate
+    async def getattr(self, inode, ctx=None):
+        return self._entry(self.core.getattr(inode))
+
+    @_translate
+    async def opendir(self, inode, ctx):
+        return self.core.opendir(inode)
+
+    @_translate
+    async def readdir(self, fh, start_id, token):
+        for name, attr, nxt in self.core.readdir(fh, start_id):
+            if not pyfuse3.readdir_reply(token, name, self._entry(attr), nxt):
+                break
+
+    async def releasedir(self, fh):
+        pass
+
+    @_translate
+    async def open(self, inode, flags, ctx):
+        r = self.core.open(inode, flags)
+        return pyfuse3.FileInfo(fh=r.fh, direct_io=r.direct_io, keep_cache=r.keep_cache)
+
+    @_translate
+    async def read(self, fh, off, size):
+        return await self.core.read(fh, off, size)
+
+    @_translate
+    async def write(self, fh, off, buf):
+        return self.core.write(fh, off, buf)
+
+    @_translate
+    async def flush(self, fh):
+        self.core.flush(fh)
+
+    @_translate
+    async def release(self, fh):
+        self.core.release(fh)
+
+    @_translate
+    async def statfs(self, ctx):
+        info = self.core.statfs()
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = s.f_frsize = info["bsize"]
+        s.f_blocks = info["blocks"]
+        s.f_bfree = s.f_bavail = 0
+        s.f_files = info["files"]
+        s.f_ffree = s.f_favail = 0
+        s.f_namemax = info["namemax"]
+        return s
+
+    async def getxattr(self, inode, name, ctx):
+        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+
+    async def listxattr(self, inode, ctx):
+        return []
+
+    async def forget(self, inode_list):
+        pass  # nothing is kept per inode
+
+    async def fsync(self, fh, datasync):
+        pass
+
+    async def fsyncdir(self, fh, datasync):
+        pass
+
+
+# Every operation that would change the dataset is refused as on a read-only filesystem.
+for _name in ("setattr", "create", "mknod", "mkdir", "unlink", "rmdir", "symlink", "rename",
+              "link", "setxattr", "removexattr"):
+    async def _erofs(self, *args, **kwargs):
+        raise pyfuse3.FUSEError(errno.EROFS)
+    _erofs.__name__ = _name
+    setattr(Operations, _name, _erofs)

@@ -1,0 +1,111 @@
+"""Mount lifecycle: check the packed folder, mount, serve, unmount cleanly."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyfuse3
+import trio
+
+from .core import Core
+from .fs import Operations
+from .index import INDEX_NAME, Index, IndexFormatError
+from .store import ChunkStore, StoreError
+
+log = logging.getLogger("fusefs")
+
+
+class MountError(RuntimeError):
+    """The mount cannot start; the message names the file or the reason."""
+
+
+def open_dataset(dst: str) -> tuple[Index, ChunkStore]:
+    """Load the index and check every chunk file, or raise naming what is wrong."""
+    try:
+        index = Index.load(os.path.join(dst, INDEX_NAME))
+        store = ChunkStore(dst, index)
+        store.check()
+    except (IndexFormatError, StoreError) as e:
+        raise MountError(str(e)) from None
+    return index, store
+
+
+def fuse_options(extra: list[str]) -> set[str]:
+    opts = set(pyfuse3.default_options)
+    opts.update({"fsname=fusefs", "subtype=fusefs"})
+    for item in extra:
+        opts.update(o for o in item.split(",") if o)
+    return opts
+
+
+def serve(index: Index, store: ChunkStore, mnt: str, *, options: list[str] = (),
+          cache_bytes: int = 256 << 20, backend_threads: int = 16) -> None:
+    """Mount the dataset at mnt and serve until unmounted or SIGINT/SIGTERM (foreground)."""
+    if not os.path.isdir(mnt):
+        raise MountError(f"{mnt}: mount point is not a folder")
+    if os.path.ismount(mnt):
+        raise MountError(f"{mnt}: something is already mounted there")
+    core = Core(index, store, cache_bytes=cache_bytes, backend_threads=backend_threads)
+    ops = Operations(core)
+    pyfuse3.init(ops, mnt, fuse_options(list(options)))
+    log.info("mounted %s at %s: %d samples, %d chunks on %d node(s)", store.root, mnt, index.n_files,
+             len(index.chunks), len(index.nodes))
+    clean = False
+    try:
+        trio.run(_main)
+        clean = True
+    finally:
+        pyfuse3.close(unmount=clean)
+        store.close()
+        if not clean:  # an unexpected error: do not leave a dead mount behind
+            subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
+        log.info("unmounted %s", mnt)
+
+
+async def _main():
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_signals)
+        await pyfuse3.main()
+        nursery.cancel_scope.cancel()
+
+
+async def _watch_signals():
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for sig in signals:
+            log.info("%s: unmounting", signal.Signals(sig).name)
+            pyfuse3.terminate()
+            return
+
+
+def start_background(argv: list[str], mnt: str, log_path: str, timeout: float = 60.0) -> int:
+    """Run `fusefs mount` (foreground) detached; return once mnt is mounted (0) or it failed."""
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen([sys.executable, "-m", "fusefs", *argv], stdin=subprocess.DEVNULL,
+                                stdout=logf, stderr=logf, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.ismount(mnt):
+            print(f"fusefs: mounted at {mnt} (pid {proc.pid}, log {log_path})")
+            return 0
+        if proc.poll() is not None:
+            with open(log_path, "rb") as f:
+                tail = f.read()[-4000:].decode(errors="replace")
+            print(tail, end="", file=sys.stderr)
+            return proc.returncode or 1
+        time.sleep(0.05)
+    proc.terminate()
+    print(f"fusefs: {mnt} did not appear within {timeout:.0f} s; see {log_path}", file=sys.stderr)
+    return 1
+
+
+def unmount(mnt: str) -> None:
+    """Unmount mnt (the daemon then exits by itself)."""
+    if not os.path.ismount(mnt):
+        raise MountError(f"{mnt} is not mounted")
+    r = subprocess.run(["fusermount3", "-u", mnt], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise MountError(f"fusermount3 -u {mnt}: {r.stderr.strip()}")

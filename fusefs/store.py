@@ -1,0 +1,139 @@
+"""Blocking access to the chunk files on the backend (called from worker threads only).
+
+Every sample read here is checked against the checksum in the index before it is
+returned: a mismatch raises CorruptSample, never hands out wrong bytes.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import threading
+
+import numpy as np
+
+from . import chunk as chunkfmt
+from .index import Index
+
+log = logging.getLogger("fusefs.store")
+
+
+class StoreError(RuntimeError):
+    """The packed folder does not match its index (missing or truncated chunk)."""
+
+
+class CorruptSample(IOError):
+    def __init__(self, chunk_path: str, sample_path: str, why: str):
+        super().__init__(f"{chunk_path}: sample {sample_path}: {why}")
+        self.chunk_path, self.sample_path = chunk_path, sample_path
+
+
+class ChunkStore:
+    def __init__(self, root: str, index: Index):
+        self.root = root
+        self.index = index
+        self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()
+        _raise_fd_limit(len(index.chunks) + 256)
+
+    def chunk_path(self, k: int) -> str:
+        return os.path.join(self.root, self.index.chunks[k].path)
+
+    def check(self) -> None:
+        """Refuse a packed folder whose chunks are missing or not of the recorded size."""
+        for k, info in enumerate(self.index.chunks):
+            path = self.chunk_path(k)
+            try:
+                size = os.stat(path).st_size
+            except FileNotFoundError:
+                raise StoreError(f"{path}: chunk file is missing") from None
+            except OSError as e:
+                raise StoreError(f"{path}: cannot stat chunk: {e.strerror}") from None
+            if size != info.size:
+                raise StoreError(f"{path}: chunk file is {size} bytes, the index says {info.size} "
+                                 f"({'truncated' if size < info.size else 'altered'})")
+
+    def _fd(self, k: int) -> int:
+        fd = self._fds.get(k)
+        if fd is None:
+            with self._lock:
+                fd = self._fds.get(k)
+                if fd is None:
+                    fd = os.open(self.chunk_path(k), os.O_RDONLY | os.O_CLOEXEC)
+                    self._fds[k] = fd
+        return fd
+
+    def read_range(self, k: int, offset: int, length: int) -> bytes:
+        """length bytes of chunk k from offset (short only if the file is)."""
+        fd = self._fd(k)
+        parts, got = [], 0
+        while got < length:
+            part = os.pread(fd, length - got, offset + got)
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def verify(self, sid: int, data) -> bytes:
+        """data if it is sample sid's exact bytes, else CorruptSample."""
+        ix = self.index
+        if len(data) != int(ix.size[sid]):
+            raise CorruptSample(self.chunk_path(int(ix.chunk[sid])), os.fsdecode(ix.file_path(sid)),
+                                f"short read ({len(data)} of {int(ix.size[sid])} bytes)")
+        if chunkfmt.checksum(data) != int(ix.checksum[sid]):
+            raise CorruptSample(self.chunk_path(int(ix.chunk[sid])), os.fsdecode(ix.file_path(sid)),
+                                "checksum mismatch")
+        return bytes(data)
+
+    def read_sample(self, sid: int) -> bytes:
+        ix = self.index
+        data = self.read_range(int(ix.chunk[sid]), int(ix.offset[sid]), int(ix.size[sid]))
+        return self.verify(sid, data)
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+
+def _raise_fd_limit(want: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < want:
+        target = want if hard == resource.RLIM_INFINITY else min(hard, want)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def verify(root: str, index: Index, progress: bool | None = None) -> list[str]:
+    """Check every chunk header and every sample checksum; return what is bad."""
+    from tqdm import tqdm
+
+    problems = []
+    store = ChunkStore(root, index)
+    order = np.argsort(index.chunk, kind="stable")
+    bounds = np.searchsorted(index.chunk[order], np.arange(len(index.chunks) + 1))
+    with tqdm(total=index.total_bytes, unit="B", unit_scale=True, desc="verify",
+              disable=None if progress is None else not progress) as bar:
+        for k, info in enumerate(index.chunks):
+            path = store.chunk_path(k)
+            try:
+                with open(path, "rb") as f:
+                    head = chunkfmt.read_header(f, os.fstat(f.fileno()).st_size)
+            except (OSError, chunkfmt.ChunkError) as e:
+                problems.append(f"{path}: {getattr(e, 'strerror', None) or e}")
+                bar.update(int(index.size[order[bounds[k]:bounds[k + 1]]].sum()))
+                continue
+            for sid in order[bounds[k]:bounds[k + 1]]:
+                sid = int(sid)
+                try:
+                    store.read_sample(sid)
+                except CorruptSample as e:
+                    problems.append(str(e))
+                except OSError as e:
+                    problems.append(f"{path}: sample {os.fsdecode(index.file_path(sid))}: {e.strerror}")
+                bar.update(int(index.size[sid]))
+            if head.n != info.count:
+                problems.append(f"{path}: header holds {head.n} samples, the index says {info.count}")
+    store.close()
+    return problems

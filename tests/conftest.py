@@ -1,0 +1,125 @@
+"""Shared fixtures: small source trees, packed datasets and real FUSE mounts.
+
+Every mount is started as a subprocess (`python -m fusefs mount`, foreground) and torn
+down in `finally`: `fusermount3 -u -z` if it is still in /proc/mounts (dead mounts too),
+then terminate, then kill. No test leaves a mount or a daemon behind.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fusefs.pack import pack
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def is_mounted(mnt: str) -> bool:
+    mnt = os.path.realpath(mnt)
+    with open("/proc/mounts") as f:
+        return any(line.split()[1].replace("\\040", " ") == mnt for line in f)
+
+
+def fusefs_cmd(*args) -> list[str]:
+    return [sys.executable, "-m", "fusefs", *map(str, args)]
+
+
+@contextlib.contextmanager
+def mounted(dst, mnt, *args, timeout: float = 60.0):
+    """Mount dst at mnt with `fusefs mount` in the foreground; yield (process, log path)."""
+    os.makedirs(mnt, exist_ok=True)
+    log_path = f"{mnt}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(fusefs_cmd("mount", dst, mnt, *args), stdout=log,
+                                stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        deadline = time.monotonic() + timeout
+        while not is_mounted(mnt):
+            if proc.poll() is not None:
+                raise RuntimeError(f"fusefs mount exited {proc.returncode}: {open(log_path).read()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"mount did not appear: {open(log_path).read()}")
+            time.sleep(0.02)
+        yield proc, log_path
+    finally:
+        unmount_quietly(mnt, proc)
+
+
+def unmount_quietly(mnt, proc=None):
+    if is_mounted(mnt):
+        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+    if proc is not None:
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def write_tree(root, files: dict):
+    """files: relative path -> bytes (a path ending in '/' makes an empty folder)."""
+    for rel, data in files.items():
+        path = os.path.join(root, rel)
+        if rel.endswith("/"):
+            os.makedirs(path, exist_ok=True)
+            continue
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+
+
+def read_tree(root) -> dict:
+    """relative path -> bytes for every file, '' -> None for every folder (with '/')."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != ".fusefs")
+        rel = os.path.relpath(dirpath, root)
+        out[("" if rel == "." else rel + "/")] = None
+        for name in filenames:
+            with open(os.path.join(dirpath, name), "rb") as f:
+                out[os.path.normpath(os.path.join(rel, name))] = f.read()
+    return out
+
+
+def tricky_tree() -> dict:
+    """Names with spaces and non-ASCII, nesting, empty files and folders, sizes 0..300 KB."""
+    import random
+    rng = random.Random(7)
+    files = {}
+    for c in ["cat", "dog", "with space", "ünïcødé", "zz"]:
+        for i in range(12):
+            files[f"{c}/img {i:03d}.jpg"] = rng.randbytes(rng.choice([0, 1, 100, 4096, 70_000, 131_073, 300_000]))
+    files["cat/deep/er/still deeper/x.bin"] = rng.randbytes(5000)
+    files["dog/empty.bin"] = b""
+    files["root file.txt"] = b"at the root\n"
+    files["empty class/"] = None
+    files["zz/empty sub/"] = None
+    return files
+
+
+@pytest.fixture(scope="session")
+def tricky(tmp_path_factory):
+    """(src, dst, files) for the tricky tree, packed with small chunks."""
+    base = tmp_path_factory.mktemp("tricky")
+    src, dst = base / "src", base / "dst"
+    files = tricky_tree()
+    write_tree(src, files)
+    pack(str(src), str(dst), chunk_bytes=256 << 10, progress=False)
+    return str(src), str(dst), files
+
+
+@pytest.fixture
+def tricky_mount(tricky, tmp_path):
+    src, dst, files = tricky
+    mnt = tmp_path / "mnt"
+    with mounted(dst, mnt) as (proc, log):
+        yield src, str(mnt), proc, log

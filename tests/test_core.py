@@ -1,0 +1,123 @@
+"""The filesystem core, called directly (no mount)."""
+import errno
+import os
+import shutil
+
+import pytest
+import trio
+
+from fusefs.core import ROOT, Core
+from fusefs.entries import FsError
+from fusefs.index import INDEX_NAME, Index
+from fusefs.store import ChunkStore
+
+
+def _core(dst, **kw):
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    return Core(ix, ChunkStore(dst, ix), **kw)
+
+
+def _walk(core, ino=ROOT, prefix=""):
+    for name, attr, _ in core.readdir(ino, 0):
+        rel = prefix + os.fsdecode(name)
+        if attr.mode & 0o040000:
+            yield rel + "/", attr
+            yield from _walk(core, attr.ino, rel + "/")
+        else:
+            yield rel, attr
+
+
+def test_tree_and_reads_match_the_source(tricky):
+    src, dst, files = tricky
+    core = _core(dst)
+    seen = dict(_walk(core))
+    expect = {k for k in files} | {os.path.dirname(k.rstrip("/")) + "/" for k in files if "/" in k.rstrip("/")}
+    expect |= {"cat/deep/", "cat/deep/er/"}
+    assert set(seen) == expect
+    assert ".fusefs/" not in seen
+
+    async def check():
+        for rel, attr in seen.items():
+            if rel.endswith("/"):
+                continue
+            assert attr.size == len(files[rel])
+            fh = core.open(attr.ino, os.O_RDONLY).fh
+            data = files[rel]
+            for off, size in [(0, 131072), (1, 7), (len(data) - 3, 100), (len(data) + 5, 10)]:
+                assert await core.read(fh, max(off, 0), size) == data[max(off, 0):max(off, 0) + size]
+            core.release(fh)
+    trio.run(check)
+    s = core.statistics()
+    assert s["backend_reads"] == sum(1 for k, v in files.items() if v)
+    assert s["cache_hits"] > 0
+
+
+def test_lookup_errors_and_read_only(tricky):
+    core = _core(tricky[1])
+    with pytest.raises(FsError) as e:
+        core.lookup(ROOT, b"missing")
+    assert e.value.errno == errno.ENOENT
+    cat = core.lookup(ROOT, b"cat")
+    f = core.lookup(cat.ino, b"img 000.jpg")
+    with pytest.raises(FsError) as e:
+        core.lookup(f.ino, b"x")
+    assert e.value.errno == errno.ENOTDIR
+    for flags in (os.O_WRONLY, os.O_RDWR, os.O_RDONLY | os.O_TRUNC):
+        with pytest.raises(FsError) as e:
+            core.open(f.ino, flags)
+        assert e.value.errno == errno.EROFS
+
+
+def test_control_namespace_is_hidden_but_reachable(tricky):
+    core = _core(tricky[1])
+    names = [n for n, _, _ in core.readdir(ROOT, 0)]
+    assert b".fusefs" not in names
+    ctrl = core.lookup(ROOT, b".fusefs")
+    stats = core.lookup(ctrl.ino, b"stats")
+    assert [n for n, _, _ in core.readdir(ctrl.ino, 0)] == [b"stats"]
+    fh = core.open(stats.ino, os.O_RDONLY).fh
+    text = trio.run(core.read, fh, 0, 1 << 20)
+    assert b'"opens"' in text and b'"backend_bytes"' in text
+    core.release(fh)
+    assert core.control.open_handles == 0
+    with pytest.raises(FsError) as e:
+        core.open(stats.ino, os.O_WRONLY)
+    assert e.value.errno == errno.EACCES
+
+
+def test_corrupt_sample_is_eio_and_the_rest_is_served(tricky, tmp_path, caplog):
+    src, dst, files = tricky
+    copy = tmp_path / "dst"
+    shutil.copytree(dst, copy)
+    ix = Index.load(str(copy / INDEX_NAME))
+    victim = ix.resolve("dog/img 004.jpg")[1]
+    assert int(ix.size[victim]) > 0
+    chunk_path = copy / ix.chunks[int(ix.chunk[victim])].path
+    raw = bytearray(chunk_path.read_bytes())
+    raw[int(ix.offset[victim])] ^= 0xFF
+    chunk_path.write_bytes(bytes(raw))
+    core = _core(str(copy))
+
+    async def go():
+        with pytest.raises(FsError) as e:
+            await core.read(core.file_base + victim, 0, 4096)
+        assert e.value.errno == errno.EIO
+        other = ix.resolve("dog/img 005.jpg")[1]
+        assert await core.read(core.file_base + other, 0, 1 << 20) == files["dog/img 005.jpg"]
+    trio.run(go)
+    assert core.statistics()["eio"] == 1
+    line = [r.getMessage() for r in caplog.records if "EIO" in r.getMessage()]
+    assert line and str(chunk_path) in line[0] and "dog/img 004.jpg" in line[0]
+
+
+def test_concurrent_readers_of_one_sample_share_one_fetch(tricky):
+    core = _core(tricky[1])
+    sid = core.index.resolve("cat/img 004.jpg")[1]
+
+    async def go():
+        async with trio.open_nursery() as n:
+            for _ in range(8):
+                n.start_soon(core.read, core.file_base + sid, 0, 10)
+    trio.run(go)
+    s = core.statistics()
+    assert s["backend_reads"] == 1 and s["read_waits"] == 7

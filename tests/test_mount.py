@@ -1,0 +1,171 @@
+"""End to end on a real FUSE mount, read with plain open/read from several processes."""
+import errno
+import json
+import os
+import random
+import shutil
+import signal
+import stat
+import subprocess
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+
+from fusefs.index import INDEX_NAME, Index
+
+from conftest import fusefs_cmd, is_mounted, mounted, read_tree, unmount_quietly, REPO
+
+
+def test_every_file_is_byte_identical_with_same_metadata(tricky_mount):
+    src, mnt, _, _ = tricky_mount
+    assert read_tree(mnt) == read_tree(src)
+    for dirpath, dirnames, filenames in os.walk(src):
+        for name in dirnames + filenames:
+            rel = os.path.relpath(os.path.join(dirpath, name), src)
+            a, b = os.stat(os.path.join(src, rel)), os.stat(os.path.join(mnt, rel))
+            assert stat.S_IFMT(a.st_mode) == stat.S_IFMT(b.st_mode), rel
+            assert stat.S_IMODE(a.st_mode) == stat.S_IMODE(b.st_mode), rel
+            assert a.st_mtime_ns == b.st_mtime_ns, rel
+            if stat.S_ISREG(a.st_mode):
+                assert a.st_size == b.st_size, rel
+
+
+def _random_preads(args):
+    src, mnt, rels, seed = args
+    rng = random.Random(seed)
+    checked = 0
+    for _ in range(300):
+        rel = rng.choice(rels)
+        size_total = os.path.getsize(os.path.join(src, rel))
+        off = rng.randrange(0, size_total + 10)
+        size = rng.choice([1, 3, 511, 4096, 65537, 200_000])
+        with open(os.path.join(src, rel), "rb") as f:
+            want = os.pread(f.fileno(), size, off)
+        with open(os.path.join(mnt, rel), "rb") as f:
+            got = os.pread(f.fileno(), size, off)
+        assert got == want, (rel, off, size)
+        checked += 1
+    return checked
+
+
+def test_partial_unaligned_concurrent_reads_from_several_processes(tricky_mount):
+    src, mnt, _, _ = tricky_mount
+    rels = [k for k, v in read_tree(src).items() if v is not None]
+    with ProcessPoolExecutor(4) as pool:
+        done = list(pool.map(_random_preads, [(src, mnt, rels, s) for s in range(4)]))
+    assert done == [300] * 4
+
+
+def test_writes_are_refused_and_missing_paths_are_enoent(tricky_mount):
+    src, mnt, _, _ = tricky_mount
+    target = os.path.join(mnt, "cat", "img 001.jpg")
+    attempts = [
+        lambda: open(os.path.join(mnt, "new.txt"), "wb"),
+        lambda: open(target, "r+b"),
+        lambda: open(target, "ab"),
+        lambda: os.rename(target, target + ".x"),
+        lambda: os.chmod(target, 0o777),
+        lambda: os.unlink(target),
+        lambda: os.mkdir(os.path.join(mnt, "newdir")),
+        lambda: os.rmdir(os.path.join(mnt, "empty class")),
+        lambda: os.setxattr(target, "user.x", b"1"),
+        lambda: os.symlink("x", os.path.join(mnt, "link")),
+        lambda: os.truncate(target, 0),
+    ]
+    for attempt in attempts:
+        with pytest.raises(OSError) as e:
+            attempt()
+        assert e.value.errno == errno.EROFS
+    for missing in ["nope", "cat/nope.jpg", "nope/deeper"]:
+        with pytest.raises(FileNotFoundError):
+            os.stat(os.path.join(mnt, missing))
+    assert open(target, "rb").read() == open(os.path.join(src, "cat", "img 001.jpg"), "rb").read()
+
+
+def test_control_namespace_hidden_and_stats(tricky_mount):
+    src, mnt, _, _ = tricky_mount
+    assert ".fusefs" not in os.listdir(mnt)
+    assert os.path.isdir(os.path.join(mnt, ".fusefs"))
+    open(os.path.join(mnt, "cat", "img 002.jpg"), "rb").read()
+    stats = json.load(open(os.path.join(mnt, ".fusefs", "stats")))
+    assert stats["opens"] >= 1 and stats["bytes_served"] > 0 and stats["backend_reads"] >= 1
+    out = subprocess.run(fusefs_cmd("stats", mnt, "--json"), capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0 and json.loads(out.stdout)["opens"] >= stats["opens"]
+
+
+def test_corrupt_chunk_gives_eio_and_a_log_line_and_the_rest_is_served(tricky, tmp_path):
+    src, dst, files = tricky
+    copy = tmp_path / "dst"
+    shutil.copytree(dst, copy)
+    ix = Index.load(str(copy / INDEX_NAME))
+    victim = ix.resolve("zz/img 003.jpg")[1]
+    assert int(ix.size[victim]) > 10
+    chunk_path = copy / ix.chunks[int(ix.chunk[victim])].path
+    with open(chunk_path, "r+b") as f:
+        f.seek(int(ix.offset[victim]) + 5)
+        b = f.read(1)
+        f.seek(int(ix.offset[victim]) + 5)
+        f.write(bytes([b[0] ^ 0x55]))
+    mnt = tmp_path / "mnt"
+    with mounted(str(copy), mnt) as (proc, log):
+        for _ in range(2):
+            with pytest.raises(OSError) as e:
+                open(mnt / "zz" / "img 003.jpg", "rb").read()
+            assert e.value.errno == errno.EIO
+        assert read_tree(mnt / "cat") == read_tree(os.path.join(src, "cat"))
+        assert proc.poll() is None
+        text = open(log).read()
+        assert str(chunk_path) in text and "zz/img 003.jpg" in text and "checksum" in text
+
+
+@pytest.mark.parametrize("damage", ["no index", "truncated index", "missing chunk", "truncated chunk"])
+def test_mount_refuses_a_damaged_dataset_naming_the_file(tricky, tmp_path, damage):
+    dst = tmp_path / "dst"
+    shutil.copytree(tricky[1], dst)
+    ix = Index.load(str(dst / INDEX_NAME))
+    named = dst / (INDEX_NAME if "index" in damage else ix.chunks[1].path)
+    if damage.startswith("no") or damage.startswith("missing"):
+        named.unlink()
+    else:
+        named.write_bytes(named.read_bytes()[:-10])
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = subprocess.run(fusefs_cmd("mount", dst, mnt), capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert r.returncode == 2
+    assert str(named) in r.stderr
+    assert not is_mounted(mnt)
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "umount"])
+def test_clean_unmount(tricky, tmp_path, how):
+    mnt = tmp_path / "mnt"
+    with mounted(tricky[1], mnt) as (proc, _):
+        assert os.listdir(mnt)
+        if how == "umount":
+            r = subprocess.run(fusefs_cmd("umount", mnt), capture_output=True, text=True, cwd=REPO)
+            assert r.returncode == 0, r.stderr
+        else:
+            proc.send_signal(getattr(signal, how))
+        assert proc.wait(timeout=20) == 0
+        assert not is_mounted(mnt)
+
+
+def test_background_mount_and_umount(tricky, tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    log = tmp_path / "bg.log"
+    try:
+        r = subprocess.run(fusefs_cmd("mount", "--background", "--log", log, tricky[1], mnt),
+                           capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert is_mounted(mnt) and "cat" in os.listdir(mnt)
+        r = subprocess.run(fusefs_cmd("umount", mnt), capture_output=True, text=True, cwd=REPO)
+        assert r.returncode == 0, r.stderr
+        deadline = time.monotonic() + 20
+        while "unmounted" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "unmounted" in log.read_text()
+    finally:
+        unmount_quietly(mnt)
+    assert not is_mounted(mnt)

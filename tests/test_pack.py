@@ -1,0 +1,159 @@
+import hashlib
+import os
+
+import pytest
+
+from fusefs import chunk, pack as packmod
+from fusefs.index import INDEX_NAME, Index, IndexFormatError
+from fusefs.mount import MountError, open_dataset
+from fusefs.pack import PackError, pack, plan_chunks
+
+from conftest import tricky_tree, write_tree
+
+
+def _digest_tree(root):
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            p = os.path.join(dirpath, name)
+            out[os.path.relpath(p, root)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+    return out
+
+
+def test_index_describes_the_tree(tricky):
+    src, dst, files = tricky
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    regular = {k: v for k, v in files.items() if not k.endswith("/")}
+    assert ix.n_files == len(regular)
+    assert ix.classes == sorted(["cat", "dog", "with space", "ünïcødé", "zz", "empty class"])
+    for rel, data in regular.items():
+        kind, sid = ix.resolve(rel)
+        assert kind == "file"
+        assert os.fsdecode(ix.file_path(sid)) == rel
+        assert int(ix.size[sid]) == len(data)
+        assert int(ix.checksum[sid]) == chunk.checksum(data)
+        st = os.stat(os.path.join(src, rel))
+        assert int(ix.mtime_ns[sid]) == st.st_mtime_ns
+        top = rel.split("/")[0]
+        assert int(ix.label[sid]) == (ix.classes.index(top) if "/" in rel else -1)
+    assert ix.resolve("empty class") == ("dir", ix.resolve("empty class")[1])
+    assert ix.resolve("cat/nope.jpg") is None
+
+
+def test_chunks_hold_the_original_bytes(tricky):
+    src, dst, files = tricky
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    for k, info in enumerate(ix.chunks):
+        raw = open(os.path.join(dst, info.path), "rb").read()
+        head = chunk.parse_header(raw, file_size=len(raw))
+        assert head.n == info.count
+    for rel, data in files.items():
+        if rel.endswith("/"):
+            continue
+        sid = ix.resolve(rel)[1]
+        raw = open(os.path.join(dst, ix.chunks[int(ix.chunk[sid])].path), "rb").read()
+        off = int(ix.offset[sid])
+        assert raw[off:off + len(data)] == data
+
+
+def test_chunk_size_target_and_count():
+    assert plan_chunks([10] * 10, 25, None) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert plan_chunks([10] * 10, None, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert plan_chunks([], 25, None) == []
+
+
+def test_pack_is_deterministic(tmp_path):
+    src = tmp_path / "src"
+    write_tree(src, tricky_tree())
+    pack(str(src), str(tmp_path / "a"), chunk_count=7, progress=False, workers=8)
+    pack(str(src), str(tmp_path / "b"), chunk_count=7, progress=False, workers=2)
+    a, b = _digest_tree(tmp_path / "a"), _digest_tree(tmp_path / "b")
+    assert a == b and INDEX_NAME in a and len(a) > 3
+
+
+def test_refuses_non_empty_dst_without_force(tmp_path, tricky):
+    src = tricky[0]
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / "precious.txt").write_text("keep me")
+    with pytest.raises(PackError, match="not empty"):
+        pack(src, str(dst), progress=False)
+    pack(src, str(dst), progress=False, force=True)
+    assert (dst / "precious.txt").read_text() == "keep me"  # --force only replaces our files
+    pack(src, str(dst), progress=False, force=True, chunk_count=3)  # re-pack over a pack
+    open_dataset(str(dst))
+
+
+def test_unreadable_files_are_skipped_and_reported_or_stop_with_strict(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    write_tree(src, {"a/1.bin": b"1", "a/2.bin": b"22", "b/3.bin": b"333"})
+    real = packmod._read_file
+
+    def failing(path):
+        if path.endswith(b"2.bin"):
+            raise PermissionError(13, "Permission denied")
+        return real(path)
+
+    monkeypatch.setattr(packmod, "_read_file", failing)
+    r = pack(str(src), str(tmp_path / "dst"), progress=False)
+    assert r.files == 2 and r.skipped == [("a/2.bin", "cannot read: Permission denied")]
+    ix = Index.load(str(tmp_path / "dst" / INDEX_NAME))
+    assert ix.resolve("a/2.bin") is None and ix.resolve("a/1.bin")[0] == "file"
+    with pytest.raises(PackError, match="a/2.bin.*strict"):
+        pack(str(src), str(tmp_path / "dst2"), progress=False, strict=True)
+
+
+def test_special_entries_are_reported(tmp_path):
+    src = tmp_path / "src"
+    write_tree(src, {"a/1.bin": b"1"})
+    os.mkfifo(src / "a" / "pipe")
+    os.symlink("/nonexistent", src / "a" / "dangling")
+    r = pack(str(src), str(tmp_path / "dst"), progress=False)
+    assert sorted(p for p, _ in r.skipped) == ["a/dangling", "a/pipe"]
+    assert r.files == 1
+
+
+def test_interrupted_pack_never_looks_complete(tmp_path, monkeypatch, tricky):
+    src = tricky[0]
+    dst = tmp_path / "dst"
+    pack(src, str(dst), progress=False, chunk_count=2)  # a complete pack to be replaced
+    calls = {"n": 0}
+    real = packmod._read_file
+
+    def interrupted(path):
+        calls["n"] += 1
+        if calls["n"] == 20:
+            raise KeyboardInterrupt
+        return real(path)
+
+    monkeypatch.setattr(packmod, "_read_file", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pack(src, str(dst), progress=False, chunk_count=2, force=True)
+    assert any(p.startswith("chunk-") for p in os.listdir(dst / "chunks"))  # it did start
+    assert not (dst / INDEX_NAME).exists()
+    with pytest.raises(MountError, match="no index"):
+        open_dataset(str(dst))
+
+
+def test_nodes_layout(tmp_path, tricky):
+    dst = tmp_path / "dst"
+    pack(tricky[0], str(dst), progress=False, chunk_count=5, nodes=3)
+    ix = Index.load(str(dst / INDEX_NAME))
+    assert ix.nodes == ["node-0", "node-1", "node-2"]
+    for k, c in enumerate(ix.chunks):
+        assert c.node == k % 3
+        assert c.path.startswith(f"node-{k % 3}/")
+        assert (dst / c.path).exists()
+    assert sum(ix.chunks_per_node().values()) == len(ix.chunks)
+
+
+def test_index_damage_is_named(tmp_path, tricky):
+    dst = tricky[1]
+    raw = open(os.path.join(dst, INDEX_NAME), "rb").read()
+    for bad, why in [(raw[: len(raw) // 2], "truncated"), (raw[:100] + b"\0" + raw[101:], "checksum"),
+                     (b"nonsense" + raw[8:], "magic")]:
+        p = tmp_path / "bad.fusefs"
+        p.write_bytes(bad)
+        with pytest.raises(IndexFormatError, match=why) as e:
+            Index.load(str(p))
+        assert str(p) in str(e.value)
