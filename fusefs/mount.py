@@ -1,6 +1,7 @@
 """Mount lifecycle: check the packed folder, mount, serve, unmount cleanly."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -109,3 +110,50 @@ def unmount(mnt: str) -> None:
     r = subprocess.run(["fusermount3", "-u", mnt], capture_output=True, text=True)
     if r.returncode != 0:
         raise MountError(f"fusermount3 -u {mnt}: {r.stderr.strip()}")
+
+
+def is_mounted(mnt: str) -> bool:
+    """mnt is in /proc/mounts (true for a dead FUSE mount too, unlike os.path.ismount)."""
+    mnt = os.path.realpath(mnt)
+    with open("/proc/mounts") as f:
+        return any(line.split()[1].replace("\\040", " ") == mnt for line in f)
+
+
+@contextlib.contextmanager
+def running_mount(dst, mnt, *args, timeout: float = 60.0, python: str = sys.executable):
+    """`fusefs mount DST MNT ARGS` in a child process; yield (process, log path).
+
+    Always cleaned up: `fusermount3 -u -z` while MNT is in /proc/mounts, then wait,
+    terminate, kill. For tests, demos and benchmarks.
+    """
+    os.makedirs(mnt, exist_ok=True)
+    log_path = f"{mnt}.log"
+    with open(log_path, "wb") as logf:
+        proc = subprocess.Popen([python, "-m", "fusefs", "mount", str(dst), str(mnt), *map(str, args)],
+                                stdout=logf, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + timeout
+        while not is_mounted(mnt):
+            if proc.poll() is not None:
+                raise MountError(f"fusefs mount exited {proc.returncode}: {open(log_path).read()}")
+            if time.monotonic() > deadline:
+                raise MountError(f"{mnt} did not appear within {timeout:.0f} s: {open(log_path).read()}")
+            time.sleep(0.02)
+        yield proc, log_path
+    finally:
+        stop_mount(mnt, proc)
+
+
+def stop_mount(mnt, proc=None) -> None:
+    """Unmount (lazily, also a dead mount) and reap the daemon, escalating as needed."""
+    if is_mounted(mnt):
+        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+    if proc is not None:
+        for step in (None, proc.terminate, proc.kill):
+            if step is not None:
+                step()
+            try:
+                proc.wait(timeout=15 if step is None else 5)
+                return
+            except subprocess.TimeoutExpired:
+                continue

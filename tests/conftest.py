@@ -6,63 +6,20 @@ then terminate, then kill. No test leaves a mount or a daemon behind.
 """
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
 import sys
-import time
 
 import pytest
 
+from fusefs.mount import running_mount
 from fusefs.pack import pack
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def is_mounted(mnt: str) -> bool:
-    mnt = os.path.realpath(mnt)
-    with open("/proc/mounts") as f:
-        return any(line.split()[1].replace("\\040", " ") == mnt for line in f)
-
-
 def fusefs_cmd(*args) -> list[str]:
     return [sys.executable, "-m", "fusefs", *map(str, args)]
 
-
-@contextlib.contextmanager
-def mounted(dst, mnt, *args, timeout: float = 60.0):
-    """Mount dst at mnt with `fusefs mount` in the foreground; yield (process, log path)."""
-    os.makedirs(mnt, exist_ok=True)
-    log_path = f"{mnt}.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(fusefs_cmd("mount", dst, mnt, *args), stdout=log,
-                                stderr=subprocess.STDOUT, cwd=REPO)
-    try:
-        deadline = time.monotonic() + timeout
-        while not is_mounted(mnt):
-            if proc.poll() is not None:
-                raise RuntimeError(f"fusefs mount exited {proc.returncode}: {open(log_path).read()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"mount did not appear: {open(log_path).read()}")
-            time.sleep(0.02)
-        yield proc, log_path
-    finally:
-        unmount_quietly(mnt, proc)
-
-
-def unmount_quietly(mnt, proc=None):
-    if is_mounted(mnt):
-        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
-    if proc is not None:
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def write_tree(root, files: dict):
@@ -121,5 +78,5 @@ def tricky(tmp_path_factory):
 def tricky_mount(tricky, tmp_path):
     src, dst, files = tricky
     mnt = tmp_path / "mnt"
-    with mounted(dst, mnt) as (proc, log):
+    with running_mount(dst, mnt) as (proc, log):
         yield src, str(mnt), proc, log

@@ -14,7 +14,9 @@ import pytest
 
 from fusefs.index import INDEX_NAME, Index
 
-from conftest import fusefs_cmd, is_mounted, mounted, read_tree, unmount_quietly, REPO
+from fusefs.mount import is_mounted, running_mount, stop_mount
+
+from conftest import fusefs_cmd, read_tree, REPO
 
 
 def test_every_file_is_byte_identical_with_same_metadata(tricky_mount):
@@ -108,7 +110,7 @@ def test_corrupt_chunk_gives_eio_and_a_log_line_and_the_rest_is_served(tricky, t
         f.seek(int(ix.offset[victim]) + 5)
         f.write(bytes([b[0] ^ 0x55]))
     mnt = tmp_path / "mnt"
-    with mounted(str(copy), mnt) as (proc, log):
+    with running_mount(str(copy), mnt) as (proc, log):
         for _ in range(2):
             with pytest.raises(OSError) as e:
                 open(mnt / "zz" / "img 003.jpg", "rb").read()
@@ -140,7 +142,7 @@ def test_mount_refuses_a_damaged_dataset_naming_the_file(tricky, tmp_path, damag
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "umount"])
 def test_clean_unmount(tricky, tmp_path, how):
     mnt = tmp_path / "mnt"
-    with mounted(tricky[1], mnt) as (proc, _):
+    with running_mount(tricky[1], mnt) as (proc, _):
         assert os.listdir(mnt)
         if how == "umount":
             r = subprocess.run(fusefs_cmd("umount", mnt), capture_output=True, text=True, cwd=REPO)
@@ -167,5 +169,5 @@ def test_background_mount_and_umount(tricky, tmp_path):
             time.sleep(0.05)
         assert "unmounted" in log.read_text()
     finally:
-        unmount_quietly(mnt)
+        stop_mount(mnt)
     assert not is_mounted(mnt)

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# A local 3-brick distributed GlusterFS volume standing in for a parallel filesystem.
+#
+#   scripts/gluster.sh up [--delay-ms MS]   start glusterd, create/start the volume, mount it
+#   scripts/gluster.sh down                 unmount, stop and delete the volume, stop glusterd
+#   scripts/gluster.sh status
+#
+# Idempotent: `up` twice is one volume. --delay-ms adds MS milliseconds to every lookup,
+# stat, open and read on the bricks with the debug translator delay-gen. Options like it
+# are loaded only when the bricks start, so a change of delay stops and starts the
+# volume. Without --delay-ms the delay is removed. Needs root and glusterfs-server.
+set -euo pipefail
+
+VOL=${FUSEFS_GLUSTER_VOL:-fusefsvol}
+BRICKS=${FUSEFS_GLUSTER_BRICKS:-/srv/fusefs-gluster}
+MNT=${FUSEFS_GLUSTER_MNT:-/mnt/fusefs-gluster}
+HOST=$(hostname)
+G="gluster --mode=script"
+
+ensure_glusterd() {
+    if ! pgrep -x glusterd >/dev/null; then
+        glusterd --log-level=WARNING
+        for _ in $(seq 50); do $G pool list >/dev/null 2>&1 && return 0; sleep 0.2; done
+        echo "gluster.sh: glusterd did not start" >&2; exit 1
+    fi
+}
+
+vol_exists() { $G volume info "$VOL" >/dev/null 2>&1; }
+vol_started() { $G volume info "$VOL" 2>/dev/null | grep -q '^Status: Started'; }
+current_delay_us() {
+    $G volume info "$VOL" 2>/dev/null | awk '/^debug.delay-gen:/ {on=1} /^delay-gen.delay-duration:/ {d=$2} END {print (on ? d : 0)}'
+}
+
+up() {
+    local delay_ms=0
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --delay-ms) delay_ms=$2; shift 2 ;;
+            *) echo "gluster.sh: unknown option $1" >&2; exit 2 ;;
+        esac
+    done
+    local want_us
+    want_us=$(awk -v ms="$delay_ms" 'BEGIN {printf "%d", ms * 1000}')
+    ensure_glusterd
+    if ! vol_exists; then
+        mkdir -p "$BRICKS"/b1 "$BRICKS"/b2 "$BRICKS"/b3
+        $G volume create "$VOL" "$HOST:$BRICKS/b1" "$HOST:$BRICKS/b2" "$HOST:$BRICKS/b3" force >/dev/null
+    fi
+    if [ "$(current_delay_us)" != "$want_us" ]; then
+        if vol_started; then
+            mountpoint -q "$MNT" && umount "$MNT"
+            $G volume stop "$VOL" >/dev/null
+        fi
+        if [ "$want_us" -gt 0 ]; then
+            $G volume set "$VOL" debug.delay-gen posix >/dev/null
+            $G volume set "$VOL" delay-gen.delay-percentage 100 >/dev/null
+            $G volume set "$VOL" delay-gen.delay-duration "$want_us" >/dev/null
+            $G volume set "$VOL" delay-gen.enable lookup,stat,fstat,open,read >/dev/null
+        else
+            $G volume reset "$VOL" debug.delay-gen >/dev/null 2>&1 || true
+            $G volume reset "$VOL" delay-gen.delay-duration >/dev/null 2>&1 || true
+            $G volume reset "$VOL" delay-gen.delay-percentage >/dev/null 2>&1 || true
+            $G volume reset "$VOL" delay-gen.enable >/dev/null 2>&1 || true
+        fi
+    fi
+    vol_started || $G volume start "$VOL" force >/dev/null
+    mkdir -p "$MNT"
+    if ! mountpoint -q "$MNT"; then
+        mount -t glusterfs "$HOST:/$VOL" "$MNT"
+    fi
+    echo "gluster.sh: $VOL mounted at $MNT (3 bricks under $BRICKS, delay ${delay_ms} ms per op)"
+}
+
+down() {
+    if mountpoint -q "$MNT" 2>/dev/null; then umount "$MNT" || umount -l "$MNT"; fi
+    if pgrep -x glusterd >/dev/null; then
+        if vol_exists; then
+            vol_started && $G volume stop "$VOL" force >/dev/null || true
+            $G volume delete "$VOL" >/dev/null || true
+        fi
+        pkill -x glusterfsd 2>/dev/null || true
+        pkill -x glusterfs 2>/dev/null || true
+        pkill -x glusterd 2>/dev/null || true
+        for _ in $(seq 100); do pgrep -x 'glusterd|glusterfsd|glusterfs' >/dev/null || break; sleep 0.1; done
+    fi
+    rm -rf "$BRICKS"
+    echo "gluster.sh: $VOL removed"
+}
+
+case "${1:-}" in
+    up) shift; up "$@" ;;
+    down) down ;;
+    status) ensure_glusterd; $G volume info "$VOL"; mountpoint "$MNT" || true ;;
+    *) echo "usage: $0 up [--delay-ms MS] | down | status" >&2; exit 2 ;;
+esac

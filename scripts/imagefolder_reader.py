@@ -1,0 +1,82 @@
+#!/usr/bin/python3
+"""Read a tree with torchvision's ImageFolder + DataLoader, exactly as training code would.
+
+Runs under Debian's /usr/bin/python3 (torch 1.13 + torchvision), a Python separate from
+fusefs's own: the "unmodified training code" case. Prints one JSON line:
+  classes, per-file sha256 (relative path -> hex), labels, samples/s, and, with --decode,
+  a checksum of the decoded tensors.
+
+usage: imagefolder_reader.py ROOT [--workers N] [--batch B] [--epochs E] [--decode] [--shuffle]
+"""
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+
+import torch
+from torch.utils.data import DataLoader
+from torchvision import datasets, transforms
+
+
+def raw_loader(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def collate_digests(batch):
+    return [(hashlib.sha256(data).hexdigest(), len(data), label) for data, label in batch]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("root")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--decode", action="store_true", help="decode images (default loader + ToTensor)")
+    p.add_argument("--shuffle", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+
+    torch.manual_seed(a.seed)
+    if a.decode:
+        ds = datasets.ImageFolder(a.root, transform=transforms.ToTensor())
+        collate = None
+    else:
+        ds = datasets.ImageFolder(a.root, loader=raw_loader, is_valid_file=lambda p: True)
+        collate = collate_digests
+    out = {"classes": ds.classes, "n": len(ds), "epochs": []}
+    digests = {}
+    for epoch in range(a.epochs):
+        loader = DataLoader(ds, batch_size=a.batch, shuffle=a.shuffle, num_workers=a.workers,
+                            collate_fn=collate, persistent_workers=False)
+        t0 = time.perf_counter()
+        count, nbytes, tensor_sum = 0, 0, 0.0
+        for batch in loader:
+            if a.decode:
+                images, labels = batch
+                count += len(labels)
+                tensor_sum += float(images.double().sum())
+            else:
+                for digest, size, label in batch:
+                    count += 1
+                    nbytes += size
+        dt = time.perf_counter() - t0
+        out["epochs"].append({"samples": count, "seconds": dt, "samples_per_s": count / dt,
+                              "bytes": nbytes, "tensor_sum": tensor_sum})
+    if not a.decode:  # per-file digests, in ImageFolder's own order, for byte checks
+        for path, label in ds.samples:
+            digests[os.path.relpath(path, a.root)] = [hashlib.sha256(raw_loader(path)).hexdigest(), label]
+        # and the digests as delivered through the DataLoader's worker processes:
+        loader = DataLoader(ds, batch_size=a.batch, num_workers=a.workers, collate_fn=collate)
+        delivered = [d for batch in loader for d, _, _ in batch]
+        out["delivered"] = delivered
+    out["files"] = digests
+    json.dump(out, sys.stdout)
+    print()
+
+
+if __name__ == "__main__":
+    main()

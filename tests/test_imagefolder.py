@@ -1,0 +1,50 @@
+"""torchvision's ImageFolder + DataLoader(num_workers=2), run by Debian's /usr/bin/python3."""
+import json
+import os
+import subprocess
+
+import pytest
+
+from fusefs.pack import pack
+from fusefs.synth import make_imagefolder
+
+from fusefs.mount import running_mount
+
+from conftest import REPO
+
+READER = os.path.join(REPO, "scripts", "imagefolder_reader.py")
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def _read(root, *args):
+    r = subprocess.run([SYSTEM_PYTHON, READER, str(root), "--workers", "2", *args],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def jpegs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("jpegs")
+    make_imagefolder(str(base / "src"), 240, n_classes=6, mean_bytes=20_000, seed=3)
+    pack(str(base / "src"), str(base / "dst"), chunk_bytes=1 << 20, progress=False)
+    return base
+
+
+def test_imagefolder_reads_identical_bytes_through_the_mount(jpegs, tmp_path):
+    with running_mount(jpegs / "dst", tmp_path / "mnt"):
+        through = _read(tmp_path / "mnt")
+    direct = _read(jpegs / "src")
+    assert through["classes"] == direct["classes"] and len(through["classes"]) == 6
+    assert through["n"] == direct["n"] == 240
+    assert through["files"] == direct["files"]
+    assert through["delivered"] == direct["delivered"]
+    assert through["epochs"][0]["samples"] == 240
+
+
+def test_imagefolder_decodes_identical_images(jpegs, tmp_path):
+    with running_mount(jpegs / "dst", tmp_path / "mnt"):
+        through = _read(tmp_path / "mnt", "--decode", "--batch", "1")
+    direct = _read(jpegs / "src", "--decode", "--batch", "1")
+    assert through["epochs"][0]["samples"] == 240
+    assert through["epochs"][0]["tensor_sum"] == direct["epochs"][0]["tensor_sum"] != 0
