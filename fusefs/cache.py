@@ -1,50 +1,105 @@
-"""Sample caches: byte-budgeted maps from sample id to the sample's verified bytes."""
+"""The sample cache: verified sample bytes within one byte budget.
+
+Two kinds of entries share the budget:
+
+* planned: samples the current order still needs. They leave the cache when the plan
+  says their last use is done (`drop`), so with an order the cache holds little more
+  than what lies between the readers and the read-ahead;
+* unplanned: everything else (reads without an order, or outside it), kept in LRU order.
+
+When a new entry does not fit, unplanned entries go first (oldest first), then planned
+entries needed later than the new one (latest first); if it still does not fit it is
+not kept. Bytes reserved for fetches under way count against the budget too, so the
+budget is never exceeded.
+"""
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Callable
 
 
-class LRUCache:
-    """Least-recently-used eviction within a byte budget.
-
-    Used when no order is known: demand fetches and in-order scans. A sample larger
-    than the whole budget is simply not kept.
-    """
-
+class SampleCache:
     def __init__(self, budget: int):
         if budget < 0:
             raise ValueError("cache budget must be >= 0")
         self.budget = budget
         self.used = 0
+        self.reserved = 0
         self.evictions = 0
-        self._data: OrderedDict[int, bytes] = OrderedDict()
+        self.peak = 0
+        self._planned: dict[int, bytes] = {}
+        self._lru: OrderedDict[int, bytes] = OrderedDict()
 
     def __len__(self) -> int:
-        return len(self._data)
+        return len(self._planned) + len(self._lru)
 
     def __contains__(self, sid: int) -> bool:
-        return sid in self._data
+        return sid in self._planned or sid in self._lru
+
+    @property
+    def free(self) -> int:
+        return self.budget - self.used - self.reserved
 
     def get(self, sid: int) -> bytes | None:
-        data = self._data.get(sid)
-        if data is not None:
-            self._data.move_to_end(sid)
+        data = self._planned.get(sid)
+        if data is None:
+            data = self._lru.get(sid)
+            if data is not None:
+                self._lru.move_to_end(sid)
         return data
 
-    def put(self, sid: int, data: bytes) -> None:
-        if len(data) > self.budget:
-            return
-        old = self._data.pop(sid, None)
-        if old is not None:
-            self.used -= len(old)
-        while self.used + len(data) > self.budget:
-            _, victim = self._data.popitem(last=False)
-            self.used -= len(victim)
-            self.evictions += 1
-        self._data[sid] = data
-        self.used += len(data)
+    def reserve(self, nbytes: int) -> bool:
+        """Set nbytes aside for a fetch about to start, if they fit without evicting."""
+        if nbytes > self.free:
+            return False
+        self.reserved += nbytes
+        return True
 
-    def discard(self, sid: int) -> None:
-        old = self._data.pop(sid, None)
-        if old is not None:
-            self.used -= len(old)
+    def unreserve(self, nbytes: int) -> None:
+        self.reserved -= nbytes
+
+    def put(self, sid: int, data: bytes, next_use: int | None = None,
+            next_use_of: Callable[[int], int | None] | None = None) -> bool:
+        """Keep data; next_use is its position in the order (None: unplanned).
+
+        next_use_of(sid) gives other planned entries' positions, to evict the latest
+        needed first. Returns whether the data was kept.
+        """
+        self.drop(sid)
+        need = len(data)
+        while need > self.free and self._lru:
+            self._evict(self._lru.popitem(last=False)[1])
+        if need > self.free and next_use is not None and next_use_of is not None and self._planned:
+            later = sorted(((next_use_of(s) or 0, s) for s in self._planned), reverse=True)
+            for pos, victim in later:
+                if need <= self.free or pos <= next_use:
+                    break
+                self._evict(self._planned.pop(victim))
+        if need > self.free:
+            return False
+        (self._planned if next_use is not None else self._lru)[sid] = data
+        self.used += need
+        self.peak = max(self.peak, self.used + self.reserved)
+        return True
+
+    def _evict(self, data: bytes) -> None:
+        self.used -= len(data)
+        self.evictions += 1
+
+    def drop(self, sid: int) -> bool:
+        data = self._planned.pop(sid, None)
+        if data is None:
+            data = self._lru.pop(sid, None)
+        if data is None:
+            return False
+        self.used -= len(data)
+        return True
+
+    def replan(self, next_use_of: Callable[[int], int | None]) -> None:
+        """A new order: entries it needs become planned, the others unplanned (LRU)."""
+        for sid in list(self._planned):
+            if next_use_of(sid) is None:
+                self._lru[sid] = self._planned.pop(sid)
+        for sid in list(self._lru):
+            if next_use_of(sid) is not None:
+                self._planned[sid] = self._lru.pop(sid)

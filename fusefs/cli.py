@@ -97,7 +97,8 @@ def cmd_mount(a) -> int:
     try:
         index, store = open_dataset(a.dst)  # refuses a broken dataset before mounting
         cache = parse_size(a.cache_size, whole=index.total_bytes)
-        serve(index, store, a.mnt, options=a.o or [], cache_bytes=cache, backend_threads=a.threads)
+        serve(index, store, a.mnt, options=a.o or [], cache_bytes=cache, per_node=a.per_node,
+              batch=a.batch)
     except (MountError, argparse.ArgumentTypeError) as e:
         print(f"fusefs mount: {e}", file=sys.stderr)
         return 2
@@ -152,7 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-b", "--background", action="store_true", help="detach once mounted")
     s.add_argument("-o", action="append", metavar="OPTS", help="FUSE mount options, e.g. allow_other")
     s.add_argument("--cache-size", default="256MiB", help="sample cache budget: bytes or %% of the dataset")
-    s.add_argument("--threads", type=int, default=16, help="concurrent backend reads (default 16)")
+    s.add_argument("--per-node", type=int, default=4,
+                   help="backend requests in flight per storage node (default 4)")
+    s.add_argument("--batch", type=int, default=16, help="samples per backend request (default 16)")
     s.add_argument("--log", help="log file with --background (default /tmp/fusefs-UID-NAME.log)")
     s.set_defaults(func=cmd_mount)
 

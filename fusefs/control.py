@@ -19,9 +19,13 @@ FH_BASE = 1 << 62  # control handles live far above every inode number
 MAX_WRITE = 256 << 20
 
 
+MAX_RANKS = 64
+
+
 class ControlFile:
     name: bytes = b""
     writable = False
+    listed = True
 
     def render(self) -> bytes:
         return b""
@@ -42,6 +46,40 @@ class StatsFile(ControlFile):
         return (json.dumps(self.core.statistics(), indent=1, sort_keys=True) + "\n").encode()
 
 
+class IdsFile(ControlFile):
+    """`.fusefs/ids`: every sample's relative path, NUL-terminated; line k is id k."""
+
+    name = b"ids"
+
+    def __init__(self, core):
+        self.core = core
+
+    def render(self) -> bytes:
+        return self.core.ids_table()
+
+
+class OrderFile(ControlFile):
+    """`.fusefs/order.<rank>` (`order` is rank 0): the epoch's read order, see order.py.
+
+    Written whole and committed on close; reading it back gives the order in force."""
+
+    writable = True
+
+    def __init__(self, core, rank: int):
+        self.core = core
+        self.rank = rank
+        self.name = f"order.{rank}".encode()
+        self.listed = False
+        self.current = b""
+
+    def render(self) -> bytes:
+        return self.current
+
+    def commit(self, data: bytes) -> None:
+        self.core.set_order(self.rank, data)
+        self.current = data
+
+
 class _Handle:
     __slots__ = ("file", "content", "written", "dirty")
 
@@ -56,12 +94,18 @@ class ControlNamespace:
     def __init__(self, core, base_ino: int):
         self.core = core
         self.base = base_ino
-        self.files: list[ControlFile] = [StatsFile(core)]
+        self.files: list[ControlFile] = [StatsFile(core), IdsFile(core)]
+        self.files += [OrderFile(core, rank) for rank in range(MAX_RANKS)]
+        self._slots = {f.name: slot for slot, f in enumerate(self.files)}
+        self._slots[b"order"] = self._slots[b"order.0"]
         self._handles: dict[int, _Handle] = {}
         self._next_fh = FH_BASE
 
-    def add(self, file: ControlFile) -> None:
-        self.files.append(file)
+    def owns(self, ino: int) -> bool:
+        return self.base <= ino <= self.base + len(self.files)
+
+    def writable(self, ino: int) -> bool:
+        return ino != self.base and self.files[self._slot(ino)].writable
 
     # ---- metadata ----------------------------------------------------------------------
     def dir_attr(self):
@@ -80,17 +124,20 @@ class ControlNamespace:
         return slot
 
     def lookup(self, name: bytes):
-        for slot, f in enumerate(self.files):
-            if f.name == name:
-                return self._attr(slot)
-        raise FsError(errno.ENOENT)
+        slot = self._slots.get(name)
+        if slot is None:
+            raise FsError(errno.ENOENT)
+        return self._attr(slot)
 
     def getattr(self, ino: int):
         return self.dir_attr() if ino == self.base else self._attr(self._slot(ino))
 
     def readdir(self, start: int):
-        for slot in range(start, len(self.files)):
-            yield self.files[slot].name, self._attr(slot), slot + 1
+        entries = [(b"order", self._slots[b"order"])] + [
+            (f.name, slot) for slot, f in enumerate(self.files) if f.listed]
+        for pos in range(start, len(entries)):
+            name, slot = entries[pos]
+            yield name, self._attr(slot), pos + 1
 
     # ---- data --------------------------------------------------------------------------
     def open(self, ino: int, flags: int):

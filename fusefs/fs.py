@@ -68,6 +68,13 @@ class Operations(pyfuse3.Operations):
         return self._entry(self.core.getattr(inode))
 
     @_translate
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        size = attr.st_size if fields.update_size else None
+        if fields.update_mode or fields.update_uid or fields.update_gid or fields.update_mtime:
+            return self._entry(self.core.setattr(inode, -1))
+        return self._entry(self.core.setattr(inode, size))
+
+    @_translate
     async def opendir(self, inode, ctx):
         return self.core.opendir(inode)
 
@@ -130,7 +137,7 @@ class Operations(pyfuse3.Operations):
 
 
 # Every operation that would change the dataset is refused as on a read-only filesystem.
-for _name in ("setattr", "create", "mknod", "mkdir", "unlink", "rmdir", "symlink", "rename",
+for _name in ("create", "mknod", "mkdir", "unlink", "rmdir", "symlink", "rename",
               "link", "setxattr", "removexattr"):
     async def _erofs(self, *args, **kwargs):
         raise pyfuse3.FUSEError(errno.EROFS)

@@ -44,20 +44,20 @@ def fuse_options(extra: list[str]) -> set[str]:
 
 
 def serve(index: Index, store: ChunkStore, mnt: str, *, options: list[str] = (),
-          cache_bytes: int = 256 << 20, backend_threads: int = 16) -> None:
+          cache_bytes: int = 256 << 20, per_node: int = 4, batch: int = 16) -> None:
     """Mount the dataset at mnt and serve until unmounted or SIGINT/SIGTERM (foreground)."""
     if not os.path.isdir(mnt):
         raise MountError(f"{mnt}: mount point is not a folder")
     if os.path.ismount(mnt):
         raise MountError(f"{mnt}: something is already mounted there")
-    core = Core(index, store, cache_bytes=cache_bytes, backend_threads=backend_threads)
+    core = Core(index, store, cache_bytes=cache_bytes, per_node=per_node, batch=batch)
     ops = Operations(core)
     pyfuse3.init(ops, mnt, fuse_options(list(options)))
     log.info("mounted %s at %s: %d samples, %d chunks on %d node(s)", store.root, mnt, index.n_files,
              len(index.chunks), len(index.nodes))
     clean = False
     try:
-        trio.run(_main)
+        trio.run(_main, core)
         clean = True
     finally:
         pyfuse3.close(unmount=clean)
@@ -67,9 +67,10 @@ def serve(index: Index, store: ChunkStore, mnt: str, *, options: list[str] = (),
         log.info("unmounted %s", mnt)
 
 
-async def _main():
+async def _main(core: Core):
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals)
+        await nursery.start(core.run)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
 

@@ -86,6 +86,48 @@ class ChunkStore:
                                 "checksum mismatch")
         return bytes(data)
 
+    def coalesce(self, sids, max_gap: int = 256 << 10, max_read: int = 16 << 20) -> list[tuple[int, int, int, list[int]]]:
+        """Group samples into reads: (chunk, offset, length, sids) with samples of one chunk
+        that are adjacent or at most max_gap bytes apart merged into one read of at most
+        max_read bytes (so read amplification stays bounded)."""
+        ix = self.index
+        sids = sorted(set(int(s) for s in sids), key=lambda s: (int(ix.chunk[s]), int(ix.offset[s])))
+        reads = []
+        for sid in sids:
+            k, off, size = int(ix.chunk[sid]), int(ix.offset[sid]), int(ix.size[sid])
+            if reads:
+                pk, poff, plen, members = reads[-1]
+                if pk == k and off - (poff + plen) <= max_gap and off + size - poff <= max_read:
+                    reads[-1] = (pk, poff, max(plen, off + size - poff), members + [sid])
+                    continue
+            reads.append((k, off, size, [sid]))
+        return reads
+
+    def read_batch(self, sids, max_gap: int = 256 << 10) -> tuple[dict, int, int]:
+        """Read several samples with as few reads as the layout allows.
+
+        Returns ({sid: bytes or the exception for that sample}, reads made, bytes read).
+        A failed read fails only the samples in it; a corrupt sample fails alone.
+        """
+        out, nreads, nbytes = {}, 0, 0
+        ix = self.index
+        for k, off, length, members in self.coalesce(sids, max_gap):
+            try:
+                buf = memoryview(self.read_range(k, off, length))
+            except OSError as e:
+                for sid in members:
+                    out[sid] = e
+                continue
+            nreads += 1
+            nbytes += len(buf)
+            for sid in members:
+                rel = int(ix.offset[sid]) - off
+                try:
+                    out[sid] = self.verify(sid, buf[rel:rel + int(ix.size[sid])])
+                except CorruptSample as e:
+                    out[sid] = e
+        return out, nreads, nbytes
+
     def read_sample(self, sid: int) -> bytes:
         ix = self.index
         data = self.read_range(int(ix.chunk[sid]), int(ix.offset[sid]), int(ix.size[sid]))

@@ -1,0 +1,94 @@
+"""The epoch order file written into `MNT/.fusefs/order` (or `order.<rank>`).
+
+Binary, little-endian:
+
+    offset  size  field
+    0       8     magic b"FUSEFSOR"
+    8       4     format version (u32) = 1
+    12      4     flags (u32): bit 0 set = an importance table follows the ids
+    16      8     epoch (u64)
+    24      8     n, the number of entries (u64)
+    32      4n    sample ids (u32), the mount's own ids, in the order they will be read
+    32+4n   4n    importance per entry (f32, finite), only with flag bit 0
+
+A sample id is its line number (from 0) in `MNT/.fusefs/ids`, which lists every sample's
+relative path, NUL-terminated. An id may occur more than once (its bytes are then kept
+until its last occurrence). This module imports only numpy, so training code running in
+another Python can write orders without fusefs's FUSE dependencies.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+MAGIC = b"FUSEFSOR"
+VERSION = 1
+FLAG_IMPORTANCE = 1
+_HEAD = struct.Struct("<8sIIQQ")
+HEAD_SIZE = _HEAD.size
+
+
+class OrderError(ValueError):
+    """An order file that cannot be used; the message says why."""
+
+
+@dataclass(frozen=True)
+class Order:
+    ids: np.ndarray  # u32
+    epoch: int = 0
+    importance: np.ndarray | None = None  # f32, same length as ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def encode(ids, epoch: int = 0, importance=None) -> bytes:
+    ids = np.asarray(ids)
+    if ids.ndim != 1:
+        raise OrderError("ids must be one-dimensional")
+    if len(ids) and (ids.min() < 0 or ids.max() >= 2**32):
+        raise OrderError("ids must lie in 0 .. 2**32-1")
+    flags = 0
+    body = ids.astype("<u4").tobytes()
+    if importance is not None:
+        imp = np.asarray(importance, dtype="<f4")
+        if imp.shape != ids.shape:
+            raise OrderError(f"{len(imp)} importance values for {len(ids)} ids")
+        if not np.all(np.isfinite(imp)):
+            raise OrderError("importance values must be finite")
+        flags |= FLAG_IMPORTANCE
+        body += imp.tobytes()
+    return _HEAD.pack(MAGIC, VERSION, flags, int(epoch), len(ids)) + body
+
+
+def parse(data: bytes, n_samples: int, max_entries: int | None = None) -> Order:
+    """Parse and validate an order for a dataset of n_samples; OrderError says why not."""
+    if max_entries is None:
+        max_entries = max(16 * n_samples, 1 << 20)
+    if len(data) < HEAD_SIZE:
+        raise OrderError(f"truncated: {len(data)} bytes, the header alone is {HEAD_SIZE}")
+    magic, version, flags, epoch, n = _HEAD.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise OrderError("not an order file (bad magic number; see fusefs/order.py for the format)")
+    if version != VERSION:
+        raise OrderError(f"unsupported order format version {version} (this fusefs reads {VERSION})")
+    if flags & ~FLAG_IMPORTANCE:
+        raise OrderError(f"unknown flags {flags:#x}")
+    if n > max_entries:
+        raise OrderError(f"too large: {n} entries (at most {max_entries} for {n_samples} samples)")
+    width = 8 if flags & FLAG_IMPORTANCE else 4
+    if len(data) != HEAD_SIZE + width * n:
+        raise OrderError(f"{'truncated' if len(data) < HEAD_SIZE + width * n else 'trailing bytes'}: "
+                         f"{len(data)} bytes for {n} entries (expected {HEAD_SIZE + width * n})")
+    ids = np.frombuffer(data, dtype="<u4", count=n, offset=HEAD_SIZE)
+    if n and int(ids.max()) >= n_samples:
+        bad = int(ids[np.argmax(ids >= n_samples)])
+        raise OrderError(f"unknown sample id {bad} (the dataset has ids 0..{n_samples - 1})")
+    importance = None
+    if flags & FLAG_IMPORTANCE:
+        importance = np.frombuffer(data, dtype="<f4", count=n, offset=HEAD_SIZE + 4 * n)
+        if not np.all(np.isfinite(importance)):
+            raise OrderError("importance values must be finite")
+    return Order(ids.astype(np.int64), int(epoch), importance)

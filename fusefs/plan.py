@@ -1,0 +1,88 @@
+"""An epoch's read order and how far the readers have got through it (pure, no I/O).
+
+The plan counts uses: a sample is "used" each time a reader closes it. The k-th use of a
+sample is matched to its k-th occurrence in the order, so a sample that occurs twice is
+known to be needed until its second use, and `use()` says when a use was the last.
+
+Readers do not consume the order exactly in sequence: DataLoader worker processes and
+their prefetching interleave batches, and a reader may skip samples. The cursor is the
+first occurrence not yet used; occurrences more than `skip_window` positions behind the
+furthest use are taken as skipped (so a skipped sample cannot hold the cursor back).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .order import Order
+
+
+class Plan:
+    def __init__(self, order: Order, sizes: np.ndarray, skip_window: int = 4096):
+        n_files = len(sizes)
+        self.ids = np.ascontiguousarray(order.ids, dtype=np.int64)
+        self.epoch = order.epoch
+        self.importance = order.importance
+        self.sizes = sizes
+        self.skip_window = skip_window
+        self._by_sample = np.argsort(self.ids, kind="stable")  # positions grouped by sample
+        self._first = np.searchsorted(self.ids[self._by_sample], np.arange(n_files + 1))
+        self.total = np.diff(self._first).astype(np.int32)  # occurrences per sample
+        self.uses = np.zeros(n_files, dtype=np.int32)
+        self.consumed = np.zeros(len(self.ids), dtype=bool)
+        self.cursor = 0
+        self.frontier = 0  # one past the furthest position used
+        self.skipped = 0
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def done(self) -> bool:
+        return self.cursor >= len(self.ids)
+
+    def remaining(self, sid: int) -> int:
+        """Uses of sid still ahead in this order."""
+        return int(self.total[sid] - self.uses[sid])
+
+    def next_position(self, sid: int) -> int | None:
+        if self.uses[sid] >= self.total[sid]:
+            return None
+        return int(self._by_sample[self._first[sid] + self.uses[sid]])
+
+    def use(self, sid: int) -> list[int]:
+        """Record one use of sid; return the samples whose last use this completed."""
+        pos = self.next_position(sid)
+        if pos is None:
+            return []
+        finished = self._mark(sid, pos)
+        self.frontier = max(self.frontier, pos + 1)
+        return finished + self._advance()
+
+    def _mark(self, sid: int, pos: int) -> list[int]:
+        self.consumed[pos] = True
+        self.uses[sid] += 1
+        return [sid] if self.uses[sid] == self.total[sid] else []
+
+    def _advance(self) -> list[int]:
+        finished = []
+        n = len(self.ids)
+        while self.cursor < n and (self.consumed[self.cursor]
+                                   or self.cursor < self.frontier - self.skip_window):
+            if not self.consumed[self.cursor]:  # skipped by the readers
+                sid = int(self.ids[self.cursor])
+                if self.next_position(sid) == self.cursor:
+                    finished += self._mark(sid, self.cursor)
+                    self.skipped += 1
+            self.cursor += 1
+        return finished
+
+    def window(self, budget: int, max_scan: int = 65536) -> np.ndarray:
+        """Sample ids of the not-yet-used occurrences from the cursor on, in order, whose
+        sizes add up to at most budget bytes (each sample once)."""
+        seg = slice(self.cursor, min(len(self.ids), self.cursor + max_scan))
+        ids = self.ids[seg][~self.consumed[seg]]
+        if not len(ids):
+            return ids
+        ids = ids[np.sort(np.unique(ids, return_index=True)[1])]
+        end = int(np.searchsorted(np.cumsum(self.sizes[ids], dtype=np.int64), budget, side="right"))
+        return ids[:end]

@@ -1,0 +1,67 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fusefs import order
+from fusefs.plan import Plan
+
+
+def test_round_trip_with_and_without_importance():
+    o = order.parse(order.encode([3, 1, 2, 1], epoch=7), n_samples=4)
+    assert o.ids.tolist() == [3, 1, 2, 1] and o.epoch == 7 and o.importance is None
+    o = order.parse(order.encode([0, 2], epoch=1, importance=[0.5, 2.0]), n_samples=3)
+    assert o.importance.tolist() == [0.5, 2.0]
+
+
+@pytest.mark.parametrize("data, why", [
+    (order.encode([0, 5]), "unknown sample id 5"),
+    (b"FUSEFSCK" + order.encode([0])[8:], "bad magic"),
+    (order.encode([0, 1])[:-2], "truncated"),
+    (order.encode([0, 1]) + b"x", "trailing"),
+    (order.encode([0] * 100), "too large"),
+    (order.encode([0])[:10], "truncated"),
+    (order.encode([0], importance=[1.0])[:-4] + np.float32("nan").tobytes(), "finite"),
+])
+def test_bad_orders_are_refused_with_a_reason(data, why):
+    with pytest.raises(order.OrderError, match=why):
+        order.parse(data, n_samples=5, max_entries=50)
+
+
+@given(st.binary(max_size=200))
+@settings(max_examples=300, deadline=None)
+def test_random_bytes_never_crash_the_parser(data):
+    try:
+        order.parse(data, n_samples=10)
+    except order.OrderError:
+        pass
+
+
+def test_plan_counts_uses_and_duplicates():
+    sizes = np.full(5, 10)
+    p = Plan(order.Order(np.array([4, 2, 4, 0])), sizes)
+    assert p.remaining(4) == 2 and p.remaining(1) == 0
+    assert p.use(4) == [] and p.cursor == 1          # first of two occurrences
+    assert p.use(0) == [0] and p.cursor == 1          # out of order: cursor waits for 2
+    assert p.use(2) == [2] and p.cursor == 2
+    assert p.use(4) == [4] and p.done
+    assert p.use(4) == [] and p.use(1) == []          # not (or no longer) in the order
+
+
+def test_plan_window_respects_budget_and_skips_used():
+    sizes = np.array([10, 20, 30, 40, 50])
+    p = Plan(order.Order(np.array([1, 3, 1, 0, 4])), sizes)
+    assert p.window(1000).tolist() == [1, 3, 0, 4]    # each sample once
+    assert p.window(60).tolist() == [1, 3]            # 20 + 40 fill the budget
+    p.use(3)
+    assert p.window(60).tolist() == [1, 0]
+
+
+def test_readers_that_skip_do_not_hold_the_cursor_back():
+    n = 100
+    p = Plan(order.Order(np.arange(n)), np.ones(n), skip_window=10)
+    done = []
+    for sid in range(30, n):  # samples 0..29 are never read
+        done += p.use(sid)
+    assert p.done and p.skipped == 30
+    assert sorted(done) == list(range(n))

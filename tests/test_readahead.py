@@ -1,0 +1,173 @@
+"""The order-driven read-ahead, per-node batching and evict-after-use cache, on the core
+(no mount): readers run as trio tasks against Core with its prefetcher running."""
+import os
+import random
+
+import numpy as np
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fusefs import order as orderfmt
+from fusefs.core import Core
+from fusefs.entries import FsError
+from fusefs.index import INDEX_NAME, Index
+from fusefs.pack import pack
+from fusefs.store import ChunkStore
+
+from conftest import write_tree
+
+
+@pytest.fixture(scope="module")
+def three_nodes(tmp_path_factory):
+    """300 files of 1..40 KB packed 10 per chunk over 3 node folders."""
+    base = tmp_path_factory.mktemp("nodes")
+    rng = random.Random(1)
+    files = {f"c{i % 5}/f{i:04d}.bin": rng.randbytes(rng.randrange(1000, 40_000)) for i in range(300)}
+    write_tree(base / "src", files)
+    pack(str(base / "src"), str(base / "dst"), chunk_count=10, nodes=3, progress=False)
+    return str(base / "dst"), files
+
+
+def make_core(dst, **kw):
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    return Core(ix, ChunkStore(dst, ix), **kw)
+
+
+async def read_whole(core, sid):
+    fh = core.open(core.file_base + sid, os.O_RDONLY).fh
+    try:
+        return await core.read(fh, 0, 1 << 20)
+    finally:
+        core.release(fh)
+
+
+async def run_epoch(core, ids, readers=3, jitter=8, seed=0, check=None, order_bytes=None):
+    """Readers take the order's positions roughly in sequence (a shared queue, shuffled in
+    small windows the way DataLoader workers interleave), read each whole, close it."""
+    rng = random.Random(seed)
+    queue = list(ids)
+    for i in range(0, len(queue), jitter):
+        part = queue[i:i + jitter]
+        rng.shuffle(part)
+        queue[i:i + jitter] = part
+    got = []
+
+    async def reader():
+        while queue:
+            sid = queue.pop(0)
+            data = await read_whole(core, sid)
+            got.append(sid)
+            if check is not None:
+                check(sid, data)
+            await trio.sleep(0)
+
+    async with trio.open_nursery() as n:
+        await n.start(core.run)
+        core.set_order(0, order_bytes or orderfmt.encode(ids))
+        async with trio.open_nursery() as readers_n:
+            for _ in range(readers):
+                readers_n.start_soon(reader)
+        n.cancel_scope.cancel()
+    return got
+
+
+@given(data=st.data())
+@settings(max_examples=25, deadline=None)
+def test_budget_never_exceeded_and_bytes_exact(three_nodes, data):
+    dst, files = three_nodes
+    core_probe = make_core(dst)
+    n, sizes = core_probe.index.n_files, core_probe.index.size
+    ids = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=400))
+    budget = data.draw(st.integers(int(sizes.max()), int(sizes.sum())))
+    core = make_core(dst, cache_bytes=budget, batch=data.draw(st.integers(1, 16)))
+    paths = {i: os.fsdecode(core.index.file_path(i)) for i in set(ids)}
+
+    def check(sid, blob):
+        assert blob == files[paths[sid]]
+        assert core.cache.used + core.cache.reserved <= budget
+
+    trio.run(run_epoch, core, ids, 3, 8, 0, check)
+    assert core.cache.peak <= budget
+    s = core.statistics()
+    assert s["eio"] == 0
+    # everything read was used for the last time, so nothing planned stays behind
+    assert all(core.next_use(i) is None for i in set(ids))
+    assert core.cache._planned == {}
+
+
+def test_a_tenth_of_the_data_serves_nearly_every_read(three_nodes):
+    dst, files = three_nodes
+    probe = make_core(dst)
+    ids = np.random.default_rng(0).permutation(probe.index.n_files).tolist()
+    core = make_core(dst, cache_bytes=int(probe.index.total_bytes * 0.1), batch=8)
+    trio.run(run_epoch, core, ids, 3, 16)
+    s = core.statistics()
+    served = s["hits"] + s["read_waits"] + s["misses"]
+    assert s["hits"] + s["read_waits"] >= 0.95 * served, s
+    assert s["backend_samples"] == len(ids)          # each sample fetched exactly once
+    assert s["evicted_after_use"] >= len(ids) - 10   # dropped after use, not by pressure
+    assert s["cache_peak"] <= s["cache_budget"]
+
+
+def test_batches_are_per_node_and_coalesced(three_nodes):
+    dst, _ = three_nodes
+    probe = make_core(dst)
+    # chunk order: neighbours in a chunk are read together
+    ids = list(range(probe.index.n_files))
+    core = make_core(dst, cache_bytes=probe.index.total_bytes, batch=10)
+    trio.run(run_epoch, core, ids)
+    nodes = core.statistics()["nodes"]
+    assert set(nodes) == {"node-0", "node-1", "node-2"}
+    for name, st_ in nodes.items():
+        assert st_["requests"] > 0 and st_["samples"] > 0
+        assert st_["reads"] < st_["samples"]  # several samples per read
+    assert sum(s["samples"] for s in nodes.values()) == len(ids)
+
+
+def test_duplicates_survive_until_their_last_use(three_nodes):
+    dst, files = three_nodes
+    probe = make_core(dst)
+    ids = [5, 6, 5, 7, 8, 9, 6]
+    core = make_core(dst, cache_bytes=probe.index.total_bytes)
+    trio.run(run_epoch, core, ids, 1, 1)
+    s = core.statistics()
+    assert s["misses"] + s["read_waits"] + s["hits"] == 7
+    # each distinct sample fetched once: the second reads of 5 and 6 came from the cache
+    assert s["backend_samples"] == len(set(ids)) and s["hits"] >= 2
+    assert s["evicted_after_use"] == len(set(ids))
+
+
+def test_bad_order_is_refused_and_the_old_one_stays(three_nodes):
+    dst, _ = three_nodes
+    core = make_core(dst)
+    core.set_order(0, orderfmt.encode([1, 2, 3], epoch=4))
+    with pytest.raises(FsError) as e:
+        core.set_order(0, orderfmt.encode([1, 10_000]))
+    assert e.value.errno == 22 and "unknown sample id" in str(e.value)
+    assert core.plans[0].epoch == 4 and core.plans[0].ids.tolist() == [1, 2, 3]
+    assert core.statistics()["orders_refused"] == 1
+
+
+def test_new_order_mid_epoch_replaces_the_old(three_nodes):
+    dst, files = three_nodes
+    probe = make_core(dst)
+    n = probe.index.n_files
+    core = make_core(dst, cache_bytes=probe.index.total_bytes // 5)
+
+    async def go():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(core.run)
+            core.set_order(0, orderfmt.encode(list(range(n)), epoch=0))
+            for sid in range(20):
+                await read_whole(core, sid)
+            core.set_order(0, orderfmt.encode(list(range(n - 1, -1, -1)), epoch=1))
+            await trio.sleep(0.5)
+            # the new plan's first samples are being read ahead; the old plan's are not kept
+            window = core.plans[0].window(core.cache.budget).tolist()
+            assert window[0] == n - 1
+            assert (n - 1) in core.cache or (n - 1) in core.fetcher.inflight
+            nursery.cancel_scope.cancel()
+    trio.run(go)
+    assert core.cache.peak <= core.cache.budget
