@@ -115,20 +115,52 @@ def cmd_umount(a) -> int:
     return 0
 
 
+def _read_stats(mnt: str) -> dict:
+    with open(os.path.join(mnt, ".fusefs", "stats")) as f:
+        return json.load(f)
+
+
+def _watch(mnt: str, interval: float) -> int:
+    """One line per interval: rates since the last line and the cache state."""
+    import time
+    prev, t_prev = _read_stats(mnt), time.monotonic()
+    print(f"{'reads/s':>8} {'MB/s':>7} {'hit%':>6} {'waits':>6} {'miss':>6} {'backend MB/s':>12} "
+          f"{'cache MB':>9} {'ahead':>6} {'evict':>6}")
+    while True:
+        time.sleep(interval)
+        cur, now = _read_stats(mnt), time.monotonic()
+        dt = now - t_prev
+        d = {k: cur[k] - prev[k] for k in ("reads", "bytes_served", "hits", "read_waits", "misses",
+                                          "backend_bytes", "evicted_after_use")}
+        served = d["hits"] + d["read_waits"] + d["misses"]
+        ahead = sum(p["ahead_ready"] for p in cur["plans"].values())
+        print(f"{d['reads'] / dt:8.0f} {d['bytes_served'] / dt / 1e6:7.1f} "
+              f"{100 * d['hits'] / served if served else 0:6.1f} {d['read_waits']:6d} {d['misses']:6d} "
+              f"{d['backend_bytes'] / dt / 1e6:12.1f} {cur['cache_bytes'] / 1e6:9.1f} {ahead:6d} "
+              f"{d['evicted_after_use']:6d}", flush=True)
+        prev, t_prev = cur, now
+
+
 def cmd_stats(a) -> int:
-    path = os.path.join(a.mnt, ".fusefs", "stats")
     try:
-        with open(path) as f:
-            stats = json.load(f)
+        if a.watch:
+            return _watch(a.mnt, a.interval)
+        stats = _read_stats(a.mnt)
+    except KeyboardInterrupt:
+        return 0
     except OSError as e:
-        print(f"fusefs stats: {path}: {e.strerror} (is {a.mnt} a fusefs mount?)", file=sys.stderr)
+        print(f"fusefs stats: {a.mnt}: {e.strerror} (is it a fusefs mount?)", file=sys.stderr)
         return 1
     if a.json:
         print(json.dumps(stats, indent=1, sort_keys=True))
     else:
         width = max(map(len, stats))
         for k in sorted(stats):
-            print(f"{k:<{width}}  {stats[k]}")
+            if isinstance(stats[k], dict):
+                for name, v in stats[k].items():
+                    print(f"{k}[{name}]  {json.dumps(v)}")
+            else:
+                print(f"{k:<{width}}  {stats[k]}")
     return 0
 
 
@@ -177,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("stats", help="print a mount's statistics")
     s.add_argument("mnt")
     s.add_argument("--json", action="store_true")
+    s.add_argument("-w", "--watch", action="store_true", help="print rates every interval until Ctrl-C")
+    s.add_argument("--interval", type=float, default=1.0)
     s.set_defaults(func=cmd_stats)
     return p
 

@@ -78,6 +78,7 @@ class Core:
         self._next_fh = 1
         self._recent = collections.deque(maxlen=32)  # recently read samples (scan detection)
         self._ids_table: bytes | None = None
+        self.mean_size = index.total_bytes / max(1, index.n_files)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Background work (the read-ahead); start it in the mount's nursery."""
@@ -199,9 +200,10 @@ class Core:
         else:
             self.use(sid)
 
-    def setattr(self, ino: int, size: int | None) -> Attr:
-        """Only truncating a writable control file (as `open(..., "w")` does) is allowed."""
-        if self.control.owns(ino) and self.control.writable(ino) and size in (None, 0):
+    def setattr(self, ino: int, size: int | None, other: bool = False) -> Attr:
+        """Only truncating a writable control file (as `open(..., "w")` does) is allowed;
+        `other` is a change of mode, owner or times."""
+        if not other and size in (None, 0) and self.control.owns(ino) and self.control.writable(ino):
             return self.getattr(ino)
         raise FsError(errno.EROFS)
 
@@ -287,7 +289,8 @@ class Core:
         if self.next_use(sid) is not None:
             out = []
             for plan in self.plans.values():
-                for s in plan.window(self.cache.budget).tolist():
+                scan = int(4 * self.cache.budget / max(1.0, self.mean_size)) + 256
+                for s in plan.window(self.cache.budget, max_scan=scan).tolist():
                     if len(out) >= k:
                         return out
                     if (s != sid and s not in self.cache and s not in self.fetcher.inflight

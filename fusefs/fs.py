@@ -69,10 +69,10 @@ class Operations(pyfuse3.Operations):
 
     @_translate
     async def setattr(self, inode, attr, fields, fh, ctx):
+        other = (fields.update_mode or fields.update_uid or fields.update_gid
+                 or fields.update_atime or fields.update_mtime)
         size = attr.st_size if fields.update_size else None
-        if fields.update_mode or fields.update_uid or fields.update_gid or fields.update_mtime:
-            return self._entry(self.core.setattr(inode, -1))
-        return self._entry(self.core.setattr(inode, size))
+        return self._entry(self.core.setattr(inode, size, other))
 
     @_translate
     async def opendir(self, inode, ctx):

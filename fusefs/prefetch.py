@@ -114,6 +114,7 @@ class Prefetcher:
                     self.schedule()
                 except Exception:  # never let the read-ahead take the daemon down
                     log.exception("prefetch scheduling failed")
+                await trio.sleep(0)  # let wakes pile up: plan once per burst, not per read
 
     def candidates(self) -> list[int]:
         core = self.core
@@ -121,9 +122,10 @@ class Prefetcher:
         if not plans:
             return []
         share = core.cache.budget // len(plans)
+        scan = int(4 * share / max(1.0, core.mean_size)) + 256  # positions, not the whole order
         out = []
         for plan in plans:
-            for sid in plan.window(share).tolist():
+            for sid in plan.window(share, max_scan=scan).tolist():
                 if sid not in core.cache and sid not in core.fetcher.inflight:
                     out.append(sid)
         return out
@@ -139,16 +141,15 @@ class Prefetcher:
         for node, sids in by_node.items():
             i = 0
             while i < len(sids) and fetcher.busy[node] < fetcher.per_node:
-                batch, nbytes = [], 0
-                while i < len(sids) and len(batch) < fetcher.batch:
-                    size = int(sizes[sids[i]])
-                    if not core.cache.reserve(size):
-                        break
-                    batch.append(sids[i])
-                    nbytes += size
-                    i += 1
-                if not batch:
-                    return  # the cache is full of what the readers need next
+                want = sids[i:i + fetcher.batch]
+                fits = np.cumsum(sizes[want]) <= core.cache.free
+                take = int(fits.sum())
+                if take < max(1, len(want) // 2):
+                    return  # wait until half a batch fits: no trickle of one-sample requests
+                batch = want[:take]
+                nbytes = int(sizes[batch].sum())
+                core.cache.reserve(nbytes)
+                i += take
                 self.batches += 1
                 self.nursery.start_soon(self._run_batch, batch, nbytes)
 

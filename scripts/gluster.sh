@@ -68,6 +68,9 @@ up() {
     if ! mountpoint -q "$MNT"; then
         mount -t glusterfs "$HOST:/$VOL" "$MNT"
     fi
+    # Large sequential reads (chunk files) need more than the default 128 KiB readahead.
+    local bdi="/sys/class/bdi/$(mountpoint -d "$MNT")/read_ahead_kb"
+    [ -w "$bdi" ] && echo "${READ_AHEAD_KB:-1024}" > "$bdi" || true
     echo "gluster.sh: $VOL mounted at $MNT (3 bricks under $BRICKS, delay ${delay_ms} ms per op)"
 }
 

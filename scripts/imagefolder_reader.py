@@ -7,6 +7,11 @@ fusefs's own: the "unmodified training code" case. Prints one JSON line:
   a checksum of the decoded tensors.
 
 usage: imagefolder_reader.py ROOT [--workers N] [--batch B] [--epochs E] [--decode] [--shuffle]
+                              [--hinted] [--drop-caches]
+
+--hinted uses trainer.HintedSampler (the two-line change; needs the repository on
+PYTHONPATH); on a fusefs mount, the daemon's statistics after each epoch's first batch
+and at its end are included. --drop-caches empties the page cache before each epoch.
 """
 import argparse
 import hashlib
@@ -38,7 +43,11 @@ def main():
     p.add_argument("--decode", action="store_true", help="decode images (default loader + ToTensor)")
     p.add_argument("--shuffle", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hinted", action="store_true", help="shuffle with trainer.HintedSampler")
+    p.add_argument("--drop-caches", action="store_true")
+    p.add_argument("--no-digests", action="store_true", help="skip the byte-check passes")
     a = p.parse_args()
+    stats_path = os.path.join(a.root, ".fusefs", "stats")
 
     torch.manual_seed(a.seed)
     if a.decode:
@@ -49,12 +58,27 @@ def main():
         collate = collate_digests
     out = {"classes": ds.classes, "n": len(ds), "epochs": []}
     digests = {}
+    sampler = None
+    if a.hinted:
+        from trainer import HintedSampler
+        sampler = HintedSampler(ds, seed=a.seed)
     for epoch in range(a.epochs):
-        loader = DataLoader(ds, batch_size=a.batch, shuffle=a.shuffle, num_workers=a.workers,
-                            collate_fn=collate, persistent_workers=False)
+        if a.drop_caches:
+            os.sync()
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        loader = DataLoader(ds, batch_size=a.batch, shuffle=a.shuffle and sampler is None,
+                            sampler=sampler, num_workers=a.workers, collate_fn=collate,
+                            persistent_workers=False)
         t0 = time.perf_counter()
         count, nbytes, tensor_sum = 0, 0, 0.0
+        first_stats = None
         for batch in loader:
+            if first_stats is None and os.path.exists(stats_path):
+                with open(stats_path) as f:
+                    first_stats = json.load(f)
             if a.decode:
                 images, labels = batch
                 count += len(labels)
@@ -64,9 +88,13 @@ def main():
                     count += 1
                     nbytes += size
         dt = time.perf_counter() - t0
-        out["epochs"].append({"samples": count, "seconds": dt, "samples_per_s": count / dt,
-                              "bytes": nbytes, "tensor_sum": tensor_sum})
-    if not a.decode:  # per-file digests, in ImageFolder's own order, for byte checks
+        ep = {"samples": count, "seconds": dt, "samples_per_s": count / dt, "bytes": nbytes,
+              "tensor_sum": tensor_sum}
+        if first_stats is not None:
+            with open(stats_path) as f:
+                ep["stats_first_batch"], ep["stats_end"] = first_stats, json.load(f)
+        out["epochs"].append(ep)
+    if not a.decode and not a.no_digests:  # per-file digests, in ImageFolder's own order, for byte checks
         for path, label in ds.samples:
             digests[os.path.relpath(path, a.root)] = [hashlib.sha256(raw_loader(path)).hexdigest(), label]
         # and the digests as delivered through the DataLoader's worker processes:

@@ -10,6 +10,7 @@ import pytest
 from fusefs.index import INDEX_NAME, Index
 from fusefs.nodes import PATHINFO_XATTR, parse_pathinfo
 from fusefs.pack import pack
+from trainer import write_order
 
 from fusefs.mount import running_mount
 
@@ -56,7 +57,20 @@ def test_pack_onto_gluster_names_each_chunks_brick_and_mounts(volume, tricky, tm
             assert node == parse_pathinfo(raw)
         assert sum(info["chunks_per_node"].values()) == len(ix.chunks)
 
-        with running_mount(dst, tmp_path / "mnt"):
-            assert read_tree(tmp_path / "mnt") == read_tree(src)
+        mnt = str(tmp_path / "mnt")
+        with running_mount(dst, mnt):
+            assert read_tree(mnt) == read_tree(src)
+        # with an order set, fetches are grouped by brick: per-node statistics name them
+        with running_mount(dst, mnt, "--cache-size", "30%", "--batch", "4"):
+            ids = list(range(ix.n_files))[::-1]
+            write_order(mnt, ids)
+            for i in ids:
+                with open(os.path.join(mnt, os.fsdecode(ix.file_path(i))), "rb") as f:
+                    f.read()
+            stats = json.load(open(os.path.join(mnt, ".fusefs", "stats")))
+        nodes = {k: v for k, v in stats["nodes"].items() if v["requests"]}
+        assert set(nodes) == seen_nodes
+        assert sum(v["samples"] for v in nodes.values()) == ix.n_files
+        assert stats["eio"] == 0
     finally:
         shutil.rmtree(dst, ignore_errors=True)

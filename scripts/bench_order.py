@@ -1,0 +1,189 @@
+"""Order hints on a slowed GlusterFS volume (issue 3); prints figures, saves JSON and a PNG.
+
+Set-up: a synthetic ImageFolder of --files JPEGs (~110 KB each) is generated locally, copied
+as loose files onto the 3-brick GlusterFS volume (scripts/gluster.sh up --delay-ms 2: every
+lookup, stat, open and read on the bricks is delayed 2 ms; the script first times small
+reads to confirm), and packed there too. Each setting runs Debian's torchvision
+ImageFolder + DataLoader(batch_size=64, num_workers=4, a loader returning raw bytes) for two
+shuffled epochs under /usr/bin/python3; the page cache is dropped before every epoch (a
+dataset larger than memory), and every fusefs setting gets a fresh daemon:
+
+  (a) loose files straight from the GlusterFS mount
+  (b) fusefs over the packed set, no order hints, cache = 10% of the dataset
+  (c) fusefs with trainer.HintedSampler, cache = 10% of the dataset
+  (d) fusefs over a local copy of the packed set, whole dataset cached (epoch 2 is the
+      ceiling of this daemon on this machine)
+
+usage: .venv/bin/python scripts/bench_order.py [--files N] [--delay-ms MS] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from fusefs.mount import running_mount  # noqa: E402
+from fusefs.pack import pack  # noqa: E402
+from fusefs.synth import make_imagefolder  # noqa: E402
+
+GMNT = "/mnt/fusefs-gluster"
+READER = os.path.join(REPO, "scripts", "imagefolder_reader.py")
+
+
+def sh(*cmd):
+    subprocess.run(cmd, check=True)
+
+
+def copy_tree(src: str, dst: str, workers: int = 16) -> None:
+    jobs = []
+    for d, _, files in os.walk(src):
+        rel = os.path.relpath(d, src)
+        os.makedirs(os.path.join(dst, rel), exist_ok=True)
+        jobs += [(os.path.join(d, f), os.path.join(dst, rel, f)) for f in files]
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda j: shutil.copyfile(*j), jobs))
+
+
+def run_reader(root: str, hinted: bool) -> dict:
+    env = dict(os.environ, PYTHONPATH=REPO)
+    cmd = ["/usr/bin/python3", READER, root, "--workers", "4", "--batch", "64", "--epochs", "2",
+           "--drop-caches", "--no-digests", "--hinted" if hinted else "--shuffle"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise SystemExit(f"reader failed on {root}:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout)
+
+
+def peak_rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def fusefs_setting(name: str, dst: str, mnt: str, cache: str, hinted: bool) -> dict:
+    with running_mount(dst, mnt, "--cache-size", cache) as (proc, _):
+        res = run_reader(mnt, hinted)
+        stats = json.load(open(os.path.join(mnt, ".fusefs", "stats")))
+        res["daemon_peak_rss"] = peak_rss(proc.pid)
+    res["final_stats"] = stats
+    return res
+
+
+def summarize(name: str, res: dict) -> dict:
+    eps = res["epochs"]
+    row = {"setting": name, "samples_per_s": [e["samples_per_s"] for e in eps]}
+    if "final_stats" in res:
+        s = res["final_stats"]
+        row["cache_budget"] = s["cache_budget"]
+        row["cache_peak"] = s["cache_peak"]
+        row["daemon_peak_rss"] = res["daemon_peak_rss"]
+        row["index_bytes"] = res.get("index_bytes", 0)
+        hits, waits, misses = [], [], []
+        for e in eps:
+            a, b = e["stats_first_batch"], e["stats_end"]
+            hits.append(b["hits"] - a["hits"])
+            waits.append(b["read_waits"] - a["read_waits"])
+            misses.append(b["misses"] - a["misses"])
+        row["hit_ratio_after_first_batch"] = [h / max(1, h + w + m) for h, w, m in zip(hits, waits, misses)]
+        row["served_without_backend_wait"] = [h / max(1, h + w + m) for h, w, m in zip(hits, waits, misses)]
+        row["reads_that_waited"] = waits
+        row["read_wait_s"] = s["read_wait_s"]
+        n = sum(e["samples"] for e in eps)
+        row["backend_requests_per_sample"] = s["backend_requests"] / n
+        row["backend_reads_per_sample"] = s["backend_reads"] / n
+        row["backend_bytes_per_sample"] = s["backend_bytes"] / n
+        row["nodes"] = {k: v["requests"] for k, v in s["nodes"].items()}
+    return row
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--files", type=int, default=20_000)
+    p.add_argument("--delay-ms", type=float, default=2.0)
+    p.add_argument("--out", default=os.path.join(REPO, "out", "bench_order"))
+    a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    src = os.path.join(a.out, f"src-{a.files}")
+    local_packed = os.path.join(a.out, f"packed_local-{a.files}")
+    base = os.path.join(GMNT, f"bench-{a.files}")
+    loose, packed = os.path.join(base, "loose"), os.path.join(base, "packed")
+
+    sh("bash", os.path.join(REPO, "scripts", "gluster.sh"), "up", "--delay-ms", str(a.delay_ms))
+    probe = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "gluster_probe.py"), GMNT],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    print(f"GlusterFS delay check: {probe}")
+    if not os.path.isdir(src):
+        g = make_imagefolder(src, a.files, n_classes=100, mean_bytes=110_000, progress=True)
+        print(f"generated {g['files']} JPEGs, {g['bytes'] / 1e9:.2f} GB, mean {g['mean_bytes'] / 1e3:.0f} KB")
+    if not os.path.isdir(loose):
+        t = time.perf_counter()
+        copy_tree(src, loose)
+        print(f"copied loose files to GlusterFS in {time.perf_counter() - t:.0f} s")
+    if not os.path.exists(os.path.join(packed, "index.fusefs")):
+        r = pack(loose, packed, force=True)
+        print(f"packed on GlusterFS (read from GlusterFS): {r.mb_per_s:.0f} MB/s, {r.chunks} chunks")
+    if not os.path.exists(os.path.join(local_packed, "index.fusefs")):
+        pack(src, local_packed, force=True)
+    index_bytes = os.path.getsize(os.path.join(packed, "index.fusefs"))
+
+    mnt = os.path.join(a.out, "mnt")
+    results = {"probe": probe, "files": a.files, "delay_ms": a.delay_ms}
+    rows = []
+    settings = [
+        ("a: loose files on GlusterFS", lambda: run_reader(loose, hinted=False)),
+        ("b: fusefs, no hints, cache 10%", lambda: fusefs_setting("b", packed, mnt, "10%", False)),
+        ("c: fusefs + HintedSampler, cache 10%", lambda: fusefs_setting("c", packed, mnt, "10%", True)),
+        ("d: fusefs local copy, all cached", lambda: fusefs_setting("d", local_packed, mnt, "120%", False)),
+    ]
+    for name, run in settings:
+        res = run()
+        res["index_bytes"] = index_bytes
+        row = summarize(name, res)
+        rows.append(row)
+        rates = " / ".join(f"{x:.0f}" for x in row["samples_per_s"])
+        extra = ""
+        if "hit_ratio_after_first_batch" in row:
+            extra = (f"; hit ratio {' / '.join(f'{h:.3f}' for h in row['hit_ratio_after_first_batch'])}"
+                     f"; waited {row['reads_that_waited']}; backend requests/sample "
+                     f"{row['backend_requests_per_sample']:.3f}; peak RSS {row['daemon_peak_rss'] / 1e6:.0f} MB "
+                     f"(budget {row['cache_budget'] / 1e6:.0f} MB, index {index_bytes / 1e6:.1f} MB)")
+        print(f"{name:<40} samples/s epoch 1 / 2: {rates}{extra}", flush=True)
+    results["rows"] = rows
+    by = {r["setting"][0]: r for r in rows}
+    best = lambda r: max(r["samples_per_s"])  # noqa: E731
+    results["c_over_a"] = [c / x for c, x in zip(by["c"]["samples_per_s"], by["a"]["samples_per_s"])]
+    results["c_over_d"] = best(by["c"]) / best(by["d"])
+    print(f"c/a per epoch: {' / '.join(f'{x:.2f}' for x in results['c_over_a'])}; "
+          f"c/d (best epochs): {results['c_over_d']:.2f}")
+    with open(os.path.join(a.out, "bench_order.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    for k, r in enumerate(rows):
+        for e, rate in enumerate(r["samples_per_s"]):
+            ax.bar(k + (e - 0.5) * 0.38, rate, 0.38, color=["#4878a8", "#e0a040"][e],
+                   label=f"epoch {e + 1}" if k == 0 else None)
+    ax.set_xticks(range(len(rows)), [r["setting"] for r in rows], fontsize=7)
+    ax.set_ylabel("samples/s")
+    ax.set_title(f"ImageFolder+DataLoader(4 workers), {a.files} files, GlusterFS +{a.delay_ms:g} ms/op")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(a.out, "bench_order.png"), dpi=100)
+    print(f"saved {a.out}/bench_order.json and .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
