@@ -26,6 +26,7 @@ class SampleCache:
         self.used = 0
         self.reserved = 0
         self.evictions = 0
+        self.planned_evictions = 0  # planned entries pushed out by ones needed sooner
         self.peak = 0
         self._planned: dict[int, bytes] = {}
         self._lru: OrderedDict[int, bytes] = OrderedDict()
@@ -49,10 +50,14 @@ class SampleCache:
         return data
 
     def reserve(self, nbytes: int) -> bool:
-        """Set nbytes aside for a fetch about to start, if they fit without evicting."""
+        """Set nbytes aside for a fetch about to start, if they fit once unplanned (LRU)
+        entries are evicted; planned entries are never evicted for a reservation."""
+        while nbytes > self.free and self._lru:
+            self._evict(self._lru.popitem(last=False)[1])
         if nbytes > self.free:
             return False
         self.reserved += nbytes
+        self.peak = max(self.peak, self.used + self.reserved)
         return True
 
     def unreserve(self, nbytes: int) -> None:
@@ -75,6 +80,7 @@ class SampleCache:
                 if need <= self.free or pos <= next_use:
                     break
                 self._evict(self._planned.pop(victim))
+                self.planned_evictions += 1
         if need > self.free:
             return False
         (self._planned if next_use is not None else self._lru)[sid] = data

@@ -88,8 +88,28 @@ def cmd_verify(a) -> int:
     return 1 if problems else 0
 
 
+def parse_group(text: str | None) -> int | None:
+    """A group name or number, or None."""
+    if text is None:
+        return None
+    import grp
+    try:
+        return grp.getgrnam(text).gr_gid
+    except KeyError:
+        if text.isdigit():
+            return int(text)
+        raise argparse.ArgumentTypeError(f"no such group: {text}") from None
+
+
 def cmd_mount(a) -> int:
-    from .mount import MountError, open_dataset, serve, start_background
+    from .mount import MountError, clear_dead_mount, open_dataset, serve, start_background
+    try:
+        if clear_dead_mount(a.mnt):
+            print(f"fusefs mount: {a.mnt} was a dead mount (its daemon had died): cleared it",
+                  file=sys.stderr)
+    except MountError as e:
+        print(f"fusefs mount: {e}", file=sys.stderr)
+        return 2
     if a.background:
         argv = [x for x in sys.argv[1:] if x not in ("--background", "-b")]
         log_path = a.log or os.path.join("/tmp", f"fusefs-{os.getuid()}-{os.path.basename(os.path.abspath(a.mnt))}.log")
@@ -98,7 +118,8 @@ def cmd_mount(a) -> int:
         index, store = open_dataset(a.dst)  # refuses a broken dataset before mounting
         cache = parse_size(a.cache_size, whole=index.total_bytes)
         serve(index, store, a.mnt, options=a.o or [], cache_bytes=cache, per_node=a.per_node,
-              batch=a.batch)
+              batch=a.batch, kernel_cache=a.kernel_cache, retries=a.retries,
+              control_gid=parse_group(a.control_group))
     except (MountError, argparse.ArgumentTypeError) as e:
         print(f"fusefs mount: {e}", file=sys.stderr)
         return 2
@@ -188,6 +209,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--per-node", type=int, default=4,
                    help="backend requests in flight per storage node (default 4)")
     s.add_argument("--batch", type=int, default=16, help="samples per backend request (default 16)")
+    s.add_argument("--control-group", metavar="GROUP",
+                   help="a group whose members may write the control files (the order) too; "
+                        "by default only the user who mounted (and root) may")
+    s.add_argument("--retries", type=int, default=4,
+                   help="retries of a failed backend read, with doubling backoff from 0.1 s "
+                        "(default 4: a read gives up after about 1.5 s)")
+    s.add_argument("--kernel-cache", action=argparse.BooleanOptionalAction, default=True,
+                   help="push cached samples into the kernel page cache at open (notify_store), "
+                        "so their reads never reach the daemon (default on)")
     s.add_argument("--log", help="log file with --background (default /tmp/fusefs-UID-NAME.log)")
     s.set_defaults(func=cmd_mount)
 

@@ -114,8 +114,10 @@ class ControlNamespace:
 
     def _attr(self, slot: int):
         f = self.files[slot]
-        mode = stat.S_IFREG | (0o644 if f.writable else 0o444)
-        return Attr(self.base + 1 + slot, mode, 0, int(self.core.stats.started * 1e9), timeout=0.0)
+        group = self.core.control_gid
+        mode = stat.S_IFREG | ((0o644 if group is None else 0o664) if f.writable else 0o444)
+        return Attr(self.base + 1 + slot, mode, 0, int(self.core.stats.started * 1e9), timeout=0.0,
+                    gid=group if f.writable else None)
 
     def _slot(self, ino: int) -> int:
         slot = ino - self.base - 1
@@ -140,12 +142,12 @@ class ControlNamespace:
             yield name, self._attr(slot), pos + 1
 
     # ---- data --------------------------------------------------------------------------
-    def open(self, ino: int, flags: int):
+    def open(self, ino: int, flags: int, caller=None):
         if ino == self.base:
             raise FsError(errno.EISDIR)
         f = self.files[self._slot(ino)]
         writing = bool(flags & (os.O_WRONLY | os.O_RDWR))
-        if writing and not f.writable:
+        if writing and not (f.writable and self.core.may_control(caller)):
             raise FsError(errno.EACCES)
         content = b"" if writing else f.render()
         fh = self._next_fh

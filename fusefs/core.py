@@ -26,7 +26,7 @@ import trio
 from . import order as orderfmt
 from .cache import SampleCache
 from .control import CONTROL_NAME, ControlNamespace
-from .entries import Attr, FsError, OpenResult
+from .entries import Attr, Caller, FsError, OpenResult
 from .index import Index
 from .plan import Plan
 from .prefetch import Fetcher, Prefetcher
@@ -39,10 +39,22 @@ CTRL_SLOTS = 128
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
 
+def _groups_of(pid: int) -> set[int]:
+    """Supplementary groups of a process (empty if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    return {int(g) for g in line.split()[1:]}
+    except OSError:
+        pass
+    return set()
+
+
 class Stats:
     """Counters of the daemon; a snapshot goes to `.fusefs/stats`."""
 
-    FIELDS = ("opens", "reads", "bytes_served", "hits", "misses", "read_waits", "eio",
+    FIELDS = ("opens", "reads", "bytes_served", "hits", "pushed", "misses", "read_waits", "eio",
               "evicted_after_use", "orders_accepted", "orders_refused")
 
     def __init__(self):
@@ -60,25 +72,33 @@ class Stats:
 
 class Core:
     def __init__(self, index: Index, store: ChunkStore, *, cache_bytes: int = 256 << 20,
-                 per_node: int = 4, batch: int = 16, uid: int | None = None,
-                 gid: int | None = None):
+                 per_node: int = 4, batch: int = 16, retries: int = 4, uid: int | None = None,
+                 gid: int | None = None, control_gid: int | None = None):
         self.index = index
         self.store = store
         self.cache = SampleCache(cache_bytes)
+        self.mean_size = index.total_bytes / max(1, index.n_files)
         self.stats = Stats()
-        self.fetcher = Fetcher(store, per_node=per_node, batch=batch)
+        self.fetcher = Fetcher(store, per_node=per_node, batch=batch, retries=retries)
         self.prefetcher = Prefetcher(self)
         self.plans: dict[int, Plan] = {}
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
+        self.control_gid = control_gid  # a group that may write the control files too
         self.ctrl_dir = index.n_dirs + 1
         self.file_base = self.ctrl_dir + CTRL_SLOTS
         self.control = ControlNamespace(self, self.ctrl_dir)
         self._handles: dict[int, int] = {}  # open file handle -> sample id
+        self._held: dict[int, bytes] = {}   # open file handle -> its sample's bytes, once read
         self._next_fh = 1
         self._recent = collections.deque(maxlen=32)  # recently read samples (scan detection)
         self._ids_table: bytes | None = None
-        self.mean_size = index.total_bytes / max(1, index.n_files)
+        self.corrupt: dict[int, str] = {}  # samples whose stored bytes fail their checksum
+        # The kernel page cache, when the FUSE adapter offers it (KernelCache.push(ino,
+        # data)): a sample cached here at open time is pushed to the kernel with the open,
+        # so its reads never reach the daemon (README: "kernel page cache").
+        self.kernel = None
+        self._pushed: set[int] = set()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Background work (the read-ahead); start it in the mount's nursery."""
@@ -158,19 +178,44 @@ class Core:
                 "files": ix.n_files + ix.n_dirs, "namemax": 255}
 
     # ---- data ------------------------------------------------------------------------
-    def open(self, ino: int, flags: int) -> OpenResult:
+    def may_control(self, caller: Caller | None) -> bool:
+        """Whether caller may write the control files: root, the user who mounted, or a
+        member of the control group given at mount time (None: a request from within)."""
+        if caller is None or caller.uid in (0, self.uid):
+            return True
+        if self.control_gid is None:
+            return False
+        return caller.gid == self.control_gid or self.control_gid in _groups_of(caller.pid)
+
+    def open(self, ino: int, flags: int, caller: Caller | None = None) -> OpenResult:
         sid = self.sid_of(ino)
         if sid is None:
             if self._dir_of(ino) is not None:
                 raise FsError(errno.EISDIR)
-            return self.control.open(ino, flags)
+            return self.control.open(ino, flags, caller)
         if flags & WRITE_FLAGS:
             raise FsError(errno.EROFS)
         self.stats.opens += 1
         fh = self._next_fh
         self._next_fh += 1
         self._handles[fh] = sid
+        if self.kernel is not None:
+            self._push(sid)
         return OpenResult(fh=fh)
+
+    def _push(self, sid: int) -> None:
+        data = self.cache.get(sid)
+        if not data or sid in self._pushed:
+            return
+        try:
+            self.kernel.push(self.file_base + sid, data)
+        except OSError as e:
+            log.warning("the kernel refused a page cache push (%s): serving reads from the daemon", e)
+            self.kernel = None
+            return
+        self._pushed.add(sid)
+        self.stats.pushed += 1
+        self.stats.hits += 1
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         sid = self._handles.get(fh)
@@ -179,7 +224,13 @@ class Core:
         self.stats.reads += 1
         if off >= int(self.index.size[sid]):
             return b""
-        data = await self.fetch(sid)
+        data = self._held.get(fh)
+        if data is None:  # an open file keeps its bytes, whatever the cache does meanwhile
+            data = await self.fetch(sid)
+            if fh in self._handles:
+                self._held[fh] = data
+        else:
+            self.stats.hits += 1
         out = data[off:off + size]
         self.stats.bytes_served += len(out)
         return out
@@ -195,15 +246,19 @@ class Core:
 
     def release(self, fh: int) -> None:
         sid = self._handles.pop(fh, None)
+        self._held.pop(fh, None)
         if sid is None:
             self.control.release(fh)
         else:
             self.use(sid)
 
-    def setattr(self, ino: int, size: int | None, other: bool = False) -> Attr:
+    def setattr(self, ino: int, size: int | None, other: bool = False,
+                caller: Caller | None = None) -> Attr:
         """Only truncating a writable control file (as `open(..., "w")` does) is allowed;
         `other` is a change of mode, owner or times."""
         if not other and size in (None, 0) and self.control.owns(ino) and self.control.writable(ino):
+            if not self.may_control(caller):
+                raise FsError(errno.EACCES)
             return self.getattr(ino)
         raise FsError(errno.EROFS)
 
@@ -221,6 +276,7 @@ class Core:
             log.warning("order for rank %d refused, the previous one stays: %s", rank, e)
             raise FsError(errno.EINVAL, str(e)) from None
         self.plans[rank] = Plan(order, self.index.size)
+        self.prefetcher.reset()
         self.stats.orders_accepted += 1
         self.cache.replan(self.next_use)
         log.info("rank %d: order of %d samples for epoch %d", rank, len(order), order.epoch)
@@ -240,8 +296,10 @@ class Core:
         for plan in self.plans.values():
             if plan.remaining(sid) > 0:
                 for done in plan.use(sid):
-                    if self.next_use(done) is None and self.cache.drop(done):
-                        self.stats.evicted_after_use += 1
+                    if self.next_use(done) is None:
+                        self._pushed.discard(done)
+                        if self.cache.drop(done):
+                            self.stats.evicted_after_use += 1
                 self.prefetcher.wake()
                 return
 
@@ -254,6 +312,9 @@ class Core:
     async def fetch(self, sid: int) -> bytes:
         """Sample sid's verified bytes, from the cache, a fetch under way, or the backend."""
         self._recent.append(sid)
+        if sid in self.corrupt:  # known bad: do not read it again
+            self.stats.eio += 1
+            raise FsError(errno.EIO, self.corrupt[sid])
         data = self.cache.get(sid)
         if data is not None:
             self.stats.hits += 1
@@ -267,57 +328,57 @@ class Core:
             result = pending.error or pending.data
         else:
             self.stats.misses += 1
-            results = {}
-
-            def deliver(s, r):
-                results[s] = r
-                self.deliver(s, r)
-
-            await self.fetcher.fetch([sid] + self._companions(sid), deliver)
-            result = results[sid]
+            result = await self._fetch_missed(sid)
         if isinstance(result, Exception):
             self.stats.eio += 1
             raise FsError(errno.EIO, str(result))
         return result
 
-    def _companions(self, sid: int) -> list[int]:
-        """What to fetch together with a missed sample: the next planned samples on the
-        same node, or, reading without an order, the next samples of the same chunk when
-        the reads look like a scan."""
+    async def _fetch_missed(self, sid: int):
+        """Fetch a sample no one is fetching, with companions: the next k-1 samples queued
+        for read-ahead on its node (with an order), or, reading without an order, the next
+        samples of its chunk when the reads look like a scan."""
         k = self.fetcher.batch - 1
-        node = self.fetcher.node_of(sid)
-        if self.next_use(sid) is not None:
-            out = []
-            for plan in self.plans.values():
-                scan = int(4 * self.cache.budget / max(1.0, self.mean_size)) + 256
-                for s in plan.window(self.cache.budget, max_scan=scan).tolist():
-                    if len(out) >= k:
-                        return out
-                    if (s != sid and s not in self.cache and s not in self.fetcher.inflight
-                            and self.fetcher.node_of(s) == node):
-                        out.append(s)
-            return out
-        if sid - 1 not in self._recent:
-            return []
-        chunk = self.index.chunk
-        end = min(sid + 1 + k, self.index.n_files)
-        return [s for s in range(sid + 1, end) if chunk[s] == chunk[sid]
-                and s not in self.cache and s not in self.fetcher.inflight]
+        reserved = set(self.prefetcher.take_queued(sid, k))
+        if sid not in reserved and self.cache.reserve(int(self.index.size[sid])):
+            reserved.add(sid)
+        batch = [sid] + [s for s in reserved if s != sid]
+        if not self.plans and sid - 1 in self._recent:
+            chunk = self.index.chunk
+            end = min(sid + 1 + k, self.index.n_files)
+            batch += [s for s in range(sid + 1, end) if chunk[s] == chunk[sid]
+                      and s not in self.cache and s not in self.fetcher.inflight]
+        results = {}
+
+        def deliver(s, r):
+            if s in reserved:
+                self.cache.unreserve(int(self.index.size[s]))
+            results[s] = r
+            self.deliver(s, r, prefetched=s in reserved and s != sid)
+
+        await self.fetcher.fetch(batch, deliver)
+        return results[sid]
 
     def deliver(self, sid: int, result, prefetched: bool = False) -> None:
         """A fetch finished: keep the bytes if some order or the LRU part wants them."""
         if isinstance(result, Exception):
-            path = self.store.chunk_path(int(self.index.chunk[sid]))
             if isinstance(result, CorruptSample):
-                log.error("EIO: %s", result)
+                if sid not in self.corrupt:
+                    self.corrupt[sid] = str(result)
+                    log.error("EIO: %s", result)
             else:
-                log.error("EIO: %s: sample %s: backend read failed: %s", path,
-                          os.fsdecode(self.index.file_path(sid)), result)
+                chunk = int(self.index.chunk[sid])
+                log.error("EIO: node %s: %s: sample %s: backend read failed: %s",
+                          self.fetcher.node_names[self.fetcher.node_of(sid)],
+                          self.store.chunk_path(chunk), os.fsdecode(self.index.file_path(sid)), result)
             return
         nxt = self.next_use(sid)
         if nxt is None and prefetched:
             return  # read ahead for an order that has since been replaced
+        pushed_out = self.cache.planned_evictions
         self.cache.put(sid, result, next_use=nxt, next_use_of=self.next_use)
+        if self.cache.planned_evictions != pushed_out:
+            self.prefetcher.rewind()  # read-ahead behind the heads was dropped: look again
 
     def statistics(self) -> dict:
         out = self.stats.snapshot()
@@ -330,6 +391,9 @@ class Core:
                    backend_reads=sum(n["reads"] for n in self.fetcher.node_stats),
                    backend_bytes=sum(n["bytes"] for n in self.fetcher.node_stats),
                    backend_samples=sum(n["samples"] for n in self.fetcher.node_stats),
+                   backend_errors=sum(n["errors"] for n in self.fetcher.node_stats),
+                   backend_retries=sum(n["retries"] for n in self.fetcher.node_stats),
+                   corrupt_samples=len(self.corrupt),
                    nodes=self.fetcher.statistics())
         plans = {}
         for rank, plan in self.plans.items():

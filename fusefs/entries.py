@@ -21,6 +21,15 @@ class Attr:
     mtime_ns: int
     nlink: int = 1
     timeout: float = DATA_TIMEOUT
+    gid: int | None = None  # None: the mount's group
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who makes a request (from the FUSE request context)."""
+    uid: int
+    gid: int
+    pid: int
 
 
 @dataclass(frozen=True)

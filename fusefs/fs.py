@@ -13,7 +13,7 @@ import logging
 import pyfuse3
 
 from .core import Core
-from .entries import Attr, FsError
+from .entries import Attr, Caller, FsError
 
 log = logging.getLogger("fusefs")
 
@@ -31,6 +31,21 @@ def _translate(fn):
             log.exception("unexpected error in %s", fn.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None
     return wrapper
+
+
+def _caller(ctx) -> Caller | None:
+    return None if ctx is None else Caller(ctx.uid, ctx.gid, ctx.pid)
+
+
+class KernelCache:
+    """The kernel page cache of the mount, for Core.kernel. Pushed pages are clean page
+    cache: the kernel reclaims them under memory pressure, they never count in the daemon's
+    RSS. (Invalidating each sample after its last use, with invalidate_inode, measured
+    slower than leaving that to the kernel: README, "kernel page cache".)"""
+
+    @staticmethod
+    def push(ino: int, data: bytes) -> None:
+        pyfuse3.notify_store(ino, 0, data)
 
 
 class Operations(pyfuse3.Operations):
@@ -51,7 +66,7 @@ class Operations(pyfuse3.Operations):
         e.st_mode = a.mode
         e.st_nlink = a.nlink
         e.st_uid = self.core.uid
-        e.st_gid = self.core.gid
+        e.st_gid = self.core.gid if a.gid is None else a.gid
         e.st_rdev = 0
         e.st_size = a.size
         e.st_blksize = 131072
@@ -72,7 +87,7 @@ class Operations(pyfuse3.Operations):
         other = (fields.update_mode or fields.update_uid or fields.update_gid
                  or fields.update_atime or fields.update_mtime)
         size = attr.st_size if fields.update_size else None
-        return self._entry(self.core.setattr(inode, size, other))
+        return self._entry(self.core.setattr(inode, size, other, _caller(ctx)))
 
     @_translate
     async def opendir(self, inode, ctx):
@@ -89,7 +104,7 @@ class Operations(pyfuse3.Operations):
 
     @_translate
     async def open(self, inode, flags, ctx):
-        r = self.core.open(inode, flags)
+        r = self.core.open(inode, flags, _caller(ctx))
         return pyfuse3.FileInfo(fh=r.fh, direct_io=r.direct_io, keep_cache=r.keep_cache)
 
     @_translate

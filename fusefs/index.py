@@ -104,11 +104,42 @@ class Index:
             ends = np.array([c.size for c in self.chunks], dtype=np.uint64)[self.chunk]
             if np.any(self.offset + self.size > ends):
                 raise IndexFormatError("a sample lies outside its chunk")
+        self._check_names()
         for c in self.chunks:
             if not (0 <= c.node < len(self.nodes)):
                 raise IndexFormatError(f"chunk {c.path} names node {c.node}, which does not exist")
             if os.path.isabs(c.path) or ".." in c.path.split("/"):
                 raise IndexFormatError(f"chunk path {c.path!r} leaves the packed folder")
+
+    def _check_names(self):
+        """Every name a safe path component (not empty, `.` or `..`, no `/` or NUL), the
+        root unnamed, and names unique within each directory (kept sorted for lookups)."""
+        if b"/" in self.names or b"\0" in self.names:
+            raise IndexFormatError("a name holds '/' or a NUL byte (absolute or unsafe path)")
+        if self.dir_name_len[0] != 0:
+            raise IndexFormatError("the root directory has a name")
+        blob = np.frombuffer(self.names, dtype=np.uint8)
+        for what, off, length in (("file", self.file_name_off, self.file_name_len),
+                                  ("directory", self.dir_name_off[1:], self.dir_name_len[1:])):
+            if len(length) and int(length.min()) == 0:
+                raise IndexFormatError(f"a {what} has an empty name")
+            for k in (1, 2):  # "." and ".."
+                at = off[length == k].astype(np.int64)
+                if len(at) and np.any(np.all([blob[at + j] == ord(".") for j in range(k)], axis=0)):
+                    raise IndexFormatError(f"a {what} is called {'.' * k!r} (path leaves its folder)")
+        names, foff, flen = self.names, self.file_name_off.tolist(), self.file_name_len.tolist()
+        doff, dlen = self.dir_name_off.tolist(), self.dir_name_len.tolist()
+        for d, (f0, nf, s0, ns) in enumerate(zip(self.dir_first_file.tolist(), self.dir_nfiles.tolist(),
+                                                 self.dir_first_sub.tolist(), self.dir_nsubs.tolist())):
+            files = [names[foff[i]:foff[i] + flen[i]] for i in range(f0, f0 + nf)]
+            subs = [names[doff[i]:doff[i] + dlen[i]] for i in range(s0, s0 + ns)]
+            for group in (files, subs):
+                if any(a >= b for a, b in zip(group, group[1:])):
+                    raise IndexFormatError(f"directory {self.dir_path(d)!r} holds duplicate or "
+                                           "unsorted names")
+            if nf and ns and not set(files).isdisjoint(subs):
+                raise IndexFormatError(f"directory {self.dir_path(d)!r} holds a file and a folder "
+                                       "of the same name")
 
     # ---- names and paths -----------------------------------------------------------
     def file_name(self, i: int) -> bytes:

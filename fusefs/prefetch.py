@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections import defaultdict
 
 import numpy as np
 import trio
+
+from .store import CorruptSample
 
 log = logging.getLogger("fusefs")
 
@@ -32,7 +33,16 @@ class Pending:
 
 
 class Fetcher:
-    def __init__(self, store, *, per_node: int = 4, batch: int = 16, max_gap: int = 256 << 10):
+    """Batched, deduplicated backend reads with per-node bounds and retries.
+
+    A backend read that fails with an OSError is retried after a backoff (`retries` times,
+    doubling from `backoff` seconds, so a sample gives up after about backoff * 2**retries
+    seconds); a corrupt sample is not retried (the bytes will not change). Samples that
+    arrive are delivered at once, also while others in the batch are still being retried.
+    """
+
+    def __init__(self, store, *, per_node: int = 4, batch: int = 16, max_gap: int = 256 << 10,
+                 retries: int = 4, backoff: float = 0.1):
         self.store = store
         index = store.index
         self.chunk_node = np.array([c.node for c in index.chunks], dtype=np.int32)
@@ -40,11 +50,13 @@ class Fetcher:
         self.per_node = per_node
         self.batch = batch
         self.max_gap = max_gap
+        self.retries = retries
+        self.backoff = backoff
         self.limiters = [trio.CapacityLimiter(per_node) for _ in self.node_names]
         self.inflight: dict[int, Pending] = {}
         self.busy = [0] * len(self.node_names)  # batches started and not finished, per node
-        self.node_stats = [dict(requests=0, reads=0, samples=0, bytes=0, errors=0)
-                           for _ in self.node_names]
+        self.node_stats = [dict(requests=0, reads=0, samples=0, bytes=0, errors=0, retries=0,
+                                failed_samples=0) for _ in self.node_names]
 
     def node_of(self, sid: int) -> int:
         return int(self.chunk_node[int(self.store.index.chunk[sid])])
@@ -61,29 +73,51 @@ class Fetcher:
         pendings = {s: self.inflight.setdefault(s, Pending()) for s in sids}
         self.busy[node] += 1
         stats = self.node_stats[node]
-        results = None
+
+        def finish(sid, r):
+            p = pendings.pop(sid)
+            if isinstance(r, Exception):
+                p.error = r
+                stats["failed_samples"] += 1
+            else:
+                p.data = r
+                stats["samples"] += 1
+            del self.inflight[sid]
+            p.event.set()
+            deliver(sid, r)
+
         try:
-            results, nreads, nbytes = await trio.to_thread.run_sync(
-                self.store.read_batch, sids, self.max_gap, limiter=self.limiters[node])
-            stats["requests"] += 1
-            stats["reads"] += nreads
-            stats["bytes"] += nbytes
-        except Exception as e:  # a bug, not a backend error (read_batch returns those)
-            log.exception("fetch of %d samples from node %s failed", len(sids), self.node_names[node])
-            results = {s: OSError(errno.EIO, f"internal error: {e}") for s in sids}
+            todo, attempt = sids, 0
+            while todo:
+                try:
+                    results, nreads, nbytes = await trio.to_thread.run_sync(
+                        self.store.read_batch, todo, self.max_gap, limiter=self.limiters[node])
+                except Exception as e:  # a bug, not a backend error (read_batch returns those)
+                    log.exception("fetch of %d samples from node %s failed", len(todo),
+                                  self.node_names[node])
+                    results, nreads, nbytes = {s: OSError(errno.EIO, f"internal error: {e}")
+                                               for s in todo}, 0, 0
+                stats["requests"] += 1
+                stats["reads"] += nreads
+                stats["bytes"] += nbytes
+                failed = [s for s in todo if isinstance(results[s], OSError)
+                          and not isinstance(results[s], CorruptSample)]
+                stats["errors"] += len(failed)
+                retry = failed if attempt < self.retries else []
+                for sid in todo:
+                    if sid not in retry:
+                        finish(sid, results[sid])
+                if retry:
+                    stats["retries"] += len(retry)
+                    log.warning("node %s: %d sample(s) failed (%s), retry %d of %d",
+                                self.node_names[node], len(retry), results[retry[0]],
+                                attempt + 1, self.retries)
+                    await trio.sleep(self.backoff * 2 ** attempt)
+                todo, attempt = retry, attempt + 1
         finally:  # also when cancelled: waiters must never hang
             self.busy[node] -= 1
-            for sid, p in pendings.items():
-                r = results[sid] if results is not None else OSError(errno.EIO, "fetch cancelled")
-                if isinstance(r, Exception):
-                    p.error = r
-                    stats["errors"] += 1
-                else:
-                    p.data = r
-                    stats["samples"] += 1
-                del self.inflight[sid]
-                p.event.set()
-                deliver(sid, r)
+            for sid in list(pendings):
+                finish(sid, OSError(errno.EIO, "fetch cancelled"))
 
     def statistics(self) -> dict:
         return {name: dict(s, inflight=self.busy[i]) for i, (name, s)
@@ -92,13 +126,29 @@ class Fetcher:
 
 class Prefetcher:
     """Keeps the cache filled along the plans. `wake()` after anything that may let it
-    start more work (a new order, a use, a finished fetch)."""
+    start more work (a new order, a use, a finished fetch).
+
+    Work is incremental: each plan has a head, the next order position to look at, and
+    samples between the readers' cursor and the head are cached, in flight or queued.
+    Queued samples have their bytes reserved in the cache and wait in a per-node queue
+    until the node has a free request slot. The head moves on only when at least
+    `low_water` bytes of the budget are free (hysteresis), so each refill is large enough
+    to give every node full batches instead of a trickle of one-sample requests.
+    """
 
     def __init__(self, core):
         self.core = core
         self._wake = trio.Event()
         self.nursery = None
         self.batches = 0
+        fetcher = core.fetcher
+        nodes = len(fetcher.node_names)
+        self.queues: list[list[int]] = [[] for _ in range(nodes)]
+        self.queued: dict[int, int] = {}  # sid -> node, for samples waiting in a queue
+        self.running = [0] * nodes        # prefetch batches started and not finished
+        self.heads: dict[int, int] = {}   # rank -> next order position to look at
+        refill = fetcher.per_node * nodes * fetcher.batch * core.mean_size
+        self.low_water = int(max(1, min(core.cache.budget // 4, refill)))
 
     def wake(self) -> None:
         self._wake.set()
@@ -116,56 +166,105 @@ class Prefetcher:
                     log.exception("prefetch scheduling failed")
                 await trio.sleep(0)  # let wakes pile up: plan once per burst, not per read
 
-    def candidates(self) -> list[int]:
-        core = self.core
-        plans = [p for p in core.plans.values() if not p.done]
-        if not plans:
-            return []
-        share = core.cache.budget // len(plans)
-        scan = int(4 * share / max(1.0, core.mean_size)) + 256  # positions, not the whole order
-        out = []
-        for plan in plans:
-            for sid in plan.window(share, max_scan=scan).tolist():
-                if sid not in core.cache and sid not in core.fetcher.inflight:
-                    out.append(sid)
-        return out
+    def reset(self) -> None:
+        """A new order: forget the queued read-ahead of the old one (its reservations too);
+        batches already running finish, and what they bring is kept only if still needed."""
+        sizes = self.core.index.size
+        for q in self.queues:
+            if q:
+                self.core.cache.unreserve(int(sizes[q].sum()))
+                q.clear()
+        self.queued.clear()
+        self.heads.clear()
+
+    def rewind(self) -> None:
+        """Look at the plans again from the readers' cursors (after the cache had to drop
+        samples read ahead, so that they are fetched again in time)."""
+        self.heads.clear()
 
     def schedule(self) -> None:
         if self.nursery is None:
             return
-        core, fetcher = self.core, self.core.fetcher
-        by_node: dict[int, list[int]] = defaultdict(list)
-        for sid in self.candidates():
-            by_node[fetcher.node_of(sid)].append(sid)
-        sizes = core.index.size
-        for node, sids in by_node.items():
-            i = 0
-            while i < len(sids) and fetcher.busy[node] < fetcher.per_node:
-                want = sids[i:i + fetcher.batch]
-                fits = np.cumsum(sizes[want]) <= core.cache.free
-                take = int(fits.sum())
-                if take < max(1, len(want) // 2):
-                    return  # wait until half a batch fits: no trickle of one-sample requests
-                batch = want[:take]
-                nbytes = int(sizes[batch].sum())
-                core.cache.reserve(nbytes)
-                i += take
-                self.batches += 1
-                self.nursery.start_soon(self._run_batch, batch, nbytes)
+        if self.core.cache.free >= self.low_water:
+            self.advance()
+        self.dispatch()
 
-    async def _run_batch(self, batch: list[int], nbytes: int) -> None:
-        unreserved = False
+    def advance(self) -> None:
+        """Move the plans' heads forward, queueing what is neither cached nor in flight,
+        until the budget is used up or every plan is fully covered (round robin over ranks)."""
+        core = self.core
+        cache, inflight, queued = core.cache, core.fetcher.inflight, self.queued
+        sizes, node_of = core.index.size, core.fetcher.node_of
+        active = [(rank, plan) for rank, plan in core.plans.items() if not plan.done]
+        while active:
+            for item in list(active):
+                rank, plan = item
+                ids, consumed, n = plan.ids, plan.consumed, len(plan.ids)
+                pos = max(self.heads.get(rank, 0), plan.cursor)
+                while pos < n:
+                    sid = int(ids[pos])
+                    if consumed[pos] or sid in cache or sid in inflight or sid in queued:
+                        pos += 1
+                        continue
+                    break
+                self.heads[rank] = pos
+                if pos >= n:
+                    active.remove(item)
+                    continue
+                if not cache.reserve(int(sizes[sid])):
+                    return  # the budget is full
+                node = node_of(sid)
+                self.queues[node].append(sid)
+                queued[sid] = node
+                self.heads[rank] = pos + 1
+
+    def dispatch(self) -> None:
+        """Start queued batches of up to k samples on every node with a free slot."""
+        fetcher = self.core.fetcher
+        for node, q in enumerate(self.queues):
+            while q and self.running[node] < fetcher.per_node:
+                batch = q[:fetcher.batch]
+                del q[:len(batch)]
+                for sid in batch:
+                    del self.queued[sid]
+                self.running[node] += 1
+                self.batches += 1
+                self.nursery.start_soon(self._run_batch, node, batch)
+
+    def take_queued(self, sid: int, k: int) -> list[int]:
+        """For a reader that missed sid: sid if it is queued, plus up to k samples queued
+        next on its node, taken out of the queue (their bytes stay reserved)."""
+        node = self.queued.get(sid)
+        q = self.queues[self.core.fetcher.node_of(sid) if node is None else node]
+        taken = [sid] if node is not None else []
+        rest = [s for s in q if s != sid]
+        taken += rest[:k]
+        q[:] = rest[k:]
+        for s in taken:
+            del self.queued[s]
+        return taken
+
+    async def _run_batch(self, node: int, batch: list[int]) -> None:
+        try:
+            await self.fetch_reserved(batch)
+        finally:
+            self.running[node] -= 1
+            self.wake()
+
+    async def fetch_reserved(self, sids: list[int]) -> None:
+        """Fetch samples whose bytes are reserved in the cache; each reservation is
+        released as its sample arrives (or at once if someone else is fetching it)."""
+        core = self.core
+        sizes = core.index.size
+        inflight = core.fetcher.inflight
+        for sid in [s for s in sids if s in inflight]:
+            core.cache.unreserve(int(sizes[sid]))
+        todo = [s for s in sids if s not in inflight]
+        if not todo:
+            return
 
         def deliver(sid, result):
-            nonlocal unreserved
-            if not unreserved:
-                self.core.cache.unreserve(nbytes)
-                unreserved = True
-            self.core.deliver(sid, result, prefetched=True)
+            core.cache.unreserve(int(sizes[sid]))
+            core.deliver(sid, result, prefetched=True)
 
-        try:
-            await self.core.fetcher.fetch(batch, deliver)
-        finally:
-            if not unreserved:
-                self.core.cache.unreserve(nbytes)
-            self.wake()
+        await core.fetcher.fetch(todo, deliver)

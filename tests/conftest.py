@@ -17,6 +17,41 @@ from fusefs.pack import pack
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def make_core(dst, **kw):
+    """A filesystem core (no mount) over the packed folder dst."""
+    from fusefs.core import Core
+    from fusefs.index import INDEX_NAME, Index
+    from fusefs.store import ChunkStore
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    return Core(ix, ChunkStore(dst, ix), **kw)
+
+
+async def read_whole(core, sid):
+    """Open, read and close sample sid through the core, as a reader would."""
+    fh = core.open(core.file_base + sid, os.O_RDONLY).fh
+    try:
+        return await core.read(fh, 0, 1 << 20)
+    finally:
+        core.release(fh)
+
+
+def corrupt_sample(dst, copy, rel: str, at: int = 0):
+    """Copy the packed folder dst to copy and flip a byte of sample rel's stored bytes
+    (at: offset into the sample, negative from its end); return (index, sid, chunk path)."""
+    import shutil
+    from fusefs.index import INDEX_NAME, Index
+    shutil.copytree(dst, copy)
+    ix = Index.load(os.path.join(copy, INDEX_NAME))
+    sid = ix.resolve(rel)[1]
+    assert int(ix.size[sid]) > 0
+    path = os.path.join(copy, ix.chunks[int(ix.chunk[sid])].path)
+    raw = bytearray(open(path, "rb").read())
+    raw[int(ix.offset[sid]) + at % int(ix.size[sid])] ^= 0xFF
+    with open(path, "wb") as f:
+        f.write(raw)
+    return ix, sid, path
+
+
 def fusefs_cmd(*args) -> list[str]:
     return [sys.executable, "-m", "fusefs", *map(str, args)]
 

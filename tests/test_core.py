@@ -1,7 +1,6 @@
 """The filesystem core, called directly (no mount)."""
 import errno
 import os
-import shutil
 
 import pytest
 import trio
@@ -10,6 +9,8 @@ from fusefs.core import ROOT, Core
 from fusefs.entries import FsError
 from fusefs.index import INDEX_NAME, Index
 from fusefs.store import ChunkStore
+
+from conftest import corrupt_sample
 
 
 def _core(dst, **kw):
@@ -99,14 +100,7 @@ def test_control_namespace_is_hidden_but_reachable(tricky):
 def test_corrupt_sample_is_eio_and_the_rest_is_served(tricky, tmp_path, caplog):
     src, dst, files = tricky
     copy = tmp_path / "dst"
-    shutil.copytree(dst, copy)
-    ix = Index.load(str(copy / INDEX_NAME))
-    victim = ix.resolve("dog/img 004.jpg")[1]
-    assert int(ix.size[victim]) > 0
-    chunk_path = copy / ix.chunks[int(ix.chunk[victim])].path
-    raw = bytearray(chunk_path.read_bytes())
-    raw[int(ix.offset[victim])] ^= 0xFF
-    chunk_path.write_bytes(bytes(raw))
+    ix, victim, chunk_path = corrupt_sample(dst, copy, "dog/img 004.jpg")
     core = _core(str(copy))
 
     async def go():

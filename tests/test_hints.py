@@ -8,7 +8,6 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-import numpy as np
 import pytest
 import torch
 from torch.utils.data import DistributedSampler, RandomSampler
@@ -119,3 +118,62 @@ def test_a_reader_killed_mid_read_leaves_the_daemon_serving(tricky, tmp_path):
         while json.load(open(os.path.join(mnt, ".fusefs", "stats")))["open_handles"] > 1:
             assert time.monotonic() < deadline, "handles of killed readers were not released"
             time.sleep(0.1)
+
+
+@pytest.mark.parametrize("kernel_cache", [True, False])
+def test_read_ahead_bytes_pushed_to_the_kernel_page_cache(tricky, tmp_path, kernel_cache):
+    """With --kernel-cache a sample read ahead is handed to the kernel at open, so its reads
+    never reach the daemon; without, every read is served by the daemon."""
+    src, dst, files = tricky
+    rels = sorted(k for k, v in files.items() if not k.endswith("/") and v)
+    mnt = str(tmp_path / "mnt")
+    flag = "--kernel-cache" if kernel_cache else "--no-kernel-cache"
+    with running_mount(dst, mnt, "--cache-size", "200%", flag):
+        stats = lambda: json.load(open(os.path.join(mnt, ".fusefs", "stats")))  # noqa: E731
+        ids = mount_ids(mnt)
+        write_order(mnt, [ids[os.fsencode(r)] for r in rels])
+        deadline = time.monotonic() + 30
+        while stats()["cache_samples"] < len(rels) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stats()["cache_samples"] == len(rels)
+        for r in rels:
+            with open(os.path.join(mnt, r), "rb") as f:
+                assert f.read() == files[r], r
+        s = stats()
+        if kernel_cache:
+            assert s["pushed"] == len(rels) and s["reads"] == 0, s
+        else:
+            assert s["pushed"] == 0 and s["reads"] >= len(rels), s
+        assert s["cache_samples"] == 0  # used for the last time: gone from the daemon's cache
+
+
+def _rank_reads(args):
+    mnt, rels, rank = args
+    paths = [os.path.join(mnt, r) for r in rels]
+    sampler = HintedSampler(Paths(paths), num_replicas=2, rank=rank, seed=5, local_rank=0)
+    sampler.set_epoch(1)
+    got = []
+    for i in sampler:
+        with open(paths[i], "rb") as f:
+            got.append((rels[i], hash(f.read())))
+    return got
+
+
+def test_two_mounts_as_two_nodes_read_the_epoch_once_each_prefetching_its_share(tricky, tmp_path):
+    """Two mounts of one packed set stand in for two training nodes, one process of a
+    world of 2 on each: together they read every sample once, each mount fetching only the
+    share of its own rank."""
+    src, dst, files = tricky
+    rels = sorted(k for k, v in files.items() if not k.endswith("/") and v)
+    rels = rels[:len(rels) // 2 * 2]  # even: no DistributedSampler padding
+    mnts = [str(tmp_path / f"node{k}") for k in range(2)]
+    with running_mount(dst, mnts[0], "--cache-size", "200%"), \
+            running_mount(dst, mnts[1], "--cache-size", "200%"):
+        with ProcessPoolExecutor(2) as pool:
+            shares = list(pool.map(_rank_reads, [(mnts[r], rels, r) for r in range(2)]))
+        assert sorted(r for share in shares for r, _ in share) == rels  # all, exactly once
+        assert all(h == hash(files[r]) for share in shares for r, h in share)
+        for mnt, share in zip(mnts, shares):
+            s = json.load(open(os.path.join(mnt, ".fusefs", "stats")))
+            assert s["plans"]["0"]["length"] == len(share) == len(rels) // 2
+            assert s["backend_samples"] == len(share), s  # its own share, nothing else

@@ -10,13 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusefs import order as orderfmt
-from fusefs.core import Core
 from fusefs.entries import FsError
-from fusefs.index import INDEX_NAME, Index
 from fusefs.pack import pack
-from fusefs.store import ChunkStore
 
-from conftest import write_tree
+from conftest import make_core, read_whole, write_tree
 
 
 @pytest.fixture(scope="module")
@@ -28,19 +25,6 @@ def three_nodes(tmp_path_factory):
     write_tree(base / "src", files)
     pack(str(base / "src"), str(base / "dst"), chunk_count=10, nodes=3, progress=False)
     return str(base / "dst"), files
-
-
-def make_core(dst, **kw):
-    ix = Index.load(os.path.join(dst, INDEX_NAME))
-    return Core(ix, ChunkStore(dst, ix), **kw)
-
-
-async def read_whole(core, sid):
-    fh = core.open(core.file_base + sid, os.O_RDONLY).fh
-    try:
-        return await core.read(fh, 0, 1 << 20)
-    finally:
-        core.release(fh)
 
 
 async def run_epoch(core, ids, readers=3, jitter=8, seed=0, check=None, order_bytes=None):
@@ -106,7 +90,7 @@ def test_a_tenth_of_the_data_serves_nearly_every_read(three_nodes):
     s = core.statistics()
     served = s["hits"] + s["read_waits"] + s["misses"]
     assert s["hits"] + s["read_waits"] >= 0.95 * served, s
-    assert s["backend_samples"] == len(ids)          # each sample fetched exactly once
+    assert s["backend_samples"] == len(ids), s        # each sample fetched exactly once
     assert s["evicted_after_use"] >= len(ids) - 10   # dropped after use, not by pressure
     assert s["cache_peak"] <= s["cache_budget"]
 

@@ -103,11 +103,16 @@ class HintedSampler(Sampler):
     With num_replicas and rank: DistributedSampler's indices for that rank. The order is
     written at each __iter__ (call set_epoch before each epoch, as with
     DistributedSampler; without it every epoch repeats epoch 0's order).
+
+    The order goes to the mount's file `order.<local_rank>`: one mount per node serves the
+    training processes of that node, each with its own order file. local_rank defaults to
+    the LOCAL_RANK environment variable (set by torchrun), else to rank.
     """
 
     def __init__(self, dataset, mount: str | None = None, num_replicas: int | None = None,
                  rank: int | None = None, shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = False, importance=None, write: bool = True):
+                 drop_last: bool = False, importance=None, write: bool = True,
+                 local_rank: int | None = None):
         self.paths = dataset_paths(dataset)
         self.n = len(self.paths)
         self.write = write and bool(self.paths)
@@ -118,6 +123,9 @@ class HintedSampler(Sampler):
         self.rank = rank or 0
         if not 0 <= self.rank < self.num_replicas:
             raise ValueError(f"rank {self.rank} is not in [0, {self.num_replicas})")
+        if local_rank is None:
+            local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
+        self.local_rank = local_rank
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.importance = importance
         self.epoch = 0
@@ -154,7 +162,8 @@ class HintedSampler(Sampler):
         idx = self.indices()
         if self.write:
             imp = None if self.importance is None else np.asarray(self.importance, np.float32)[idx]
-            write_order(self.mount, self.ids[idx], importance=imp, epoch=self.epoch, rank=self.rank)
+            write_order(self.mount, self.ids[idx], importance=imp, epoch=self.epoch,
+                        rank=self.local_rank)
         return iter(idx)
 
     def __len__(self) -> int:

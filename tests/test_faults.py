@@ -1,0 +1,221 @@
+"""Faults and bad input (issue 8): backend errors retried then EIO for the affected reads
+only, corrupt samples remembered, damaged or unsafe indexes refused, dead mounts cleared,
+control files writable only by the user who mounted (or a control group)."""
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fusefs.core import Core
+from fusefs.entries import FsError
+from fusefs.index import INDEX_NAME, Index, IndexFormatError
+from fusefs.mount import is_dead_mount, is_mounted, running_mount, stop_mount
+from fusefs.store import ChunkStore
+
+from conftest import corrupt_sample, fusefs_cmd, make_core, read_tree, read_whole
+
+
+class FlakyStore(ChunkStore):
+    """Reads of the chunks in `down` fail with EIO; the first `flaky` reads of the others too."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.down, self.flaky, self.calls = set(), 0, 0
+
+    def read_range(self, k, offset, length):
+        self.calls += 1
+        if k in self.down or self.flaky > 0:
+            self.flaky = max(0, self.flaky - 1)
+            raise OSError(errno.EIO, "injected backend error")
+        return super().read_range(k, offset, length)
+
+
+def _flaky_core(dst):
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    core = Core(ix, FlakyStore(dst, ix), retries=3)
+    core.fetcher.backoff = 0.01
+    return core
+
+
+def test_failed_backend_reads_are_retried_then_eio_for_those_samples_only(tricky):
+    src, dst, files = tricky
+    core = _flaky_core(dst)
+    ix, store = core.index, core.store
+    nonempty = [i for i in range(ix.n_files) if ix.size[i] > 0]
+    dead_chunk = int(ix.chunk[nonempty[0]])
+    on_dead = [i for i in nonempty if ix.chunk[i] == dead_chunk]
+    alive = [i for i in nonempty if ix.chunk[i] != dead_chunk][:10]
+
+    async def go():
+        store.flaky = 2  # transient: the first two reads fail, the retry succeeds
+        assert await read_whole(core, alive[0]) == files[os.fsdecode(ix.file_path(alive[0]))]
+        store.down.add(dead_chunk)  # a node goes away
+        for sid in on_dead[:2]:
+            with pytest.raises(FsError) as e:
+                await read_whole(core, sid)
+            assert e.value.errno == errno.EIO
+        for sid in alive:  # everything else is served
+            assert await read_whole(core, sid) == files[os.fsdecode(ix.file_path(sid))]
+        store.down.clear()  # the node comes back: served again, no remount
+        assert await read_whole(core, on_dead[0]) == files[os.fsdecode(ix.file_path(on_dead[0]))]
+    trio.run(go)
+    s = core.statistics()
+    node = s["nodes"][ix.nodes[0]]
+    assert s["eio"] == 2 and s["backend_retries"] >= 2 + 2 * 3
+    assert node["errors"] >= 2 + 2 * 4 and node["failed_samples"] >= 2
+
+
+def test_corrupt_sample_is_remembered_not_reread(tricky, tmp_path, caplog):
+    src, dst, files = tricky
+    ix, victim, path = corrupt_sample(dst, tmp_path / "dst", "cat/img 005.jpg", at=-1)
+    core = make_core(str(tmp_path / "dst"))
+
+    async def go():
+        for _ in range(3):
+            with pytest.raises(FsError):
+                await read_whole(core, victim)
+    trio.run(go)
+    s = core.statistics()
+    assert s["eio"] == 3 and s["corrupt_samples"] == 1
+    assert s["backend_samples"] + s["nodes"][ix.nodes[0]]["failed_samples"] == 1  # read once
+    assert s["backend_retries"] == 0  # bad bytes are not retried
+    assert sum("EIO" in r.getMessage() for r in caplog.records) == 1
+
+
+# ---- the index loader -------------------------------------------------------------------
+def _with_names(ix: Index, names: dict) -> Index:
+    """A copy of ix where the file (int keys) or folder ('d', int) names are replaced."""
+    blob = bytearray(ix.names)
+    foff, flen = ix.file_name_off.copy(), ix.file_name_len.copy()
+    doff, dlen = ix.dir_name_off.copy(), ix.dir_name_len.copy()
+    for key, name in names.items():
+        off, ln = (doff, dlen) if isinstance(key, tuple) else (foff, flen)
+        i = key[1] if isinstance(key, tuple) else key
+        off[i], ln[i] = len(blob), len(name)
+        blob += name
+    arrays = {k: getattr(ix, k) for k in ix.__dict__ if isinstance(getattr(ix, k), np.ndarray)}
+    arrays.update(file_name_off=foff, file_name_len=flen, dir_name_off=doff, dir_name_len=dlen)
+    return Index(arrays, bytes(blob), ix.classes, ix.chunks, ix.nodes)
+
+
+@pytest.mark.parametrize("names, why", [
+    ({0: b"/etc/passwd"}, "'/'"),
+    ({0: b"a\0b"}, "NUL"),
+    ({0: b".."}, "'..'"),
+    ({("d", 1): b".."}, "'..'"),
+    ({0: b"."}, "'.'"),
+    ({0: b""}, "empty"),
+    ({1: b"same", 2: b"same"}, "duplicate"),
+    ({("d", 0): b"root"}, "root directory has a name"),
+])
+def test_index_with_unsafe_paths_is_refused(tricky, names, why):
+    ix = Index.load(os.path.join(tricky[1], INDEX_NAME))
+    first = int(ix.dir_first_file[ix.file_dir[1]])
+    names = {(k if isinstance(k, tuple) else first + k): v for k, v in names.items()}
+    with pytest.raises(IndexFormatError, match=why):
+        _with_names(ix, names)
+
+
+def test_index_with_a_file_and_folder_of_one_name_is_refused(tricky):
+    ix = Index.load(os.path.join(tricky[1], INDEX_NAME))
+    sub = int(ix.dir_first_sub[0])  # a folder in the root, and a file in the root
+    root_file = int(ix.dir_first_file[0])
+    with pytest.raises(IndexFormatError, match="same name"):
+        _with_names(ix, {root_file: ix.dir_name(sub)})
+
+
+@given(st.data())
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_mutated_index_bytes_end_in_a_clear_error(tricky, data):
+    raw = bytearray(open(os.path.join(tricky[1], INDEX_NAME), "rb").read())
+    for _ in range(data.draw(st.integers(1, 8))):
+        kind = data.draw(st.sampled_from(["flip", "cut", "insert"]))
+        at = data.draw(st.integers(0, len(raw) - 1))
+        if kind == "flip":
+            raw[at] ^= data.draw(st.integers(1, 255))
+        elif kind == "cut":
+            del raw[at:at + data.draw(st.integers(1, 64))]
+        else:
+            raw[at:at] = data.draw(st.binary(min_size=1, max_size=64))
+        if not raw:
+            break
+    try:
+        Index.from_bytes(bytes(raw))
+    except IndexFormatError:
+        pass
+
+
+# ---- mounts ------------------------------------------------------------------------------
+def test_dead_mount_is_cleared_by_mount_and_by_umount(tricky, tmp_path):
+    src, dst, files = tricky
+    mnt = str(tmp_path / "mnt")
+    try:
+        for clear_with in ("mount", "umount"):
+            with running_mount(dst, mnt) as (proc, _):
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                with pytest.raises(OSError) as e:
+                    os.listdir(mnt)
+                assert e.value.errno == errno.ENOTCONN and is_dead_mount(mnt)
+                if clear_with == "mount":
+                    r = subprocess.run(fusefs_cmd("mount", dst, mnt, "--background"),
+                                       capture_output=True, text=True, timeout=60)
+                    assert r.returncode == 0 and "dead mount" in r.stderr, r.stderr
+                    assert read_tree(mnt) == read_tree(src)
+                    r = subprocess.run(fusefs_cmd("umount", mnt), capture_output=True, text=True)
+                    assert r.returncode == 0
+                else:
+                    r = subprocess.run(fusefs_cmd("umount", mnt), capture_output=True, text=True)
+                    assert r.returncode == 0 and "dead mount" in r.stderr, r.stderr
+                deadline = time.monotonic() + 10
+                while is_mounted(mnt) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert not is_mounted(mnt) and os.listdir(mnt) == []
+    finally:
+        stop_mount(mnt)
+
+
+def _as_user(uid, gid, code, groups=()):
+    cmd = ["setpriv", f"--reuid={uid}", f"--regid={gid}"]
+    cmd += [f"--groups={','.join(map(str, groups))}"] if groups else ["--clear-groups"]
+    return subprocess.run(cmd + ["/usr/bin/python3", "-c", code], capture_output=True, text=True)
+
+
+WRITE_ORDER = ("try:\n    with open({p!r}, 'wb') as f:\n        f.write(b'x')\n    print('written')\n"
+               "except PermissionError:\n    print('EACCES')\nexcept OSError as e:\n    print(e.errno)\n")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root (CI runs as root)")
+def test_control_files_writable_only_by_the_owner_or_the_control_group(tricky, tmp_path):
+    src, dst, files = tricky
+    base = tempfile.mkdtemp(prefix="fusefs-allow-other-")  # a path other users can traverse
+    os.chmod(base, 0o755)
+    mnt = os.path.join(base, "mnt")
+    order = os.path.join(mnt, ".fusefs", "order")
+    nobody, group = 65534, 100  # 'nobody', and the 'users' group
+    with running_mount(dst, mnt, "-o", "allow_other", "--control-group", str(group)):
+        sample = os.path.join(mnt, "cat", "img 004.jpg")
+        r = _as_user(nobody, nobody, f"print(len(open({sample!r}, 'rb').read()))")
+        assert r.stdout.strip() == str(len(files["cat/img 004.jpg"])), r.stderr  # reading: yes
+        r = _as_user(nobody, nobody, f"import json; print(json.load(open({order[:-5] + 'stats'!r}))['opens'] >= 0)")
+        assert r.stdout.strip() == "True", r.stderr
+        r = _as_user(nobody, nobody, WRITE_ORDER.format(p=order))
+        assert r.stdout.strip() == "EACCES", r.stderr  # another user may not set the order
+        r = _as_user(nobody, nobody, WRITE_ORDER.format(p=sample))
+        assert r.stdout.strip() in ("EACCES", str(errno.EROFS)), r.stderr  # nor change data
+        r = _as_user(nobody, nobody, WRITE_ORDER.format(p=order), groups=[group])
+        # a member of the control group may write (b'x' is not an order: refused with EINVAL)
+        assert r.stdout.strip() == str(errno.EINVAL), r.stderr
+        stats = json.load(open(os.path.join(mnt, ".fusefs", "stats")))
+        assert stats["orders_refused"] == 1
+    shutil.rmtree(base)
