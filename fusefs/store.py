@@ -67,13 +67,26 @@ class ChunkStore:
         """length bytes of chunk k from offset (short only if the file is)."""
         fd = self._fd(k)
         parts, got = [], 0
-        while got < length:
-            part = os.pread(fd, length - got, offset + got)
-            if not part:
-                break
-            parts.append(part)
-            got += len(part)
+        try:
+            while got < length:
+                part = os.pread(fd, length - got, offset + got)
+                if not part:
+                    break
+                parts.append(part)
+                got += len(part)
+        except OSError:
+            self._forget_fd(k, fd)  # a server that restarted may never serve this fd again
+            raise
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _forget_fd(self, k: int, fd: int) -> None:
+        with self._lock:
+            if self._fds.get(k) == fd:
+                del self._fds[k]
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     def verify(self, sid: int, data) -> bytes:
         """data if it is sample sid's exact bytes, else CorruptSample."""

@@ -74,3 +74,43 @@ def test_pack_onto_gluster_names_each_chunks_brick_and_mounts(volume, tricky, tm
         assert stats["eio"] == 0
     finally:
         shutil.rmtree(dst, ignore_errors=True)
+
+
+def _faults():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("faults", os.path.join(REPO, "scripts", "faults.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def small_packed(volume, tmp_path_factory):
+    """300 small JPEGs packed onto the volume in 64 KiB chunks; (packed, rels, digests)."""
+    import random
+    import xxhash
+    from fusefs.synth import make_imagefolder
+    src = str(tmp_path_factory.mktemp("faults") / "src")
+    make_imagefolder(src, 300, n_classes=5, mean_bytes=8_000, progress=False)
+    packed = os.path.join(volume, f"faults-{uuid.uuid4().hex[:8]}")
+    pack(src, packed, chunk_bytes=64 << 10, progress=False)
+    rels, digests = [], {}
+    for d, _, files in os.walk(src):
+        for name in files:
+            rel = os.path.relpath(os.path.join(d, name), src)
+            rels.append(rel)
+            digests[rel] = xxhash.xxh3_64_intdigest(open(os.path.join(d, name), "rb").read())
+    random.Random(1).shuffle(rels)
+    yield packed, rels, digests
+    shutil.rmtree(packed, ignore_errors=True)
+
+
+def test_a_killed_brick_fails_only_its_reads_and_recovers_without_remount(small_packed, tmp_path):
+    packed, rels, digests = small_packed
+    res = _faults().scenario_brick_kill(packed, str(tmp_path / "mnt"), rels, digests)
+    assert res["wrong"] == 0 and res["other_errors"] == 0
+    assert 0 < len(res["failed"]) < len(rels) / 2  # only samples on the dead brick, after the kill
+    assert res["recovery_s"] is not None
+    assert res["failed_then_served"] == len(res["failed"])  # back without a remount
+    failing = [n for n, s in res["per_node"].items() if s["errors"]]
+    assert len(failing) == 1 and "b2" in failing[0]  # the other bricks went on

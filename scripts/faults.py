@@ -1,0 +1,216 @@
+"""Storage faults under a reading epoch (issue 8): prints, per scenario, samples served, EIOs
+returned, wrong bytes (must be 0), backend retries and errors, and the time until reads
+succeed again; saves JSON.
+
+Set-up: a synthetic ImageFolder (--files JPEGs) packed onto the 3-brick GlusterFS volume in
+small chunks (so every brick holds some), a fusefs mount over it with the order set, and
+4 reader threads that read every sample of a shuffled epoch and compare its xxh3 with the
+source's. Scenarios:
+
+  errors-1%, errors-10%   GlusterFS's debug translator error-gen on the bricks fails that
+                          share of read operations with EIO (set, then the volume restarted)
+  brick-kill              the glusterfsd of one brick is killed (SIGKILL) halfway through
+                          the epoch; after the epoch the brick is restarted with
+                          `gluster volume start VOL force` and the failed samples re-read
+
+Every volume change is undone at the end. usage:
+  .venv/bin/python scripts/faults.py [--files 2000] [--out out/faults]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import xxhash
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from fusefs.mount import running_mount  # noqa: E402
+from fusefs.pack import pack  # noqa: E402
+from fusefs.synth import make_imagefolder  # noqa: E402
+from trainer import write_order  # noqa: E402
+from trainer.hints import mount_ids  # noqa: E402
+
+VOL, GMNT, BRICKS = "fusefsvol", "/mnt/fusefs-gluster", "/srv/fusefs-gluster"
+G = ["gluster", "--mode=script"]
+
+
+def sh(*cmd, check=True):
+    return subprocess.run(cmd, check=check, capture_output=True, text=True)
+
+
+def restart_volume(options: dict | None) -> None:
+    """Stop the volume, set (or, with None, reset) the error-gen options, start, remount."""
+    sh("umount", GMNT, check=False)
+    sh(*G, "volume", "stop", VOL, "force", check=False)
+    if options:
+        for k, v in options.items():
+            sh(*G, "volume", "set", VOL, k, str(v))
+    else:
+        for k in ("debug.error-gen", "debug.error-failure", "debug.error-number",
+                  "debug.random-failure", "debug.error-fops"):
+            sh(*G, "volume", "reset", VOL, k, check=False)
+    sh(*G, "volume", "start", VOL, "force")
+    sh("mount", "-t", "glusterfs", f"{os.uname().nodename}:/{VOL}", GMNT)
+
+
+def error_gen(percent: float) -> dict:
+    return {"debug.error-gen": "posix", "debug.error-failure": f"{percent:g}%",
+            "debug.random-failure": "on", "debug.error-number": "EIO", "debug.error-fops": "readv"}
+
+
+def brick_pid(brick: str) -> int:
+    out = sh("pgrep", "-f", f"glusterfsd.*{brick.replace('/', '-').lstrip('-')}").stdout.split()
+    if not out:
+        raise RuntimeError(f"no glusterfsd for {brick}")
+    return int(out[0])
+
+
+def read_epoch(mnt: str, rels: list[str], digests: dict, readers: int = 4,
+               halfway=None) -> dict:
+    """Set the order, read every sample once in it with reader threads; count outcomes."""
+    ids = mount_ids(mnt)
+    write_order(mnt, [ids[os.fsencode(r)] for r in rels])
+    out = {"served": 0, "eio": 0, "other_errors": 0, "wrong": 0, "failed": []}
+    lock, pos = threading.Lock(), iter(range(len(rels)))
+
+    def reader():
+        while True:
+            with lock:
+                i = next(pos, None)
+            if i is None:
+                return
+            if halfway is not None and i == len(rels) // 2:
+                halfway()
+            try:
+                with open(os.path.join(mnt, rels[i]), "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                with lock:
+                    out["eio" if e.errno == 5 else "other_errors"] += 1
+                    out["failed"].append(rels[i])
+                continue
+            with lock:
+                if xxhash.xxh3_64_intdigest(data) != digests[rels[i]]:
+                    out["wrong"] += 1
+                else:
+                    out["served"] += 1
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=reader) for _ in range(readers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    return out
+
+
+def stats_of(mnt: str) -> dict:
+    with open(os.path.join(mnt, ".fusefs", "stats")) as f:
+        s = json.load(f)
+    return {"retries": s["backend_retries"], "backend_errors": s["backend_errors"],
+            "eio": s["eio"], "per_node": {n: {k: v[k] for k in ("errors", "retries", "samples")}
+                                          for n, v in s["nodes"].items()}}
+
+
+def scenario_errors(packed, mnt, rels, digests, percent) -> dict:
+    restart_volume(error_gen(percent))
+    try:
+        with running_mount(packed, mnt, "--cache-size", "10%"):
+            res = read_epoch(mnt, rels, digests)
+            res.update(stats_of(mnt))
+    finally:
+        restart_volume(None)
+    res["recovery_s"] = 0.0  # nothing to recover from: every error was retried or one EIO
+    return res
+
+
+def scenario_brick_kill(packed, mnt, rels, digests, brick="b2") -> dict:
+    killed = {}
+
+    def kill():
+        pid = brick_pid(f"{BRICKS}/{brick}")
+        os.kill(pid, signal.SIGKILL)
+        killed["at"] = time.perf_counter()
+
+    try:
+        with running_mount(packed, mnt, "--cache-size", "10%"):
+            res = read_epoch(mnt, rels, digests, halfway=kill)
+            sh(*G, "volume", "start", VOL, "force")
+            t0 = time.perf_counter()
+            recovered = None
+            probe = res["failed"][0] if res["failed"] else None
+            while probe is not None and time.perf_counter() - t0 < 120:
+                try:
+                    with open(os.path.join(mnt, probe), "rb") as f:
+                        ok = xxhash.xxh3_64_intdigest(f.read()) == digests[probe]
+                    recovered = time.perf_counter() - t0
+                    res["wrong"] += not ok
+                    break
+                except OSError:
+                    time.sleep(0.5)
+            res["recovery_s"] = None if recovered is None else round(recovered, 2)
+            again = 0
+            for rel in res["failed"]:  # without a remount
+                with open(os.path.join(mnt, rel), "rb") as f:
+                    again += xxhash.xxh3_64_intdigest(f.read()) == digests[rel]
+            res["failed_then_served"] = again
+            res.update(stats_of(mnt))
+    finally:
+        sh(*G, "volume", "start", VOL, "force", check=False)
+    return res
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--files", type=int, default=2000)
+    p.add_argument("--out", default=os.path.join(REPO, "out", "faults"))
+    p.add_argument("--scenarios", default="errors-1%,errors-10%,brick-kill")
+    a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    sh("bash", os.path.join(REPO, "scripts", "gluster.sh"), "up")
+    src = os.path.join(a.out, f"src-{a.files}")
+    if not os.path.isdir(src):
+        make_imagefolder(src, a.files, n_classes=10, mean_bytes=20_000, progress=False)
+    packed = os.path.join(GMNT, f"faults-{a.files}")
+    if not os.path.exists(os.path.join(packed, "index.fusefs")):
+        pack(src, packed, chunk_bytes=1 << 20, force=True, progress=False)
+    rels, digests = [], {}
+    for d, _, files in os.walk(src):
+        for name in files:
+            rel = os.path.relpath(os.path.join(d, name), src)
+            rels.append(rel)
+            with open(os.path.join(d, name), "rb") as f:
+                digests[rel] = xxhash.xxh3_64_intdigest(f.read())
+    random.Random(0).shuffle(rels)
+    mnt = os.path.join(a.out, "mnt")
+    results = {}
+    for name in a.scenarios.split(","):
+        if name.startswith("errors-"):
+            res = scenario_errors(packed, mnt, rels, digests, float(name[7:].rstrip("%")))
+        elif name == "brick-kill":
+            res = scenario_brick_kill(packed, mnt, rels, digests)
+        else:
+            raise SystemExit(f"unknown scenario {name}")
+        res["failed"] = len(res["failed"])
+        results[name] = res
+        print(f"{name:<11} served {res['served']}/{len(rels)}, EIO {res['eio']}, wrong bytes "
+              f"{res['wrong']}, retries {res['retries']}, backend errors {res['backend_errors']}, "
+              f"recovery {res['recovery_s']} s, epoch {res['seconds']} s", flush=True)
+    with open(os.path.join(a.out, "faults.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"saved {a.out}/faults.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
