@@ -142,12 +142,12 @@ class ControlNamespace:
             yield name, self._attr(slot), pos + 1
 
     # ---- data --------------------------------------------------------------------------
-    def open(self, ino: int, flags: int, caller=None):
+    def open(self, ino: int, flags: int, uid: int | None = None):
         if ino == self.base:
             raise FsError(errno.EISDIR)
         f = self.files[self._slot(ino)]
         writing = bool(flags & (os.O_WRONLY | os.O_RDWR))
-        if writing and not (f.writable and self.core.may_control(caller)):
+        if writing and not (f.writable and self.core.may_control(uid)):
             raise FsError(errno.EACCES)
         content = b"" if writing else f.render()
         fh = self._next_fh

@@ -26,7 +26,7 @@ import trio
 from . import order as orderfmt
 from .cache import SampleCache
 from .control import CONTROL_NAME, ControlNamespace
-from .entries import Attr, Caller, FsError, OpenResult
+from .entries import Attr, FsError, OpenResult
 from .index import Index
 from .plan import Plan
 from .prefetch import Fetcher, Prefetcher
@@ -37,18 +37,6 @@ log = logging.getLogger("fusefs")
 ROOT = 1
 CTRL_SLOTS = 128
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
-
-
-def _groups_of(pid: int) -> set[int]:
-    """Supplementary groups of a process (empty if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Groups:"):
-                    return {int(g) for g in line.split()[1:]}
-    except OSError:
-        pass
-    return set()
 
 
 class Stats:
@@ -77,7 +65,6 @@ class Core:
         self.index = index
         self.store = store
         self.cache = SampleCache(cache_bytes)
-        self.mean_size = index.total_bytes / max(1, index.n_files)
         self.stats = Stats()
         self.fetcher = Fetcher(store, per_node=per_node, batch=batch, retries=retries)
         self.prefetcher = Prefetcher(self)
@@ -98,7 +85,6 @@ class Core:
         # data)): a sample cached here at open time is pushed to the kernel with the open,
         # so its reads never reach the daemon (README: "kernel page cache").
         self.kernel = None
-        self._pushed: set[int] = set()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Background work (the read-ahead); start it in the mount's nursery."""
@@ -178,21 +164,19 @@ class Core:
                 "files": ix.n_files + ix.n_dirs, "namemax": 255}
 
     # ---- data ------------------------------------------------------------------------
-    def may_control(self, caller: Caller | None) -> bool:
-        """Whether caller may write the control files: root, the user who mounted, or a
-        member of the control group given at mount time (None: a request from within)."""
-        if caller is None or caller.uid in (0, self.uid):
-            return True
-        if self.control_gid is None:
-            return False
-        return caller.gid == self.control_gid or self.control_gid in _groups_of(caller.pid)
+    def may_control(self, uid: int | None) -> bool:
+        """Whether the user uid may write the control files: root or the user who mounted
+        (None: a request from within). With a control group the files are group-writable and the
+        kernel (default_permissions, always on) has already checked the caller's groups,
+        supplementary ones included, before the request got here."""
+        return uid is None or uid in (0, self.uid) or self.control_gid is not None
 
-    def open(self, ino: int, flags: int, caller: Caller | None = None) -> OpenResult:
+    def open(self, ino: int, flags: int, uid: int | None = None) -> OpenResult:
         sid = self.sid_of(ino)
         if sid is None:
             if self._dir_of(ino) is not None:
                 raise FsError(errno.EISDIR)
-            return self.control.open(ino, flags, caller)
+            return self.control.open(ino, flags, uid)
         if flags & WRITE_FLAGS:
             raise FsError(errno.EROFS)
         self.stats.opens += 1
@@ -205,7 +189,7 @@ class Core:
 
     def _push(self, sid: int) -> None:
         data = self.cache.get(sid)
-        if not data or sid in self._pushed:
+        if not data:
             return
         try:
             self.kernel.push(self.file_base + sid, data)
@@ -213,7 +197,6 @@ class Core:
             log.warning("the kernel refused a page cache push (%s): serving reads from the daemon", e)
             self.kernel = None
             return
-        self._pushed.add(sid)
         self.stats.pushed += 1
         self.stats.hits += 1
 
@@ -253,11 +236,11 @@ class Core:
             self.use(sid)
 
     def setattr(self, ino: int, size: int | None, other: bool = False,
-                caller: Caller | None = None) -> Attr:
+                uid: int | None = None) -> Attr:
         """Only truncating a writable control file (as `open(..., "w")` does) is allowed;
         `other` is a change of mode, owner or times."""
         if not other and size in (None, 0) and self.control.owns(ino) and self.control.writable(ino):
-            if not self.may_control(caller):
+            if not self.may_control(uid):
                 raise FsError(errno.EACCES)
             return self.getattr(ino)
         raise FsError(errno.EROFS)
@@ -296,10 +279,8 @@ class Core:
         for plan in self.plans.values():
             if plan.remaining(sid) > 0:
                 for done in plan.use(sid):
-                    if self.next_use(done) is None:
-                        self._pushed.discard(done)
-                        if self.cache.drop(done):
-                            self.stats.evicted_after_use += 1
+                    if self.next_use(done) is None and self.cache.drop(done):
+                        self.stats.evicted_after_use += 1
                 self.prefetcher.wake()
                 return
 
@@ -348,16 +329,27 @@ class Core:
             end = min(sid + 1 + k, self.index.n_files)
             batch += [s for s in range(sid + 1, end) if chunk[s] == chunk[sid]
                       and s not in self.cache and s not in self.fetcher.inflight]
+        return (await self.fetch_batch(batch, reserved, keep=sid))[sid]
+
+    async def fetch_batch(self, sids: list[int], reserved: set[int], keep: int | None = None) -> dict:
+        """Fetch sids (one node) as one batch; return what arrived for each. Reservations
+        (of the sids in `reserved`) are released as their samples arrive, or at once for
+        one someone else is already fetching. Read-ahead (reserved, other than `keep`, the
+        sample a reader is waiting for) is kept only if an order still needs it."""
+        sizes, inflight = self.index.size, self.fetcher.inflight
+        for sid in sids:
+            if sid in reserved and sid in inflight:
+                self.cache.unreserve(int(sizes[sid]))
         results = {}
 
         def deliver(s, r):
             if s in reserved:
-                self.cache.unreserve(int(self.index.size[s]))
+                self.cache.unreserve(int(sizes[s]))
             results[s] = r
-            self.deliver(s, r, prefetched=s in reserved and s != sid)
+            self.deliver(s, r, prefetched=s in reserved and s != keep)
 
-        await self.fetcher.fetch(batch, deliver)
-        return results[sid]
+        await self.fetcher.fetch(sids, deliver)
+        return results
 
     def deliver(self, sid: int, result, prefetched: bool = False) -> None:
         """A fetch finished: keep the bytes if some order or the LRU part wants them."""

@@ -25,14 +25,6 @@ class Attr:
 
 
 @dataclass(frozen=True)
-class Caller:
-    """Who makes a request (from the FUSE request context)."""
-    uid: int
-    gid: int
-    pid: int
-
-
-@dataclass(frozen=True)
 class OpenResult:
     fh: int
     direct_io: bool = False

@@ -13,7 +13,7 @@ import logging
 import pyfuse3
 
 from .core import Core
-from .entries import Attr, Caller, FsError
+from .entries import Attr, FsError
 
 log = logging.getLogger("fusefs")
 
@@ -31,10 +31,6 @@ def _translate(fn):
             log.exception("unexpected error in %s", fn.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None
     return wrapper
-
-
-def _caller(ctx) -> Caller | None:
-    return None if ctx is None else Caller(ctx.uid, ctx.gid, ctx.pid)
 
 
 class KernelCache:
@@ -87,7 +83,7 @@ class Operations(pyfuse3.Operations):
         other = (fields.update_mode or fields.update_uid or fields.update_gid
                  or fields.update_atime or fields.update_mtime)
         size = attr.st_size if fields.update_size else None
-        return self._entry(self.core.setattr(inode, size, other, _caller(ctx)))
+        return self._entry(self.core.setattr(inode, size, other, ctx.uid))
 
     @_translate
     async def opendir(self, inode, ctx):
@@ -104,7 +100,7 @@ class Operations(pyfuse3.Operations):
 
     @_translate
     async def open(self, inode, flags, ctx):
-        r = self.core.open(inode, flags, _caller(ctx))
+        r = self.core.open(inode, flags, ctx.uid)
         return pyfuse3.FileInfo(fh=r.fh, direct_io=r.direct_io, keep_cache=r.keep_cache)
 
     @_translate

@@ -6,9 +6,9 @@ read). Each node has its own bound on requests in flight, so one slow node canno
 every thread. A sample being fetched is registered, and a second reader waits for that
 fetch instead of fetching again.
 
-The Prefetcher walks the current plans ahead of the readers: it takes the samples of the
-plan windows that are neither cached nor being fetched, groups them by node, and starts
-batches of up to k samples per node while the cache has room reserved for them.
+The Prefetcher walks the current plans ahead of the readers: it queues the samples that
+are neither cached nor being fetched on the node of their chunk, with their bytes reserved
+in the cache, and starts batches of up to k samples per node (see Prefetcher).
 """
 from __future__ import annotations
 
@@ -147,7 +147,8 @@ class Prefetcher:
         self.queued: dict[int, int] = {}  # sid -> node, for samples waiting in a queue
         self.running = [0] * nodes        # prefetch batches started and not finished
         self.heads: dict[int, int] = {}   # rank -> next order position to look at
-        refill = fetcher.per_node * nodes * fetcher.batch * core.mean_size
+        mean_size = core.index.total_bytes / max(1, core.index.n_files)
+        refill = fetcher.per_node * nodes * fetcher.batch * mean_size
         self.low_water = int(max(1, min(core.cache.budget // 4, refill)))
 
     def wake(self) -> None:
@@ -246,25 +247,7 @@ class Prefetcher:
 
     async def _run_batch(self, node: int, batch: list[int]) -> None:
         try:
-            await self.fetch_reserved(batch)
+            await self.core.fetch_batch(batch, set(batch))
         finally:
             self.running[node] -= 1
             self.wake()
-
-    async def fetch_reserved(self, sids: list[int]) -> None:
-        """Fetch samples whose bytes are reserved in the cache; each reservation is
-        released as its sample arrives (or at once if someone else is fetching it)."""
-        core = self.core
-        sizes = core.index.size
-        inflight = core.fetcher.inflight
-        for sid in [s for s in sids if s in inflight]:
-            core.cache.unreserve(int(sizes[sid]))
-        todo = [s for s in sids if s not in inflight]
-        if not todo:
-            return
-
-        def deliver(sid, result):
-            core.cache.unreserve(int(sizes[sid]))
-            core.deliver(sid, result, prefetched=True)
-
-        await core.fetcher.fetch(todo, deliver)

@@ -32,7 +32,7 @@ class ChunkStore:
     def __init__(self, root: str, index: Index):
         self.root = root
         self.index = index
-        self._fds: dict[int, int] = {}
+        self._fds: dict[int, _OpenChunk] = {}
         self._lock = threading.Lock()
         _raise_fd_limit(len(index.chunks) + 256)
 
@@ -53,40 +53,51 @@ class ChunkStore:
                 raise StoreError(f"{path}: chunk file is {size} bytes, the index says {info.size} "
                                  f"({'truncated' if size < info.size else 'altered'})")
 
-    def _fd(self, k: int) -> int:
-        fd = self._fds.get(k)
-        if fd is None:
-            with self._lock:
-                fd = self._fds.get(k)
-                if fd is None:
-                    fd = os.open(self.chunk_path(k), os.O_RDONLY | os.O_CLOEXEC)
-                    self._fds[k] = fd
-        return fd
+    def _acquire(self, k: int) -> "_OpenChunk":
+        with self._lock:
+            h = self._fds.get(k)
+            if h is not None:
+                h.users += 1
+                return h
+        # Opened outside the lock: an open stuck on a slow node must not hold up the others.
+        fd = os.open(self.chunk_path(k), os.O_RDONLY | os.O_CLOEXEC)
+        with self._lock:
+            h = self._fds.get(k)
+            if h is None:
+                h = self._fds[k] = _OpenChunk(fd)
+            else:
+                os.close(fd)
+            h.users += 1
+            return h
+
+    def _release(self, k: int, h: "_OpenChunk", failed: bool) -> None:
+        """After a failed read the fd is retired (a server that restarted may never serve it
+        again) and closed once no other thread reads with it, so its number is not reused
+        under a read still in progress."""
+        with self._lock:
+            h.users -= 1
+            if failed and self._fds.get(k) is h:
+                del self._fds[k]
+                h.retired = True
+            close = h.retired and h.users == 0
+        if close:
+            os.close(h.fd)
 
     def read_range(self, k: int, offset: int, length: int) -> bytes:
         """length bytes of chunk k from offset (short only if the file is)."""
-        fd = self._fd(k)
-        parts, got = [], 0
+        h = self._acquire(k)
+        parts, got, failed = [], 0, True
         try:
             while got < length:
-                part = os.pread(fd, length - got, offset + got)
+                part = os.pread(h.fd, length - got, offset + got)
                 if not part:
                     break
                 parts.append(part)
                 got += len(part)
-        except OSError:
-            self._forget_fd(k, fd)  # a server that restarted may never serve this fd again
-            raise
+            failed = False
+        finally:
+            self._release(k, h, failed)
         return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def _forget_fd(self, k: int, fd: int) -> None:
-        with self._lock:
-            if self._fds.get(k) == fd:
-                del self._fds[k]
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
 
     def verify(self, sid: int, data) -> bytes:
         """data if it is sample sid's exact bytes, else CorruptSample."""
@@ -155,9 +166,17 @@ class ChunkStore:
 
     def close(self) -> None:
         with self._lock:
-            for fd in self._fds.values():
-                os.close(fd)
+            for h in self._fds.values():
+                os.close(h.fd)
             self._fds.clear()
+
+
+class _OpenChunk:
+    """A chunk's open fd, the reads using it, and whether it was retired after an error."""
+    __slots__ = ("fd", "users", "retired")
+
+    def __init__(self, fd: int):
+        self.fd, self.users, self.retired = fd, 0, False
 
 
 def _raise_fd_limit(want: int) -> None:

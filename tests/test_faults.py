@@ -219,3 +219,18 @@ def test_control_files_writable_only_by_the_owner_or_the_control_group(tricky, t
         stats = json.load(open(os.path.join(mnt, ".fusefs", "stats")))
         assert stats["orders_refused"] == 1
     shutil.rmtree(base)
+
+
+def test_a_failed_read_retires_the_chunk_fd_once_no_read_uses_it(tricky):
+    store = make_core(tricky[1]).store
+    first = store._acquire(0)
+    other = store._acquire(0)  # a second read of the same chunk, still in progress
+    assert other is first and first.users == 2
+    store._release(0, first, failed=True)
+    os.fstat(first.fd)  # not closed under the read still using it
+    assert 0 not in store._fds  # but the next read opens the chunk again
+    store._release(0, other, failed=False)
+    with pytest.raises(OSError) as e:
+        os.fstat(first.fd)
+    assert e.value.errno == errno.EBADF
+    assert store.read_range(0, 0, 8) == b"FUSEFSCK" and store._fds[0] is not first
