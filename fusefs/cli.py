@@ -115,7 +115,7 @@ def cmd_mount(a) -> int:
         log_path = a.log or os.path.join("/tmp", f"fusefs-{os.getuid()}-{os.path.basename(os.path.abspath(a.mnt))}.log")
         return start_background(argv, a.mnt, log_path)
     try:
-        index, store = open_dataset(a.dst)  # refuses a broken dataset before mounting
+        index, store = open_dataset(a.dst, a.retries)  # refuses a broken dataset before mounting
         cache = parse_size(a.cache_size, whole=index.total_bytes)
         serve(index, store, a.mnt, options=a.o or [], cache_bytes=cache, per_node=a.per_node,
               batch=a.batch, kernel_cache=a.kernel_cache, retries=a.retries,

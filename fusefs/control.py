@@ -13,8 +13,6 @@ import os
 import stat
 
 from .entries import Attr, FsError, OpenResult
-
-CONTROL_NAME = b".fusefs"
 FH_BASE = 1 << 62  # control handles live far above every inode number
 MAX_WRITE = 256 << 20
 

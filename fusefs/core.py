@@ -25,9 +25,9 @@ import trio
 
 from . import order as orderfmt
 from .cache import SampleCache
-from .control import CONTROL_NAME, ControlNamespace
+from .control import ControlNamespace
 from .entries import Attr, FsError, OpenResult
-from .index import Index
+from .index import CONTROL_NAME, Index
 from .plan import Plan
 from .prefetch import Fetcher, Prefetcher
 from .store import ChunkStore, CorruptSample

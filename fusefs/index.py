@@ -21,16 +21,21 @@ Names are raw bytes (any byte but '/' and NUL), so any name on the source round-
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import xxhash
 
+log = logging.getLogger("fusefs")
+
 MAGIC = b"FUSEFSIX"
 VERSION = 1
 INDEX_NAME = "index.fusefs"
+CONTROL_NAME = b".fusefs"  # the mount's hidden control folder: no packed entry at the root may use it
 _HEAD = struct.Struct("<8sIIQQ")
 _ALIGN = 64
 
@@ -140,6 +145,9 @@ class Index:
             if nf and ns and not set(files).isdisjoint(subs):
                 raise IndexFormatError(f"directory {self.dir_path(d)!r} holds a file and a folder "
                                        "of the same name")
+            if d == 0 and CONTROL_NAME in files + subs:
+                raise IndexFormatError(f"the root holds {CONTROL_NAME.decode()!r}, the name "
+                                       "reserved for the mount's control folder")
 
     # ---- names and paths -----------------------------------------------------------
     def file_name(self, i: int) -> bytes:
@@ -231,15 +239,21 @@ class Index:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: str) -> "Index":
-        """Load and check an index file; IndexFormatError names what is wrong."""
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            raise IndexFormatError(f"{path}: no index (not a packed dataset, or the pack did not finish)") from None
-        except OSError as e:
-            raise IndexFormatError(f"{path}: cannot read index: {e.strerror}") from None
+    def load(cls, path: str, retries: int = 0, backoff: float = 0.1) -> "Index":
+        """Load and check an index file; IndexFormatError names what is wrong. A failed read
+        is tried again `retries` times, the wait doubling from `backoff` seconds."""
+        for attempt in range(retries + 1):
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+                break
+            except FileNotFoundError:
+                raise IndexFormatError(f"{path}: no index (not a packed dataset, or the pack did not finish)") from None
+            except OSError as e:
+                if attempt == retries:
+                    raise IndexFormatError(f"{path}: cannot read index: {e.strerror}") from None
+                log.warning("%s: read failed (%s), retry %d of %d", path, e.strerror, attempt + 1, retries)
+                time.sleep(backoff * 2 ** attempt)
         try:
             return cls.from_bytes(data)
         except IndexFormatError as e:

@@ -26,10 +26,10 @@ class MountError(RuntimeError):
     """The mount cannot start; the message names the file or the reason."""
 
 
-def open_dataset(dst: str) -> tuple[Index, ChunkStore]:
+def open_dataset(dst: str, retries: int = 4) -> tuple[Index, ChunkStore]:
     """Load the index and check every chunk file, or raise naming what is wrong."""
     try:
-        index = Index.load(os.path.join(dst, INDEX_NAME))
+        index = Index.load(os.path.join(dst, INDEX_NAME), retries=retries)
         store = ChunkStore(dst, index)
         store.check()
     except (IndexFormatError, StoreError) as e:

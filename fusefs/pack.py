@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from . import chunk as chunkfmt
 from . import nodes as nodesmod
-from .index import INDEX_NAME, ChunkInfo, Index
+from .index import CONTROL_NAME, INDEX_NAME, ChunkInfo, Index
 
 log = logging.getLogger("fusefs.pack")
 
@@ -93,6 +93,10 @@ def scan(src: bytes, skipped: list) -> _Tree:
         subs, files = [], []
         for e in entries:
             path = os.path.join(rel, e.name) if rel else e.name
+            if d == 0 and e.name == CONTROL_NAME:
+                skipped.append((os.fsdecode(path), "reserved name: the mount shows its hidden "
+                                "control folder there"))
+                continue
             try:
                 if e.is_dir(follow_symlinks=False):
                     subs.append((e.name, e.stat(follow_symlinks=False)))

@@ -39,6 +39,11 @@ class Fetcher:
     doubling from `backoff` seconds, so a sample gives up after about backoff * 2**retries
     seconds); a corrupt sample is not retried (the bytes will not change). Samples that
     arrive are delivered at once, also while others in the batch are still being retried.
+
+    A node whose reads still fail after all retries is marked down: from then on each
+    request to it is tried once, without backoff, so readers of a dead node fail fast
+    instead of each waiting out the retry budget. The first read that succeeds marks it
+    up again, so a node that comes back is used again without a remount.
     """
 
     def __init__(self, store, *, per_node: int = 4, batch: int = 16, max_gap: int = 256 << 10,
@@ -56,7 +61,7 @@ class Fetcher:
         self.inflight: dict[int, Pending] = {}
         self.busy = [0] * len(self.node_names)  # batches started and not finished, per node
         self.node_stats = [dict(requests=0, reads=0, samples=0, bytes=0, errors=0, retries=0,
-                                failed_samples=0) for _ in self.node_names]
+                                failed_samples=0, down=False) for _ in self.node_names]
 
     def node_of(self, sid: int) -> int:
         return int(self.chunk_node[int(self.store.index.chunk[sid])])
@@ -103,7 +108,9 @@ class Fetcher:
                 failed = [s for s in todo if isinstance(results[s], OSError)
                           and not isinstance(results[s], CorruptSample)]
                 stats["errors"] += len(failed)
-                retry = failed if attempt < self.retries else []
+                self._update_health(node, ok=len(failed) < len(todo), gave_up=bool(failed) and (
+                    attempt >= self.retries or stats["down"]), error=failed and results[failed[0]])
+                retry = failed if attempt < self.retries and not stats["down"] else []
                 for sid in todo:
                     if sid not in retry:
                         finish(sid, results[sid])
@@ -118,6 +125,16 @@ class Fetcher:
             self.busy[node] -= 1
             for sid in list(pendings):
                 finish(sid, OSError(errno.EIO, "fetch cancelled"))
+
+    def _update_health(self, node: int, ok: bool, gave_up: bool, error) -> None:
+        stats = self.node_stats[node]
+        if ok and stats["down"]:
+            stats["down"] = False
+            log.warning("node %s answers again", self.node_names[node])
+        elif gave_up and not ok and not stats["down"]:
+            stats["down"] = True
+            log.error("node %s marked down after %d retries (%s): its reads fail at once "
+                      "until one succeeds", self.node_names[node], self.retries, error)
 
     def statistics(self) -> dict:
         return {name: dict(s, inflight=self.busy[i]) for i, (name, s)

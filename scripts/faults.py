@@ -7,8 +7,12 @@ small chunks (so every brick holds some), a fusefs mount over it with the order 
 4 reader threads that read every sample of a shuffled epoch and compare its xxh3 with the
 source's. Scenarios:
 
-  errors-1%, errors-10%   GlusterFS's debug translator error-gen on the bricks fails that
-                          share of read operations with EIO (set, then the volume restarted)
+  errors-1%, -10%, -50%   GlusterFS's debug translator error-gen on the bricks fails that
+                          share of read operations (set, then the volume restarted); at 50%
+                          some samples exhaust their retries and get EIO. The kernel
+                          retries a failed buffered read of the GlusterFS mount once by
+                          itself, so fusefs sees fewer errors than the bricks inject
+                          ("injected" counts those, from the brick logs).
   brick-kill              the glusterfsd of one brick is killed (SIGKILL) halfway through
                           the epoch; after the epoch the brick is restarted with
                           `gluster volume start VOL force` and the failed samples re-read
@@ -19,10 +23,12 @@ Every volume change is undone at the end. usage:
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -56,15 +62,26 @@ def restart_volume(options: dict | None) -> None:
             sh(*G, "volume", "set", VOL, k, str(v))
     else:
         for k in ("debug.error-gen", "debug.error-failure", "debug.error-number",
-                  "debug.random-failure", "debug.error-fops"):
+                  "debug.random-failure", "debug.error-fops", "performance.quick-read"):
             sh(*G, "volume", "reset", VOL, k, check=False)
     sh(*G, "volume", "start", VOL, "force")
     sh("mount", "-t", "glusterfs", f"{os.uname().nodename}:/{VOL}", GMNT)
 
 
+def injected_errors() -> int:
+    """Errors error-gen has injected so far, from the brick logs (one line per error)."""
+    n = 0
+    for name in glob.glob("/var/log/glusterfs/bricks/*.log"):
+        with open(name, errors="replace") as f:
+            n += sum("error_gen_" in line and "unwind(" in line for line in f)
+    return n
+
+
 def error_gen(percent: float) -> dict:
     return {"debug.error-gen": "posix", "debug.error-failure": f"{percent:g}%",
-            "debug.random-failure": "on", "debug.error-number": "EIO", "debug.error-fops": "readv"}
+            "debug.random-failure": "off", "debug.error-number": "EIO", "debug.error-fops": "read",
+            # quick-read serves files up to 64 KiB from the lookup; off, every read is a readv
+            "performance.quick-read": "off"}
 
 
 def brick_pid(brick: str) -> int:
@@ -80,6 +97,8 @@ def read_epoch(mnt: str, rels: list[str], digests: dict, readers: int = 4,
     ids = mount_ids(mnt)
     write_order(mnt, [ids[os.fsencode(r)] for r in rels])
     out = {"served": 0, "eio": 0, "other_errors": 0, "wrong": 0, "failed": []}
+    times = {"before": [], "after_ok": [], "after_eio": []}  # read latencies around the fault
+    phase = {"after": halfway is None}
     lock, pos = threading.Lock(), iter(range(len(rels)))
 
     def reader():
@@ -90,6 +109,9 @@ def read_epoch(mnt: str, rels: list[str], digests: dict, readers: int = 4,
                 return
             if halfway is not None and i == len(rels) // 2:
                 halfway()
+                phase["after"] = True
+            after = phase["after"]
+            t0 = time.perf_counter()
             try:
                 with open(os.path.join(mnt, rels[i]), "rb") as f:
                     data = f.read()
@@ -97,8 +119,10 @@ def read_epoch(mnt: str, rels: list[str], digests: dict, readers: int = 4,
                 with lock:
                     out["eio" if e.errno == 5 else "other_errors"] += 1
                     out["failed"].append(rels[i])
+                    times["after_eio" if after else "before"].append(time.perf_counter() - t0)
                 continue
             with lock:
+                times["after_ok" if after else "before"].append(time.perf_counter() - t0)
                 if xxhash.xxh3_64_intdigest(data) != digests[rels[i]]:
                     out["wrong"] += 1
                 else:
@@ -111,23 +135,28 @@ def read_epoch(mnt: str, rels: list[str], digests: dict, readers: int = 4,
     for t in threads:
         t.join()
     out["seconds"] = round(time.perf_counter() - t0, 2)
+    for k, v in times.items():
+        out[f"read_ms_{k}"] = round(1000 * statistics.median(v), 2) if v else None
     return out
 
 
 def stats_of(mnt: str) -> dict:
     with open(os.path.join(mnt, ".fusefs", "stats")) as f:
         s = json.load(f)
-    return {"retries": s["backend_retries"], "backend_errors": s["backend_errors"],
-            "eio": s["eio"], "per_node": {n: {k: v[k] for k in ("errors", "retries", "samples")}
+    return {"requests": sum(v["requests"] for v in s["nodes"].values()),
+            "retries": s["backend_retries"], "backend_errors": s["backend_errors"],
+            "daemon_eio_replies": s["eio"], "per_node": {n: {k: v[k] for k in ("requests", "errors", "retries", "samples", "down")}
                                           for n, v in s["nodes"].items()}}
 
 
 def scenario_errors(packed, mnt, rels, digests, percent) -> dict:
     restart_volume(error_gen(percent))
     try:
+        before = injected_errors()
         with running_mount(packed, mnt, "--cache-size", "10%"):
             res = read_epoch(mnt, rels, digests)
             res.update(stats_of(mnt))
+        res["injected"] = injected_errors() - before
     finally:
         restart_volume(None)
     res["recovery_s"] = 0.0  # nothing to recover from: every error was retried or one EIO
@@ -174,7 +203,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--files", type=int, default=2000)
     p.add_argument("--out", default=os.path.join(REPO, "out", "faults"))
-    p.add_argument("--scenarios", default="errors-1%,errors-10%,brick-kill")
+    p.add_argument("--scenarios", default="errors-1%,errors-10%,errors-50%,brick-kill")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     sh("bash", os.path.join(REPO, "scripts", "gluster.sh"), "up")
@@ -204,8 +233,12 @@ def main() -> int:
         res["failed"] = len(res["failed"])
         results[name] = res
         print(f"{name:<11} served {res['served']}/{len(rels)}, EIO {res['eio']}, wrong bytes "
-              f"{res['wrong']}, retries {res['retries']}, backend errors {res['backend_errors']}, "
-              f"recovery {res['recovery_s']} s, epoch {res['seconds']} s", flush=True)
+              f"{res['wrong']}, backend requests {res['requests']}, injected at the bricks "
+              f"{res.get('injected', '-')}, errors seen {res['backend_errors']}, "
+              f"retries {res['retries']}, "
+              f"recovery {res['recovery_s']} s, epoch {res['seconds']} s; median read ms: "
+              f"before {res['read_ms_before']}, after the fault {res['read_ms_after_ok']} "
+              f"(served) / {res['read_ms_after_eio']} (EIO)", flush=True)
     with open(os.path.join(a.out, "faults.json"), "w") as f:
         json.dump(results, f, indent=1)
     print(f"saved {a.out}/faults.json")

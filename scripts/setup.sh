@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
 # Installs everything fusefs needs on a fresh Debian 12 machine (run as root):
-# Debian's FUSE 3 and build tools, Debian's torchvision (for the unmodified-loader
-# runs by /usr/bin/python3), GlusterFS, and a venv in .venv with fusefs installed.
+# Debian's FUSE 3 and build tools, Debian's torchvision and scikit-learn (for the
+# unmodified-loader and training runs by /usr/bin/python3), GlusterFS, and a venv in .venv
+# with fusefs installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need_apt=()
-for p in fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv python3-torchvision \
-         python3-pil glusterfs-server glusterfs-client attr procps; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$p")
-done
-if [ ${#need_apt[@]} -gt 0 ]; then
-    echo "setup: apt-get install ${need_apt[*]}"
-    export DEBIAN_FRONTEND=noninteractive
+missing() {
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"
+    done
+}
+export DEBIAN_FRONTEND=noninteractive
+need_apt=($(missing fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv python3-torchvision \
+                    python3-pil glusterfs-server glusterfs-client attr procps))
+# scikit-learn for trainer/ in the training runs by /usr/bin/python3 (without its
+# recommended plotting and documentation packages)
+need_slim=($(missing python3-sklearn))
+if [ ${#need_apt[@]} -gt 0 ] || [ ${#need_slim[@]} -gt 0 ]; then
+    echo "setup: apt-get install ${need_apt[*]} ${need_slim[*]}"
     apt-get update -qq
-    apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    [ ${#need_apt[@]} -eq 0 ] || apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    [ ${#need_slim[@]} -eq 0 ] || apt-get install -y -qq --no-install-recommends "${need_slim[@]}" >/dev/null
 fi
 
 PY=${PYTHON:-python3}

@@ -114,3 +114,23 @@ def test_a_killed_brick_fails_only_its_reads_and_recovers_without_remount(small_
     assert res["failed_then_served"] == len(res["failed"])  # back without a remount
     failing = [n for n, s in res["per_node"].items() if s["errors"]]
     assert len(failing) == 1 and "b2" in failing[0]  # the other bricks went on
+
+
+def test_injected_read_errors_are_retried_and_never_give_wrong_bytes(small_packed, tmp_path):
+    """error-gen on the bricks fails 10%, then 50% of read operations. At 10% the epoch
+    completes in full; at 50% some samples run out of retries and get EIO, no other error,
+    and never wrong bytes."""
+    packed, rels, digests = small_packed
+    faults = _faults()
+    res = faults.scenario_errors(packed, str(tmp_path / "mnt"), rels, digests, 10)
+    assert res["injected"] > 0  # the translator did fail reads at the bricks
+    assert res["wrong"] == 0 and res["other_errors"] == 0
+    assert res["served"] == len(rels) and res["eio"] == 0
+
+    res = faults.scenario_errors(packed, str(tmp_path / "mnt"), rels, digests, 50)
+    assert res["wrong"] == 0 and res["other_errors"] == 0
+    assert res["backend_errors"] > 0 and res["retries"] > 0  # fusefs saw them and retried
+    assert res["served"] + res["eio"] == len(rels) and res["served"] > len(rels) / 2
+    vol = subprocess.run(["gluster", "volume", "info", "fusefsvol"], capture_output=True,
+                         text=True).stdout
+    assert "error-gen" not in vol  # the volume change was undone

@@ -113,6 +113,17 @@ def test_special_entries_are_reported(tmp_path):
     assert r.files == 1
 
 
+def test_the_control_folder_name_is_reserved_at_the_root_only(tmp_path):
+    src = tmp_path / "src"
+    write_tree(src, {"a/1.bin": b"1", ".fusefs/x.bin": b"x", "a/.fusefs/y.bin": b"y"})
+    r = pack(str(src), str(tmp_path / "dst"), progress=False)
+    assert [p for p, _ in r.skipped] == [".fusefs"] and "reserved" in r.skipped[0][1]
+    ix = Index.load(str(tmp_path / "dst" / INDEX_NAME))
+    assert ix.resolve("a/.fusefs/y.bin") is not None and ix.resolve(".fusefs/x.bin") is None
+    with pytest.raises(PackError, match=r"\.fusefs.*reserved.*strict"):
+        pack(str(src), str(tmp_path / "dst2"), progress=False, strict=True)
+
+
 def test_interrupted_pack_never_looks_complete(tmp_path, monkeypatch, tricky):
     src = tricky[0]
     dst = tmp_path / "dst"
