@@ -7,6 +7,11 @@ Two kinds of entries share the budget:
   than what lies between the readers and the read-ahead;
 * unplanned: everything else (reads without an order, or outside it), kept in LRU order.
 
+* pinned: with a static share of the budget (`mount --static-cache`), the samples of
+  highest importance in the orders, as many as fit in that share. They stay after their
+  last use, across epochs, and are never evicted for other entries; a new order re-picks
+  them (`set_pins`), and those no longer picked become ordinary entries.
+
 When a new entry does not fit, unplanned entries go first (oldest first), then planned
 entries needed later than the new one (latest first); if it still does not fit it is
 not kept. Bytes reserved for fetches under way count against the budget too, so the
@@ -17,12 +22,19 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Callable
 
+import numpy as np
+
 
 class SampleCache:
-    def __init__(self, budget: int):
+    def __init__(self, budget: int, static: int = 0):
         if budget < 0:
             raise ValueError("cache budget must be >= 0")
+        if not 0 <= static <= budget:
+            raise ValueError("the static (pinned) share must lie between 0 and the budget")
         self.budget = budget
+        self.static = static
+        self.pin_set: set[int] = set()  # samples picked for pinning (cached or not yet)
+        self._pinned: dict[int, bytes] = {}
         self.used = 0
         self.reserved = 0
         self.evictions = 0
@@ -32,10 +44,18 @@ class SampleCache:
         self._lru: OrderedDict[int, bytes] = OrderedDict()
 
     def __len__(self) -> int:
-        return len(self._planned) + len(self._lru)
+        return len(self._planned) + len(self._lru) + len(self._pinned)
 
     def __contains__(self, sid: int) -> bool:
-        return sid in self._planned or sid in self._lru
+        return sid in self._planned or sid in self._lru or sid in self._pinned
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(len(d) for d in self._pinned.values())
+
+    @property
+    def pinned_samples(self) -> int:
+        return len(self._pinned)
 
     @property
     def free(self) -> int:
@@ -43,6 +63,8 @@ class SampleCache:
 
     def get(self, sid: int) -> bytes | None:
         data = self._planned.get(sid)
+        if data is None:
+            data = self._pinned.get(sid)
         if data is None:
             data = self._lru.get(sid)
             if data is not None:
@@ -83,7 +105,10 @@ class SampleCache:
                 self.planned_evictions += 1
         if need > self.free:
             return False
-        (self._planned if next_use is not None else self._lru)[sid] = data
+        if sid in self.pin_set:
+            self._pinned[sid] = data
+        else:
+            (self._planned if next_use is not None else self._lru)[sid] = data
         self.used += need
         self.peak = max(self.peak, self.used + self.reserved)
         return True
@@ -97,9 +122,35 @@ class SampleCache:
         if data is None:
             data = self._lru.pop(sid, None)
         if data is None:
+            data = self._pinned.pop(sid, None)
+        if data is None:
             return False
         self.used -= len(data)
         return True
+
+    def release(self, sid: int) -> bool:
+        """sid's last use in the orders is done: drop it unless it is pinned."""
+        return sid not in self._pinned and self.drop(sid)
+
+    def set_pins(self, ids: np.ndarray, importance: np.ndarray, sizes: np.ndarray) -> None:
+        """Pick the samples to pin: by importance (highest first), as many as fit in the
+        static share. Cached ones move to the pinned entries; those no longer picked
+        become unplanned (a `replan` after this files them by the new order)."""
+        pick: set[int] = set()
+        if self.static and len(ids):
+            ids = np.asarray(ids, dtype=np.int64)
+            order = np.argsort(-np.asarray(importance, dtype=np.float64), kind="stable")
+            ranked = ids[order]
+            ranked = ranked[np.sort(np.unique(ranked, return_index=True)[1])]  # best occurrence
+            fits = np.cumsum(sizes[ranked], dtype=np.int64) <= self.static
+            pick = set(ranked[:int(np.argmin(fits)) if not fits.all() else len(ranked)].tolist())
+        for sid in [s for s in self._pinned if s not in pick]:
+            self._lru[sid] = self._pinned.pop(sid)
+        for sid in pick:
+            for src in (self._planned, self._lru):
+                if sid in src:
+                    self._pinned[sid] = src.pop(sid)
+        self.pin_set = pick
 
     def replan(self, next_use_of: Callable[[int], int | None]) -> None:
         """A new order: entries it needs become planned, the others unplanned (LRU)."""

@@ -117,7 +117,11 @@ def cmd_mount(a) -> int:
     try:
         index, store = open_dataset(a.dst, a.retries)  # refuses a broken dataset before mounting
         cache = parse_size(a.cache_size, whole=index.total_bytes)
-        serve(index, store, a.mnt, options=a.o or [], cache_bytes=cache, per_node=a.per_node,
+        static = parse_size(a.static_cache, whole=cache)
+        if static > cache:
+            raise MountError(f"--static-cache {a.static_cache} is more than the cache budget")
+        serve(index, store, a.mnt, options=a.o or [], cache_bytes=cache, static_bytes=static,
+              per_node=a.per_node,
               batch=a.batch, kernel_cache=a.kernel_cache, retries=a.retries,
               control_gid=parse_group(a.control_group))
     except (MountError, argparse.ArgumentTypeError) as e:
@@ -206,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-b", "--background", action="store_true", help="detach once mounted")
     s.add_argument("-o", action="append", metavar="OPTS", help="FUSE mount options, e.g. allow_other")
     s.add_argument("--cache-size", default="256MiB", help="sample cache budget: bytes or %% of the dataset")
+    s.add_argument("--static-cache", default="0", metavar="SIZE",
+                   help="part of the cache budget (bytes or %% of the budget, e.g. 30%%) that keeps "
+                        "the samples of highest importance in the order across epochs (default 0)")
     s.add_argument("--per-node", type=int, default=4,
                    help="backend requests in flight per storage node (default 4)")
     s.add_argument("--batch", type=int, default=16, help="samples per backend request (default 16)")

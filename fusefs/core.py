@@ -21,6 +21,7 @@ import os
 import stat
 import time
 
+import numpy as np
 import trio
 
 from . import order as orderfmt
@@ -60,11 +61,11 @@ class Stats:
 
 class Core:
     def __init__(self, index: Index, store: ChunkStore, *, cache_bytes: int = 256 << 20,
-                 per_node: int = 4, batch: int = 16, retries: int = 4, uid: int | None = None,
+                 static_bytes: int = 0, per_node: int = 4, batch: int = 16, retries: int = 4, uid: int | None = None,
                  gid: int | None = None, control_gid: int | None = None):
         self.index = index
         self.store = store
-        self.cache = SampleCache(cache_bytes)
+        self.cache = SampleCache(cache_bytes, static_bytes)
         self.stats = Stats()
         self.fetcher = Fetcher(store, per_node=per_node, batch=batch, retries=retries)
         self.prefetcher = Prefetcher(self)
@@ -261,9 +262,22 @@ class Core:
         self.plans[rank] = Plan(order, self.index.size)
         self.prefetcher.reset()
         self.stats.orders_accepted += 1
+        if self.cache.static:
+            self._pick_pins()
         self.cache.replan(self.next_use)
         log.info("rank %d: order of %d samples for epoch %d", rank, len(order), order.epoch)
         self.prefetcher.wake()
+
+    def _pick_pins(self) -> None:
+        """Pin the samples of highest importance over all ranks' orders (none if no order
+        carries importance values: then the cache works exactly as without pins)."""
+        plans = [p for p in self.plans.values() if p.importance is not None]
+        if plans:
+            ids = np.concatenate([p.ids for p in plans])
+            imp = np.concatenate([p.importance for p in plans])
+        else:
+            ids, imp = np.zeros(0, np.int64), np.zeros(0, np.float32)
+        self.cache.set_pins(ids, imp, self.index.size)
 
     def next_use(self, sid: int) -> int | None:
         """How many positions ahead of its plan's cursor sid is needed next (None: never)."""
@@ -279,7 +293,7 @@ class Core:
         for plan in self.plans.values():
             if plan.remaining(sid) > 0:
                 for done in plan.use(sid):
-                    if self.next_use(done) is None and self.cache.drop(done):
+                    if self.next_use(done) is None and self.cache.release(done):
                         self.stats.evicted_after_use += 1
                 self.prefetcher.wake()
                 return
@@ -385,14 +399,19 @@ class Core:
                    backend_samples=sum(n["samples"] for n in self.fetcher.node_stats),
                    backend_errors=sum(n["errors"] for n in self.fetcher.node_stats),
                    backend_retries=sum(n["retries"] for n in self.fetcher.node_stats),
-                   corrupt_samples=len(self.corrupt),
+                   corrupt_samples=len(self.corrupt), cache_static=self.cache.static,
+                   pinned_samples=self.cache.pinned_samples, pinned_bytes=self.cache.pinned_bytes,
+                   pins_picked=len(self.cache.pin_set),
                    nodes=self.fetcher.statistics())
         plans = {}
         for rank, plan in self.plans.items():
             window = plan.window(self.cache.budget)
-            ready = sum(1 for s in window.tolist() if s in self.cache)
+            cached = [s in self.cache for s in window.tolist()]
             plans[str(rank)] = {"epoch": plan.epoch, "length": len(plan), "cursor": plan.cursor,
-                                "skipped": plan.skipped, "ahead_ready": ready,
-                                "ahead_planned": len(window)}
+                                "skipped": plan.skipped, "ahead_ready": sum(cached),
+                                "ahead_planned": len(window),
+                                # samples from the cursor on that are all ready, in a row
+                                "ready_in_a_row": cached.index(False) if False in cached else len(cached),
+                                "importance": plan.importance is not None}
         out["plans"] = plans
         return out

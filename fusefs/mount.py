@@ -59,7 +59,7 @@ def tune_malloc() -> None:
 
 
 def serve(index: Index, store: ChunkStore, mnt: str, *, options: list[str] = (),
-          cache_bytes: int = 256 << 20, per_node: int = 4, batch: int = 16,
+          cache_bytes: int = 256 << 20, static_bytes: int = 0, per_node: int = 4, batch: int = 16,
           kernel_cache: bool = True, retries: int = 4, control_gid: int | None = None) -> None:
     """Mount the dataset at mnt and serve until unmounted or SIGINT/SIGTERM (foreground)."""
     if clear_dead_mount(mnt):
@@ -69,7 +69,8 @@ def serve(index: Index, store: ChunkStore, mnt: str, *, options: list[str] = (),
     if os.path.ismount(mnt):
         raise MountError(f"{mnt}: something is already mounted there")
     tune_malloc()
-    core = Core(index, store, cache_bytes=cache_bytes, per_node=per_node, batch=batch,
+    core = Core(index, store, cache_bytes=cache_bytes, static_bytes=static_bytes,
+                per_node=per_node, batch=batch,
                 retries=retries, control_gid=control_gid)
     if kernel_cache:
         core.kernel = KernelCache()

@@ -113,18 +113,24 @@ class ChunkStore:
     def coalesce(self, sids, max_gap: int = 256 << 10, max_read: int = 16 << 20) -> list[tuple[int, int, int, list[int]]]:
         """Group samples into reads: (chunk, offset, length, sids) with samples of one chunk
         that are adjacent or at most max_gap bytes apart merged into one read of at most
-        max_read bytes (so read amplification stays bounded)."""
+        max_read bytes, and only while the bytes read in between (not wanted) stay within
+        the bytes wanted: read amplification is at most 2x, also for tiny samples."""
         ix = self.index
         sids = sorted(set(int(s) for s in sids), key=lambda s: (int(ix.chunk[s]), int(ix.offset[s])))
-        reads = []
+        reads, wanted = [], []
         for sid in sids:
             k, off, size = int(ix.chunk[sid]), int(ix.offset[sid]), int(ix.size[sid])
             if reads:
                 pk, poff, plen, members = reads[-1]
-                if pk == k and off - (poff + plen) <= max_gap and off + size - poff <= max_read:
-                    reads[-1] = (pk, poff, max(plen, off + size - poff), members + [sid])
+                length = max(plen, off + size - poff)
+                want = wanted[-1] + size
+                if (pk == k and off - (poff + plen) <= max_gap and length <= max_read
+                        and length - want <= want):
+                    reads[-1] = (pk, poff, length, members + [sid])
+                    wanted[-1] = want
                     continue
             reads.append((k, off, size, [sid]))
+            wanted.append(size)
         return reads
 
     def read_batch(self, sids, max_gap: int = 256 << 10) -> tuple[dict, int, int]:

@@ -115,3 +115,15 @@ def tricky_mount(tricky, tmp_path):
     mnt = tmp_path / "mnt"
     with running_mount(dst, mnt) as (proc, log):
         yield src, str(mnt), proc, log
+
+
+@pytest.fixture(scope="session")
+def three_nodes(tmp_path_factory):
+    """300 files of 1..40 KB packed 10 per chunk over 3 node folders."""
+    import random
+    base = tmp_path_factory.mktemp("nodes")
+    rng = random.Random(1)
+    files = {f"c{i % 5}/f{i:04d}.bin": rng.randbytes(rng.randrange(1000, 40_000)) for i in range(300)}
+    write_tree(base / "src", files)
+    pack(str(base / "src"), str(base / "dst"), chunk_count=10, nodes=3, progress=False)
+    return str(base / "dst"), files

@@ -11,20 +11,8 @@ from hypothesis import strategies as st
 
 from fusefs import order as orderfmt
 from fusefs.entries import FsError
-from fusefs.pack import pack
 
-from conftest import make_core, read_whole, write_tree
-
-
-@pytest.fixture(scope="module")
-def three_nodes(tmp_path_factory):
-    """300 files of 1..40 KB packed 10 per chunk over 3 node folders."""
-    base = tmp_path_factory.mktemp("nodes")
-    rng = random.Random(1)
-    files = {f"c{i % 5}/f{i:04d}.bin": rng.randbytes(rng.randrange(1000, 40_000)) for i in range(300)}
-    write_tree(base / "src", files)
-    pack(str(base / "src"), str(base / "dst"), chunk_count=10, nodes=3, progress=False)
-    return str(base / "dst"), files
+from conftest import make_core, read_whole
 
 
 async def run_epoch(core, ids, readers=3, jitter=8, seed=0, check=None, order_bytes=None):

@@ -1,0 +1,173 @@
+"""Importance-aware epochs against full-data epochs (issue 4), through fusefs on the slowed
+3-brick GlusterFS volume. Prints per-epoch figures and a summary; saves JSON and a PNG.
+
+Two datasets, each packed onto the volume and mounted with a 10% cache of which 30% is the
+static (pinned) share:
+  digits  scikit-learn's bundled load_digits images (real data, no download), upscaled to
+          32x32 PNGs in an ImageFolder, 80% train / 20% test; the accuracy comparison.
+  synth   synthetic JPEGs (--synth files of ~100 KB); the I/O comparison: backend bytes and
+          epoch time per epoch.
+For each, the same small CNN, seeds and epochs are trained twice by scripts/train_importance.py
+under /usr/bin/python3 (torchvision ImageFolder + DataLoader through the mount): with every
+sample each epoch (HintedSampler), and with ImportanceSampler at --keep. The page cache is
+dropped before each epoch.
+
+usage: .venv/bin/python scripts/bench_importance.py [--epochs 15] [--synth 3000]
+           [--synth-epochs 6] [--keep 0.7] [--delay-ms 2] [--out out/bench_importance]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from fusefs.mount import running_mount  # noqa: E402
+from fusefs.pack import pack  # noqa: E402
+from fusefs.synth import make_imagefolder  # noqa: E402
+
+GMNT = "/mnt/fusefs-gluster"
+
+
+def make_digits(root: str, seed: int = 0) -> None:
+    """load_digits as train/ and test/ ImageFolders of 32x32 PNGs (stratified 80/20)."""
+    from PIL import Image
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    if os.path.isdir(os.path.join(root, "test")):
+        return
+    d = load_digits()
+    idx = np.arange(len(d.target))
+    tr, te = train_test_split(idx, test_size=0.2, random_state=seed, stratify=d.target)
+    for split, ids in (("train", tr), ("test", te)):
+        for i in ids:
+            folder = os.path.join(root, split, str(d.target[i]))
+            os.makedirs(folder, exist_ok=True)
+            img = Image.fromarray((d.images[i] * (255 / 16)).astype(np.uint8), "L")
+            img.resize((32, 32), Image.BILINEAR).save(os.path.join(folder, f"{i:04d}.png"))
+
+
+def train(mnt: str, test: str, mode: str, a, epochs: int) -> list[dict]:
+    cmd = ["/usr/bin/python3", os.path.join(REPO, "scripts", "train_importance.py"), mnt, test,
+           "--mode", mode, "--epochs", str(epochs), "--keep", str(a.keep), "--seed", str(a.seed),
+           "--drop-caches"]
+    env = dict(os.environ, PYTHONPATH=REPO)
+    rows = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) as p:
+        for line in p.stdout:
+            row = json.loads(line)
+            rows.append(row)
+            print(f"  {mode:<10} epoch {row['epoch']:2d}: trained {row['trained']:5d} "
+                  f"re-evaluated {row['reevaluated']:5d}  {row['seconds']:6.2f} s  "
+                  f"backend {row.get('backend_bytes', 0) / 1e6:7.1f} MB  test acc {row['test_acc']:.4f}",
+                  flush=True)
+    if p.returncode:
+        raise SystemExit(f"training ({mode}) failed: exit {p.returncode}")
+    return rows
+
+
+def run_dataset(name: str, src: str, test: str, a, epochs: int) -> dict:
+    packed = os.path.join(GMNT, f"importance-{name}")
+    if not os.path.exists(os.path.join(packed, "index.fusefs")):
+        pack(src, packed, chunk_bytes=(1 << 20) if name == "digits" else (16 << 20), force=True,
+             progress=False)
+    out = {}
+    for mode in ("full", "importance"):
+        mnt = os.path.join(a.out, f"mnt-{name}")
+        with running_mount(packed, mnt, "--cache-size", "10%", "--static-cache", "30%"):
+            print(f"{name}: {mode}", flush=True)
+            out[mode] = train(mnt, test, mode, a, epochs)
+    return out
+
+
+def summarize(res: dict, warmup: int) -> dict:
+    s = {}
+    for name, modes in res.items():
+        f, i = modes["full"], modes["importance"]
+        after = lambda rows, k: [r[k] for r in rows[warmup:]]  # noqa: E731
+        s[name] = {
+            "final_acc_full": f[-1]["test_acc"], "final_acc_importance": i[-1]["test_acc"],
+            "best_acc_full": max(r["test_acc"] for r in f),
+            "best_acc_importance": max(r["test_acc"] for r in i),
+            "backend_mb_per_epoch_full": float(np.mean(after(f, "backend_bytes"))) / 1e6,
+            "backend_mb_per_epoch_importance": float(np.mean(after(i, "backend_bytes"))) / 1e6,
+            "epoch_s_full": float(np.mean(after(f, "seconds"))),
+            "epoch_s_importance": float(np.mean(after(i, "seconds"))),
+            "trained_per_epoch_importance": float(np.mean(after(i, "trained"))),
+            "reevaluated_per_epoch": float(np.mean(after(i, "reevaluated"))),
+        }
+        s[name]["backend_ratio"] = (s[name]["backend_mb_per_epoch_importance"]
+                                    / max(1e-9, s[name]["backend_mb_per_epoch_full"]))
+        s[name]["epoch_time_ratio"] = s[name]["epoch_s_importance"] / s[name]["epoch_s_full"]
+    return s
+
+
+def plot(res: dict, path: str, warmup: int) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(1, 3, figsize=(14, 3.8))
+    for mode, style in (("full", "-o"), ("importance", "-s")):
+        d = res["digits"][mode]
+        ax[0].plot([r["epoch"] for r in d], [100 * r["test_acc"] for r in d], style, label=mode, ms=3)
+        for name, axis, key, scale in (("synth", ax[1], "backend_bytes", 1e-6),
+                                       ("synth", ax[2], "seconds", 1)):
+            rows = res[name][mode]
+            axis.plot([r["epoch"] for r in rows], [r[key] * scale for r in rows], style, label=mode, ms=3)
+    ax[0].set(title="digits: test accuracy", xlabel="epoch", ylabel="%")
+    ax[1].set(title="synth: backend MB per epoch", xlabel="epoch", ylabel="MB")
+    ax[2].set(title="synth: epoch time through the mount", xlabel="epoch", ylabel="s")
+    for axis in ax:
+        axis.axvline(warmup - 0.5, color="gray", ls=":", lw=1)
+        axis.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--epochs", type=int, default=15)
+    p.add_argument("--synth", type=int, default=3000)
+    p.add_argument("--synth-epochs", type=int, default=6)
+    p.add_argument("--keep", type=float, default=0.7)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--delay-ms", type=int, default=2)
+    p.add_argument("--out", default=os.path.join(REPO, "out", "bench_importance"))
+    a = p.parse_args()
+    warmup = 3
+    os.makedirs(a.out, exist_ok=True)
+    subprocess.run(["bash", os.path.join(REPO, "scripts", "gluster.sh"), "up", "--delay-ms",
+                    str(a.delay_ms)], check=True)
+    digits = os.path.join(a.out, "digits")
+    make_digits(digits, a.seed)
+    synth = os.path.join(a.out, f"synth-{a.synth}")
+    if not os.path.isdir(synth):
+        make_imagefolder(os.path.join(synth, "train"), a.synth, n_classes=10, mean_bytes=100_000)
+        make_imagefolder(os.path.join(synth, "test"), 200, n_classes=10, mean_bytes=100_000, seed=1)
+    res = {"digits": run_dataset("digits", os.path.join(digits, "train"), os.path.join(digits, "test"),
+                                 a, a.epochs),
+           "synth": run_dataset("synth", os.path.join(synth, "train"), os.path.join(synth, "test"),
+                                a, a.synth_epochs)}
+    summary = summarize(res, warmup)
+    for name, s in summary.items():
+        print(f"{name}: final test acc full {100 * s['final_acc_full']:.2f}% / importance "
+              f"{100 * s['final_acc_importance']:.2f}%; after the warm-up, per epoch: trained "
+              f"{s['trained_per_epoch_importance']:.0f} (+{s['reevaluated_per_epoch']:.0f} re-evaluated), "
+              f"backend {s['backend_mb_per_epoch_full']:.1f} -> {s['backend_mb_per_epoch_importance']:.1f} MB "
+              f"({s['backend_ratio']:.2f}x), epoch {s['epoch_s_full']:.2f} -> "
+              f"{s['epoch_s_importance']:.2f} s ({s['epoch_time_ratio']:.2f}x)")
+    with open(os.path.join(a.out, "bench_importance.json"), "w") as f:
+        json.dump({"settings": vars(a), "epochs": res, "summary": summary}, f, indent=1)
+    plot(res, os.path.join(a.out, "bench_importance.png"), warmup)
+    print(f"saved {a.out}/bench_importance.json and .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+#!/usr/bin/python3
+"""Train a small CNN on an ImageFolder (through a fusefs mount), with all the data each
+epoch or with trainer.ImportanceSampler; print one JSON line per epoch.
+
+Runs under Debian's /usr/bin/python3 (torch 1.13, torchvision, scikit-learn) with the
+repository on PYTHONPATH: torchvision's ImageFolder + DataLoader read the mount unchanged.
+Per epoch: samples trained, samples re-evaluated, seconds (re-evaluation included), test
+accuracy (TEST is an ImageFolder of the held-out images), and from the mount's statistics
+the backend bytes and samples fetched in the epoch and the share of reads served from the
+cache. --drop-caches empties the page cache before each epoch (the backend's included).
+
+usage: train_importance.py ROOT TEST --mode full|importance [--epochs 15] [--keep 0.7]
+                           [--warmup 3] [--seed 0] [--workers 2] [--batch 64] [--drop-caches]
+"""
+import argparse
+import json
+import os
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+from torchvision import datasets, transforms
+
+from trainer import HintedSampler, ImportanceSampler, LossTracker, WithIndex, reevaluate
+from trainer.hints import find_mount
+
+
+def small_cnn(classes: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 8 * 8, 64), nn.ReLU(), nn.Linear(64, classes))
+
+
+def mount_stats(root: str) -> dict:
+    try:
+        with open(os.path.join(find_mount(root), ".fusefs", "stats")) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
+@torch.no_grad()
+def accuracy(model, loader) -> float:
+    model.eval()
+    right = total = 0
+    for x, y in loader:
+        right += int((model(x).argmax(1) == y).sum())
+        total += len(y)
+    model.train()
+    return right / max(total, 1)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("root")
+    p.add_argument("test")
+    p.add_argument("--mode", choices=("full", "importance"), required=True)
+    p.add_argument("--epochs", type=int, default=15)
+    p.add_argument("--keep", type=float, default=0.7)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--drop-caches", action="store_true")
+    a = p.parse_args()
+
+    torch.manual_seed(a.seed)
+    torch.set_num_threads(1)
+    tf = transforms.Compose([transforms.Grayscale(1), transforms.Resize((32, 32)), transforms.ToTensor()])
+    train = datasets.ImageFolder(a.root, transform=tf)
+    test = DataLoader(datasets.ImageFolder(a.test, transform=tf), batch_size=256)
+    model = small_cnn(len(train.classes))
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=a.epochs)
+    criterion = nn.CrossEntropyLoss(reduction="none")
+    tracker = LossTracker(len(train), window=a.warmup)
+    if a.mode == "full":
+        sampler = HintedSampler(train, seed=a.seed)
+    else:
+        sampler = ImportanceSampler(train, tracker, keep=a.keep, warmup=a.warmup, seed=a.seed)
+    indexed = WithIndex(train)
+    loader = DataLoader(indexed, batch_size=a.batch, sampler=sampler, num_workers=a.workers,
+                        persistent_workers=a.workers > 0)
+    for epoch in range(a.epochs):
+        if a.drop_caches:
+            os.sync()
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+        s0 = mount_stats(a.root)
+        t0 = time.perf_counter()
+        sampler.set_epoch(epoch)
+        n_re = 0
+        if a.mode == "importance":
+            n_re = reevaluate(model, indexed, sampler.reevaluation(), criterion, tracker,
+                              batch_size=256, num_workers=a.workers)
+        trained = 0
+        for x, y, idx in loader:
+            losses = criterion(model(x), y)
+            tracker.record(idx, losses)
+            opt.zero_grad()
+            losses.mean().backward()
+            opt.step()
+            trained += len(idx)
+        tracker.end_epoch()
+        sched.step()
+        seconds = time.perf_counter() - t0
+        s1 = mount_stats(a.root)
+        row = {"epoch": epoch, "mode": a.mode, "trained": trained, "reevaluated": n_re,
+               "seconds": round(seconds, 3), "samples_per_s": round((trained + n_re) / seconds, 1),
+               "test_acc": round(accuracy(model, test), 4)}
+        if s1:
+            served = lambda s: s["hits"] + s["read_waits"] + s["misses"]  # noqa: E731
+            row.update(backend_bytes=s1["backend_bytes"] - s0["backend_bytes"],
+                       backend_samples=s1["backend_samples"] - s0["backend_samples"],
+                       hit_ratio=round((s1["hits"] - s0["hits"]) / max(1, served(s1) - served(s0)), 4),
+                       pinned_samples=s1.get("pinned_samples", 0))
+        if a.mode == "importance":
+            row["fluctuating"] = int(sampler.fluctuating.sum())
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""Importance-aware epochs (issue 4): the loss tracker, the variance/KMeans split, the
+ImportanceSampler's selection and state, and the mount's pinned (static) cache share."""
+import json
+import os
+import random
+import time
+
+import numpy as np
+import pytest
+import torch
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fusefs import order as orderfmt
+from fusefs.mount import running_mount
+from trainer import ImportanceSampler, LossTracker, WithIndex, reevaluate, split_fluctuating
+
+from conftest import make_core
+from test_readahead import run_epoch
+
+
+class Paths(list):
+    """A dataset that is just its file paths (what the samplers look at)."""
+
+
+def _histories(n_stable=900, n_fluct=100, epochs=3, seed=0):
+    """Loss histories with a known answer: stable samples drift by little, fluctuating
+    ones jump between high and low losses."""
+    rng = np.random.default_rng(seed)
+    n = n_stable + n_fluct
+    fluct = np.zeros(n, dtype=bool)
+    fluct[rng.choice(n, n_fluct, replace=False)] = True
+    tracker = LossTracker(n, window=epochs)
+    base = rng.uniform(0.05, 2.0, n)
+    for e in range(epochs):
+        loss = base + rng.normal(0, 0.01, n)
+        loss[fluct] = np.where((np.arange(n_fluct) + e) % 2, 3.0, 0.1) + rng.normal(0, 0.2, n_fluct)
+        tracker.record(np.arange(n), loss)
+        tracker.end_epoch()
+    return tracker, fluct
+
+
+def test_variance_over_the_window_is_numpys():
+    tracker, _ = _histories(epochs=3)
+    assert np.allclose(tracker.variance(), np.var(tracker.history, axis=0), atol=1e-6)
+    half = LossTracker(4, window=3)
+    half.record([0, 1], [1.0, 2.0])
+    half.end_epoch()
+    assert np.all(half.variance() == 0)  # one epoch known: no variance yet
+
+
+def test_kmeans_split_finds_the_fluctuating_samples():
+    tracker, fluct = _histories()
+    got = split_fluctuating(tracker.variance())
+    assert np.array_equal(got, fluct)
+    assert not split_fluctuating(np.full(50, 0.3)).any()  # all alike: nothing fluctuates
+
+
+def test_tracker_takes_tensors_without_waiting_and_fits_in_tens_of_mb():
+    t = LossTracker(10, flush_every=1000)
+    t.record(torch.tensor([3, 1]), torch.tensor([0.5, 0.25]))
+    assert np.isnan(t.last[3])  # still pending: no copy in the training step
+    t.end_epoch()
+    assert t.last[3] == 0.5 and t.last[1] == 0.25 and t.history[0, 3] == 0.5
+    big = LossTracker(1_280_000)
+    assert big.last.nbytes + big.history.nbytes <= 25 << 20
+
+
+def _sampler(n=100, keep=0.7, explore=0.0, warmup=3):
+    tracker = LossTracker(n, window=warmup)
+    s = ImportanceSampler(Paths(f"/x/{i}" for i in range(n)), tracker, keep=keep,
+                          explore=explore, warmup=warmup, write=False)
+    return s, tracker
+
+
+def _warm(s, tracker, losses_per_epoch):
+    for e, losses in enumerate(losses_per_epoch):
+        s.set_epoch(e)
+        assert sorted(s) == list(range(s.n))  # warm-up: every sample, shuffled
+        tracker.record(np.arange(s.n), losses)
+        tracker.end_epoch()
+
+
+def test_selection_keeps_the_most_important_share_shuffled():
+    s, tracker = _sampler(n=100, keep=0.7)
+    rng = np.random.default_rng(1)
+    _warm(s, tracker, [rng.uniform(0, 1, 100) for _ in range(3)])
+    s.set_epoch(3)
+    assert s.reevaluation() == np.flatnonzero(s.fluctuating).tolist()
+    last = tracker.last.copy()
+    idx = list(s)
+    assert len(idx) == len(s) == 70
+    assert set(idx) == set(np.argsort(-last)[:70].tolist())  # the 70 highest losses
+    assert idx != sorted(idx, key=lambda i: -last[i])  # shuffled, not in importance order
+    s2, tr2 = _sampler(n=100, keep=lambda epoch: 0.5, explore=0.2)
+    _warm(s2, tr2, [rng.uniform(0, 1, 100) for _ in range(3)])
+    s2.set_epoch(3)
+    idx = list(s2)
+    top = set(np.argsort(-tr2.last)[:50].tolist())
+    assert len(idx) == 50 + 10 and top <= set(idx) and len(set(idx)) == 60
+
+
+def test_stable_importance_follows_the_training_losses():
+    s, tracker = _sampler(n=10, keep=0.3)
+    _warm(s, tracker, [np.linspace(0, 1, 10)] * 3)
+    s.set_epoch(3)
+    tracker.record(torch.tensor([0]), torch.tensor([9.0]))  # sample 0 got hard in training
+    assert 0 in list(s)
+
+
+def test_sampler_state_round_trips():
+    s, tracker = _sampler(n=200)
+    rng = np.random.default_rng(2)
+    _warm(s, tracker, [rng.uniform(0, 1, 200) for _ in range(3)])
+    s.set_epoch(3)
+    first = list(s)
+    state = s.state_dict()
+    s2, _ = _sampler(n=200)
+    s2.load_state_dict(state)
+    assert np.array_equal(s2.fluctuating, s.fluctuating) and s2.split_epoch == 3
+    assert np.array_equal(s2.tracker.history, tracker.history, equal_nan=True)
+    assert list(s2) == first
+    with pytest.raises(ValueError):
+        _sampler(n=10)[0].load_state_dict(state)
+
+
+def test_reevaluate_records_losses_of_the_named_samples():
+    xs = torch.arange(8, dtype=torch.float32).reshape(8, 1)
+    ds = [(xs[i], torch.tensor(0.0)) for i in range(8)]
+    model = torch.nn.Linear(1, 1)
+    torch.nn.init.ones_(model.weight), torch.nn.init.zeros_(model.bias)
+    tracker = LossTracker(8)
+    done = reevaluate(model, WithIndex(ds), [2, 5], lambda out, y: (out.squeeze(1) - y) ** 2,
+                      tracker, batch_size=1)
+    assert done == 2 and tracker.last[2] == 4.0 and tracker.last[5] == 25.0
+    assert np.isnan(tracker.last[0]) and model.training
+
+
+# ---- the mount's side ---------------------------------------------------------------
+def test_pinned_samples_survive_epochs_and_serve_the_next_one(three_nodes):
+    dst, files = three_nodes
+    probe = make_core(dst)
+    n, sizes = probe.index.n_files, probe.index.size
+    budget = int(sizes.sum() * 0.2)
+    core = make_core(dst, cache_bytes=budget, static_bytes=int(budget * 0.5), batch=8)
+    importance = np.random.default_rng(3).uniform(0, 1, n).astype(np.float32)
+    for epoch in range(2):
+        ids = np.random.default_rng(epoch).permutation(n)
+        before = core.statistics()["backend_samples"]
+        order = orderfmt.encode(ids, epoch=epoch, importance=importance[ids])
+        trio.run(run_epoch, core, ids.tolist(), 3, 8, epoch, None, order)
+        s = core.statistics()
+        assert s["cache_peak"] <= budget and s["eio"] == 0
+        pinned = sorted(core.cache.pin_set)
+        # the pins are the highest-importance samples that fit in the static share
+        ranked = np.argsort(-importance)
+        fit = np.cumsum(sizes[ranked]) <= core.cache.static
+        assert pinned == sorted(ranked[:int(np.argmin(fit))].tolist())
+        assert all(sid in core.cache for sid in pinned)  # kept after their last use
+        assert s["pinned_bytes"] <= core.cache.static
+        fetched = s["backend_samples"] - before
+        assert fetched == (n if epoch == 0 else n - len(pinned)), s  # pinned: no refetch
+
+
+@given(data=st.data())
+@settings(max_examples=20, deadline=None)
+def test_budget_never_exceeded_with_pins(three_nodes, data):
+    dst, files = three_nodes
+    probe = make_core(dst)
+    n, sizes = probe.index.n_files, probe.index.size
+    budget = data.draw(st.integers(int(sizes.max()), int(sizes.sum())))
+    static = data.draw(st.integers(0, budget))
+    core = make_core(dst, cache_bytes=budget, static_bytes=static, batch=data.draw(st.integers(1, 16)))
+    paths = {i: os.fsdecode(core.index.file_path(i)) for i in range(n)}
+
+    def check(sid, blob):
+        assert blob == files[paths[sid]]
+        assert core.cache.used + core.cache.reserved <= budget
+
+    for epoch in range(2):
+        ids = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=300))
+        imp = data.draw(st.lists(st.floats(0, 10), min_size=len(ids), max_size=len(ids)))
+        order = orderfmt.encode(ids, epoch=epoch, importance=imp)
+        trio.run(run_epoch, core, ids, 3, 8, epoch, check, order)
+        assert core.cache.peak <= budget and core.cache.pinned_bytes <= static
+
+
+def test_an_order_without_importance_behaves_as_before(three_nodes):
+    dst, _ = three_nodes
+    probe = make_core(dst)
+    budget = int(probe.index.total_bytes * 0.1)
+    ids = np.random.default_rng(4).permutation(probe.index.n_files).tolist()
+    # (hits against read waits depends on thread timing, so their sum is compared)
+    keys = ("backend_samples", "evicted_after_use", "cache_bytes", "served", "pins_picked")
+    results = []
+    for static in (0, budget // 2):
+        core = make_core(dst, cache_bytes=budget, static_bytes=static, batch=8)
+        for epoch in range(2):
+            trio.run(run_epoch, core, ids, 1, 1, epoch, None, orderfmt.encode(ids, epoch=epoch))
+        s = core.statistics()
+        s["served"] = s["hits"] + s["read_waits"] + s["misses"]
+        assert s["pinned_samples"] == 0
+        results.append({k: s[k] for k in keys})
+    assert results[0] == results[1]
+
+
+def test_the_fluctuating_samples_are_fetched_first_through_a_mount(tricky, tmp_path):
+    """The re-evaluation order is written before training: the mount fetches exactly
+    those samples first (statistics: ready in a row, backend samples), then the training
+    order, with importance values, pins the most important samples."""
+    src, dst, files = tricky
+    mnt = str(tmp_path / "mnt")
+    with running_mount(dst, mnt, "--cache-size", "200%", "--static-cache", "30%"):
+        paths = sorted(os.path.join(mnt, k) for k, v in files.items() if not k.endswith("/") and v)
+        tracker = LossTracker(len(paths))
+        sampler = ImportanceSampler(Paths(paths), tracker, keep=0.5)
+        rng = np.random.default_rng(5)
+        for epoch in range(3):  # a warm-up without reads (or orders): losses made up
+            sampler.set_epoch(epoch)
+            tracker.record(np.arange(len(paths)), rng.uniform(0, 1, len(paths)))
+            tracker.end_epoch()
+        stats = lambda: json.load(open(os.path.join(mnt, ".fusefs", "stats")))  # noqa: E731
+        assert stats()["backend_samples"] == 0
+        sampler.set_epoch(3)
+        todo = sampler.reevaluation()
+        assert 0 < len(todo) < len(paths)
+        deadline = time.time() + 10
+        while stats()["plans"]["0"]["ready_in_a_row"] < len(todo) and time.time() < deadline:
+            time.sleep(0.05)
+        s = stats()
+        assert s["plans"]["0"]["ready_in_a_row"] == len(todo) == s["plans"]["0"]["length"]
+        assert not s["plans"]["0"]["importance"]
+        for i in todo:  # the re-evaluation pass: every read a hit
+            with open(paths[i], "rb") as f:
+                f.read()
+        assert stats()["misses"] == s["misses"]
+        assert s["backend_samples"] == len(todo)  # those, and nothing else yet
+        idx = list(sampler)
+        s = stats()
+        assert s["plans"]["0"]["importance"] and s["plans"]["0"]["length"] == len(idx)
+        assert s["pins_picked"] > 0 and s["cache_static"] > 0
+
+
+def test_random_sampler_state_is_independent_of_global_rng():
+    s, tracker = _sampler(n=50)
+    _warm(s, tracker, [np.arange(50, dtype=float)] * 3)
+    s.set_epoch(3)
+    random.seed(0), np.random.seed(0), torch.manual_seed(0)
+    a = list(s)
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    assert list(s) == a
+
+
+def test_importance_training_through_a_mount_with_torchvision(tmp_path):
+    """scripts/train_importance.py under Debian's Python (torchvision ImageFolder +
+    DataLoader with 2 worker processes) trains through a mount: after the 3 warm-up
+    epochs it trains on 70% of the samples, and the mount fetches fewer bytes."""
+    import subprocess
+    import sys
+    from conftest import REPO
+    from fusefs.pack import pack
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    from bench_importance import make_digits
+    make_digits(str(tmp_path / "digits"))
+    pack(str(tmp_path / "digits" / "train"), str(tmp_path / "packed"), chunk_count=64, progress=False)
+    mnt = str(tmp_path / "mnt")
+    with running_mount(str(tmp_path / "packed"), mnt, "--cache-size", "20%", "--static-cache", "30%"):
+        r = subprocess.run(["/usr/bin/python3", os.path.join(REPO, "scripts", "train_importance.py"),
+                            mnt, str(tmp_path / "digits" / "test"), "--mode", "importance",
+                            "--epochs", "4", "--keep", "0.7"],
+                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO),
+                           timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    n = rows[0]["trained"]
+    assert [row["trained"] for row in rows] == [n, n, n, round(0.7 * n)]
+    assert rows[-1]["test_acc"] > 0.5  # it learned
+    assert rows[-1]["backend_bytes"] < 0.9 * rows[0]["backend_bytes"]
