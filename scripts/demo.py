@@ -74,7 +74,7 @@ def main() -> int:
     print(f"classes through the mount: {len(through['classes'])}; files: {through['n']}; "
           f"bytes identical to the source: {'yes' if same else 'NO'}")
     print("daemon statistics: " + ", ".join(f"{k}={stats[k]}" for k in
-          ("opens", "reads", "bytes_served", "backend_reads", "backend_bytes", "cache_hits", "eio")))
+          ("opens", "reads", "bytes_served", "backend_reads", "backend_bytes", "hits", "eio")))
     return 0 if same else 1
 
 
