@@ -108,8 +108,10 @@ class Fetcher:
                 failed = [s for s in todo if isinstance(results[s], OSError)
                           and not isinstance(results[s], CorruptSample)]
                 stats["errors"] += len(failed)
-                self._update_health(node, ok=len(failed) < len(todo), gave_up=bool(failed) and (
-                    attempt >= self.retries or stats["down"]), error=failed and results[failed[0]])
+                if len(failed) < len(todo):  # the node answered
+                    self._set_down(node, False)
+                elif attempt >= self.retries or stats["down"]:
+                    self._set_down(node, True, results[failed[0]])
                 retry = failed if attempt < self.retries and not stats["down"] else []
                 for sid in todo:
                     if sid not in retry:
@@ -126,15 +128,16 @@ class Fetcher:
             for sid in list(pendings):
                 finish(sid, OSError(errno.EIO, "fetch cancelled"))
 
-    def _update_health(self, node: int, ok: bool, gave_up: bool, error) -> None:
+    def _set_down(self, node: int, down: bool, error=None) -> None:
         stats = self.node_stats[node]
-        if ok and stats["down"]:
-            stats["down"] = False
-            log.warning("node %s answers again", self.node_names[node])
-        elif gave_up and not ok and not stats["down"]:
-            stats["down"] = True
+        if stats["down"] == down:
+            return
+        stats["down"] = down
+        if down:
             log.error("node %s marked down after %d retries (%s): its reads fail at once "
                       "until one succeeds", self.node_names[node], self.retries, error)
+        else:
+            log.warning("node %s answers again", self.node_names[node])
 
     def statistics(self) -> dict:
         return {name: dict(s, inflight=self.busy[i]) for i, (name, s)

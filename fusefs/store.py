@@ -117,20 +117,19 @@ class ChunkStore:
         the bytes wanted: read amplification is at most 2x, also for tiny samples."""
         ix = self.index
         sids = sorted(set(int(s) for s in sids), key=lambda s: (int(ix.chunk[s]), int(ix.offset[s])))
-        reads, wanted = [], []
+        reads, wanted = [], 0  # wanted: bytes of the samples in the last read
         for sid in sids:
             k, off, size = int(ix.chunk[sid]), int(ix.offset[sid]), int(ix.size[sid])
             if reads:
                 pk, poff, plen, members = reads[-1]
                 length = max(plen, off + size - poff)
-                want = wanted[-1] + size
                 if (pk == k and off - (poff + plen) <= max_gap and length <= max_read
-                        and length - want <= want):
+                        and length <= 2 * (wanted + size)):
                     reads[-1] = (pk, poff, length, members + [sid])
-                    wanted[-1] = want
+                    wanted += size
                     continue
             reads.append((k, off, size, [sid]))
-            wanted.append(size)
+            wanted = size
         return reads
 
     def read_batch(self, sids, max_gap: int = 256 << 10) -> tuple[dict, int, int]:

@@ -137,21 +137,7 @@ def test_injected_read_errors_are_retried_and_never_give_wrong_bytes(small_packe
 
 
 def test_two_mounts_on_the_volume_as_two_nodes_read_the_epoch_once(small_packed, tmp_path):
-    """Two mounts of one packed set on the volume stand in for two training nodes, one
-    HintedSampler process of a world of 2 on each: together they read every sample exactly
-    once, right bytes, each mount fetching only its own rank's share."""
-    from concurrent.futures import ProcessPoolExecutor
-    from test_hints import _rank_reads
+    """The two-node check of test_hints, on a set packed onto the GlusterFS volume."""
+    from test_hints import check_two_nodes
     packed, rels, digests = small_packed
-    rels = sorted(rels)
-    mnts = [str(tmp_path / f"node{k}") for k in range(2)]
-    with running_mount(packed, mnts[0], "--cache-size", "200%"), \
-            running_mount(packed, mnts[1], "--cache-size", "200%"):
-        with ProcessPoolExecutor(2) as pool:
-            shares = list(pool.map(_rank_reads, [(mnts[r], rels, r) for r in range(2)]))
-        assert sorted(r for share in shares for r, _ in share) == rels  # all, exactly once
-        assert all(h == digests[r] for share in shares for r, h in share)
-        for mnt, share in zip(mnts, shares):
-            s = json.load(open(os.path.join(mnt, ".fusefs", "stats")))
-            assert s["plans"]["0"]["length"] == len(share) == len(rels) // 2
-            assert s["backend_samples"] == len(share), s  # its own share, nothing else
+    check_two_nodes(packed, rels, digests, tmp_path)

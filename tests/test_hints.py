@@ -160,21 +160,26 @@ def _rank_reads(args):
     return got
 
 
-def test_two_mounts_as_two_nodes_read_the_epoch_once_each_prefetching_its_share(tricky, tmp_path):
-    """Two mounts of one packed set stand in for two training nodes, one process of a
-    world of 2 on each: together they read every sample once, each mount fetching only the
-    share of its own rank."""
-    src, dst, files = tricky
-    rels = sorted(k for k, v in files.items() if not k.endswith("/") and v)
-    rels = rels[:len(rels) // 2 * 2]  # even: no DistributedSampler padding
+def check_two_nodes(dst, rels, digests, tmp_path):
+    """Two mounts of the packed set dst stand in for two training nodes, one process of a
+    world of 2 on each: together they read every sample of rels (an even count) exactly
+    once, with the bytes of `digests` (xxh3), each mount fetching only its own share."""
+    rels = sorted(rels)
     mnts = [str(tmp_path / f"node{k}") for k in range(2)]
     with running_mount(dst, mnts[0], "--cache-size", "200%"), \
             running_mount(dst, mnts[1], "--cache-size", "200%"):
         with ProcessPoolExecutor(2) as pool:
             shares = list(pool.map(_rank_reads, [(mnts[r], rels, r) for r in range(2)]))
         assert sorted(r for share in shares for r, _ in share) == rels  # all, exactly once
-        assert all(h == xxhash.xxh3_64_intdigest(files[r]) for share in shares for r, h in share)
+        assert all(h == digests[r] for share in shares for r, h in share)
         for mnt, share in zip(mnts, shares):
             s = json.load(open(os.path.join(mnt, ".fusefs", "stats")))
             assert s["plans"]["0"]["length"] == len(share) == len(rels) // 2
             assert s["backend_samples"] == len(share), s  # its own share, nothing else
+
+
+def test_two_mounts_as_two_nodes_read_the_epoch_once_each_prefetching_its_share(tricky, tmp_path):
+    src, dst, files = tricky
+    rels = sorted(k for k, v in files.items() if not k.endswith("/") and v)
+    rels = rels[:len(rels) // 2 * 2]  # even: no DistributedSampler padding
+    check_two_nodes(dst, rels, {r: xxhash.xxh3_64_intdigest(files[r]) for r in rels}, tmp_path)

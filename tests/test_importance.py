@@ -17,7 +17,7 @@ from fusefs.mount import running_mount
 from trainer import ImportanceSampler, LossTracker, WithIndex, reevaluate, split_fluctuating
 
 from conftest import make_core
-from test_readahead import run_epoch
+from test_readahead import exact_within_budget, run_epoch
 
 
 class Paths(list):
@@ -172,12 +172,7 @@ def test_budget_never_exceeded_with_pins(three_nodes, data):
     budget = data.draw(st.integers(int(sizes.max()), int(sizes.sum())))
     static = data.draw(st.integers(0, budget))
     core = make_core(dst, cache_bytes=budget, static_bytes=static, batch=data.draw(st.integers(1, 16)))
-    paths = {i: os.fsdecode(core.index.file_path(i)) for i in range(n)}
-
-    def check(sid, blob):
-        assert blob == files[paths[sid]]
-        assert core.cache.used + core.cache.reserved <= budget
-
+    check = exact_within_budget(core, files)
     for epoch in range(2):
         ids = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=300))
         imp = data.draw(st.lists(st.floats(0, 10), min_size=len(ids), max_size=len(ids)))

@@ -199,6 +199,9 @@ class ImportanceSampler(Sampler):
             raise ValueError(f"keep must lie in (0, 1], got {k}")
         return float(k)
 
+    def _n_keep(self) -> int:
+        return max(1, int(round(self.keep_fraction() * self.n)))
+
     def reevaluation(self) -> list[int]:
         """The fluctuating samples to re-evaluate before this epoch's training (none during
         the warm-up). Their order is written to the mount now, so it fetches them first."""
@@ -214,14 +217,14 @@ class ImportanceSampler(Sampler):
         self.tracker.flush()
         return np.where(np.isfinite(self.tracker.last), self.tracker.last, np.inf)
 
-    def select(self) -> np.ndarray:
-        """This epoch's training indices, in their (shuffled) order."""
+    def select(self, imp: np.ndarray | None) -> np.ndarray:
+        """This epoch's training indices, in their (shuffled) order, given every sample's
+        importance (None: the warm-up, all samples)."""
         rng = np.random.default_rng((self.seed, self.epoch))
-        if not self.importance_phase:
+        if imp is None:
             return rng.permutation(self.n)
-        imp = self.importance()
         ranked = np.argsort(-imp, kind="stable")
-        n_keep = max(1, int(round(self.keep_fraction() * self.n)))
+        n_keep = self._n_keep()
         chosen, rest = ranked[:n_keep], ranked[n_keep:]
         if self.explore > 0 and len(rest):
             extra = rng.choice(rest, int(round(self.explore * len(rest))), replace=False)
@@ -229,11 +232,10 @@ class ImportanceSampler(Sampler):
         return rng.permutation(chosen)
 
     def __iter__(self):
-        idx = self.select()
-        imp = self.importance()[idx] if self.importance_phase else None
-        if imp is not None:
-            imp = np.minimum(imp, np.finfo(np.float32).max)  # finite, as the order needs
-        self._write(idx, imp)
+        imp = self.importance() if self.importance_phase else None
+        idx = self.select(imp)
+        # finite values, as the order file needs (an unseen sample's +inf becomes the max)
+        self._write(idx, None if imp is None else np.minimum(imp[idx], np.finfo(np.float32).max))
         self._selected = idx.tolist()
         return iter(self._selected)
 
@@ -242,7 +244,7 @@ class ImportanceSampler(Sampler):
             return len(self._selected)
         if not self.importance_phase:
             return self.n
-        n_keep = max(1, int(round(self.keep_fraction() * self.n)))
+        n_keep = self._n_keep()
         return n_keep + int(round(self.explore * (self.n - n_keep)))
 
     def _write(self, idx: np.ndarray, importance) -> None:
