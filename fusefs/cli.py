@@ -120,14 +120,30 @@ def cmd_mount(a) -> int:
         static = parse_size(a.static_cache, whole=cache)
         if static > cache:
             raise MountError(f"--static-cache {a.static_cache} is more than the cache budget")
+        local_bytes = 0
+        if a.local_cache:
+            local_bytes = default_local_size(a.local_cache, index.total_bytes) \
+                if a.local_cache_size is None else parse_size(a.local_cache_size, whole=index.total_bytes)
+        elif a.local_cache_size is not None:
+            raise MountError("--local-cache-size needs --local-cache DIR")
         serve(index, store, a.mnt, options=a.o or [], cache_bytes=cache, static_bytes=static,
-              per_node=a.per_node,
+              per_node=a.per_node, local_dir=a.local_cache, local_bytes=local_bytes,
               batch=a.batch, kernel_cache=a.kernel_cache, retries=a.retries,
               control_gid=parse_group(a.control_group))
     except (MountError, argparse.ArgumentTypeError) as e:
         print(f"fusefs mount: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def default_local_size(folder: str, dataset_bytes: int) -> int:
+    """Without --local-cache-size: the whole dataset, or 90% of the space free where the
+    folder is (or would be created), whichever is smaller."""
+    probe = os.path.abspath(folder)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    st = os.statvfs(probe)
+    return min(dataset_bytes, int(st.f_bavail * st.f_frsize * 0.9))
 
 
 def cmd_umount(a) -> int:
@@ -213,6 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--static-cache", default="0", metavar="SIZE",
                    help="part of the cache budget (bytes or %% of the budget, e.g. 30%%) that keeps "
                         "the samples of highest importance in the order across epochs (default 0)")
+    s.add_argument("--local-cache", metavar="DIR",
+                   help="a node-local folder (NVMe, /dev/shm) that keeps fetched samples across "
+                        "epochs and remounts: reads look in memory, then DIR, then the backend")
+    s.add_argument("--local-cache-size", metavar="SIZE",
+                   help="budget of --local-cache: bytes or %% of the dataset (default: the dataset, "
+                        "at most 90%% of the free space there)")
     s.add_argument("--per-node", type=int, default=4,
                    help="backend requests in flight per storage node (default 4)")
     s.add_argument("--batch", type=int, default=16, help="samples per backend request (default 16)")

@@ -56,6 +56,19 @@ class IdsFile(ControlFile):
         return self.core.ids_table()
 
 
+class ChunksFile(ControlFile):
+    """`.fusefs/chunks`: the chunk that holds each sample, u32 little-endian per id (for
+    chunk-block orders, trainer/orders.py)."""
+
+    name = b"chunks"
+
+    def __init__(self, core):
+        self.core = core
+
+    def render(self) -> bytes:
+        return self.core.index.chunk.astype("<u4").tobytes()
+
+
 class OrderFile(ControlFile):
     """`.fusefs/order.<rank>` (`order` is rank 0): the epoch's read order, see order.py.
 
@@ -92,7 +105,7 @@ class ControlNamespace:
     def __init__(self, core, base_ino: int):
         self.core = core
         self.base = base_ino
-        self.files: list[ControlFile] = [StatsFile(core), IdsFile(core)]
+        self.files: list[ControlFile] = [StatsFile(core), IdsFile(core), ChunksFile(core)]
         self.files += [OrderFile(core, rank) for rank in range(MAX_RANKS)]
         self._slots = {f.name: slot for slot, f in enumerate(self.files)}
         self._slots[b"order"] = self._slots[b"order.0"]

@@ -61,13 +61,15 @@ class Stats:
 
 class Core:
     def __init__(self, index: Index, store: ChunkStore, *, cache_bytes: int = 256 << 20,
-                 static_bytes: int = 0, per_node: int = 4, batch: int = 16, retries: int = 4, uid: int | None = None,
-                 gid: int | None = None, control_gid: int | None = None):
+                 static_bytes: int = 0, per_node: int = 4, batch: int = 16, retries: int = 4,
+                 local=None, uid: int | None = None, gid: int | None = None,
+                 control_gid: int | None = None):
         self.index = index
         self.store = store
         self.cache = SampleCache(cache_bytes, static_bytes)
         self.stats = Stats()
-        self.fetcher = Fetcher(store, per_node=per_node, batch=batch, retries=retries)
+        self.local = local  # the local cache tier (local.LocalTier) or None
+        self.fetcher = Fetcher(store, per_node=per_node, batch=batch, retries=retries, local=local)
         self.prefetcher = Prefetcher(self)
         self.plans: dict[int, Plan] = {}
         self.uid = os.getuid() if uid is None else uid
@@ -264,6 +266,8 @@ class Core:
         self.stats.orders_accepted += 1
         if self.cache.static:
             self._pick_pins()
+        if self.local is not None:
+            self.local.set_priorities(self._tier_priorities())
         self.cache.replan(self.next_use)
         log.info("rank %d: order of %d samples for epoch %d", rank, len(order), order.epoch)
         self.prefetcher.wake()
@@ -279,6 +283,32 @@ class Core:
             ids, imp = np.zeros(0, np.int64), np.zeros(0, np.float32)
         self.cache.set_pins(ids, imp, self.index.size)
 
+    def _tier_priorities(self) -> np.ndarray:
+        """What the local tier keeps when full (higher stays): the orders' importance values
+        when they carry them, else how soon the orders need a sample (minus its position);
+        -inf for samples no order names (and, without importance, once used for the last
+        time, see use())."""
+        prio = np.full(self.index.n_files, -np.inf)
+        for plan in self.plans.values():
+            if plan.importance is not None:
+                val = plan.importance.astype(np.float64)
+            else:
+                val = -np.arange(len(plan.ids), dtype=np.float64)
+                if any(p.importance is not None for p in self.plans.values()):
+                    continue  # importance, where some order has it, outranks position
+            # the first occurrence wins (reversed assignment keeps the earliest)
+            cur = np.full(self.index.n_files, -np.inf)
+            cur[plan.ids[::-1]] = val[::-1]
+            np.maximum(prio, cur, out=prio)
+        return prio
+
+    def _tier_priority_after_use(self, sid: int) -> float:
+        """The priority sid has once the use it is being fetched for is over."""
+        prio = float(self.local.priority[sid])
+        if any(p.importance is not None for p in self.plans.values()):
+            return prio
+        return prio if any(p.remaining(sid) > 1 for p in self.plans.values()) else -np.inf
+
     def next_use(self, sid: int) -> int | None:
         """How many positions ahead of its plan's cursor sid is needed next (None: never)."""
         best = None
@@ -293,8 +323,11 @@ class Core:
         for plan in self.plans.values():
             if plan.remaining(sid) > 0:
                 for done in plan.use(sid):
-                    if self.next_use(done) is None and self.cache.release(done):
-                        self.stats.evicted_after_use += 1
+                    if self.next_use(done) is None:
+                        if self.cache.release(done):
+                            self.stats.evicted_after_use += 1
+                        if self.local is not None and plan.importance is None:
+                            self.local.priority[done] = -np.inf
                 self.prefetcher.wake()
                 return
 
@@ -378,6 +411,8 @@ class Core:
                           self.fetcher.node_names[self.fetcher.node_of(sid)],
                           self.store.chunk_path(chunk), os.fsdecode(self.index.file_path(sid)), result)
             return
+        if self.local is not None and sid not in self.local:
+            self.local.offer(sid, result, self._tier_priority_after_use(sid))
         nxt = self.next_use(sid)
         if nxt is None and prefetched:
             return  # read ahead for an order that has since been replaced
@@ -402,6 +437,8 @@ class Core:
                    corrupt_samples=len(self.corrupt), cache_static=self.cache.static,
                    pinned_samples=self.cache.pinned_samples, pinned_bytes=self.cache.pinned_bytes,
                    pins_picked=len(self.cache.pin_set),
+                   local_hits=self.local.hits if self.local is not None else 0,
+                   local=self.local.statistics() if self.local is not None else None,
                    nodes=self.fetcher.statistics())
         plans = {}
         for rank, plan in self.plans.items():

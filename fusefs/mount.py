@@ -17,6 +17,7 @@ import trio
 from .core import Core
 from .fs import KernelCache, Operations
 from .index import INDEX_NAME, Index, IndexFormatError
+from .local import LocalTier, LocalTierError
 from .store import ChunkStore, StoreError
 
 log = logging.getLogger("fusefs")
@@ -60,8 +61,10 @@ def tune_malloc() -> None:
 
 def serve(index: Index, store: ChunkStore, mnt: str, *, options: list[str] = (),
           cache_bytes: int = 256 << 20, static_bytes: int = 0, per_node: int = 4, batch: int = 16,
-          kernel_cache: bool = True, retries: int = 4, control_gid: int | None = None) -> None:
-    """Mount the dataset at mnt and serve until unmounted or SIGINT/SIGTERM (foreground)."""
+          kernel_cache: bool = True, retries: int = 4, control_gid: int | None = None,
+          local_dir: str | None = None, local_bytes: int = 0) -> None:
+    """Mount the dataset at mnt and serve until unmounted or SIGINT/SIGTERM (foreground).
+    local_dir: a folder for the local cache tier of local_bytes (see local.py)."""
     if clear_dead_mount(mnt):
         log.warning("%s was a dead mount (its daemon had died): cleared it", mnt)
     if not os.path.isdir(mnt):
@@ -69,13 +72,24 @@ def serve(index: Index, store: ChunkStore, mnt: str, *, options: list[str] = (),
     if os.path.ismount(mnt):
         raise MountError(f"{mnt}: something is already mounted there")
     tune_malloc()
+    local = None
+    if local_dir is not None:
+        try:
+            local = LocalTier(local_dir, local_bytes, index)
+        except LocalTierError as e:
+            raise MountError(str(e)) from None
     core = Core(index, store, cache_bytes=cache_bytes, static_bytes=static_bytes,
-                per_node=per_node, batch=batch,
+                per_node=per_node, batch=batch, local=local,
                 retries=retries, control_gid=control_gid)
     if kernel_cache:
         core.kernel = KernelCache()
     ops = Operations(core)
-    pyfuse3.init(ops, mnt, fuse_options(list(options)))
+    try:
+        pyfuse3.init(ops, mnt, fuse_options(list(options)))
+    except BaseException:
+        if local is not None:
+            local.close()
+        raise
     log.info("mounted %s at %s: %d samples, %d chunks on %d node(s)", store.root, mnt, index.n_files,
              len(index.chunks), len(index.nodes))
     clean = False
@@ -85,6 +99,8 @@ def serve(index: Index, store: ChunkStore, mnt: str, *, options: list[str] = (),
     finally:
         pyfuse3.close(unmount=clean)
         store.close()
+        if local is not None:
+            local.close()
         if not clean:  # an unexpected error: do not leave a dead mount behind
             subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
         log.info("unmounted %s", mnt)

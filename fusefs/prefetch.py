@@ -47,8 +47,9 @@ class Fetcher:
     """
 
     def __init__(self, store, *, per_node: int = 4, batch: int = 16, max_gap: int = 256 << 10,
-                 retries: int = 4, backoff: float = 0.1):
+                 retries: int = 4, backoff: float = 0.1, local=None):
         self.store = store
+        self.local = local  # a LocalTier looked in before the backend, or None
         index = store.index
         self.chunk_node = np.array([c.node for c in index.chunks], dtype=np.int32)
         self.node_names = list(index.nodes)
@@ -79,6 +80,8 @@ class Fetcher:
         self.busy[node] += 1
         stats = self.node_stats[node]
 
+        from_local = set()
+
         def finish(sid, r):
             p = pendings.pop(sid)
             if isinstance(r, Exception):
@@ -86,7 +89,8 @@ class Fetcher:
                 stats["failed_samples"] += 1
             else:
                 p.data = r
-                stats["samples"] += 1
+                if sid not in from_local:
+                    stats["samples"] += 1
             del self.inflight[sid]
             p.event.set()
             deliver(sid, r)
@@ -95,22 +99,25 @@ class Fetcher:
             todo, attempt = sids, 0
             while todo:
                 try:
-                    results, nreads, nbytes = await trio.to_thread.run_sync(
-                        self.store.read_batch, todo, self.max_gap, limiter=self.limiters[node])
+                    results, nreads, nbytes, local = await trio.to_thread.run_sync(
+                        self._read, todo, limiter=self.limiters[node])
                 except Exception as e:  # a bug, not a backend error (read_batch returns those)
                     log.exception("fetch of %d samples from node %s failed", len(todo),
                                   self.node_names[node])
-                    results, nreads, nbytes = {s: OSError(errno.EIO, f"internal error: {e}")
-                                               for s in todo}, 0, 0
-                stats["requests"] += 1
+                    results, nreads, nbytes, local = {s: OSError(errno.EIO, f"internal error: {e}")
+                                                      for s in todo}, 0, 0, ()
+                from_local.update(local)
+                backend = len(todo) - len(local)
+                if backend:
+                    stats["requests"] += 1
                 stats["reads"] += nreads
                 stats["bytes"] += nbytes
                 failed = [s for s in todo if isinstance(results[s], OSError)
                           and not isinstance(results[s], CorruptSample)]
                 stats["errors"] += len(failed)
-                if len(failed) < len(todo):  # the node answered
+                if len(failed) < backend:  # the node answered
                     self._set_down(node, False)
-                elif attempt >= self.retries or stats["down"]:
+                elif failed and (attempt >= self.retries or stats["down"]):
                     self._set_down(node, True, results[failed[0]])
                 retry = failed if attempt < self.retries and not stats["down"] else []
                 for sid in todo:
@@ -127,6 +134,14 @@ class Fetcher:
             self.busy[node] -= 1
             for sid in list(pendings):
                 finish(sid, OSError(errno.EIO, "fetch cancelled"))
+
+    def _read(self, sids: list[int]):
+        """(results, backend reads, backend bytes, sids served by the local tier); blocking."""
+        got = self.local.read_many(sids) if self.local is not None else {}
+        rest = [s for s in sids if s not in got]
+        results, nreads, nbytes = self.store.read_batch(rest, self.max_gap) if rest else ({}, 0, 0)
+        results.update(got)
+        return results, nreads, nbytes, got.keys()
 
     def _set_down(self, node: int, down: bool, error=None) -> None:
         stats = self.node_stats[node]
@@ -155,6 +170,8 @@ class Prefetcher:
     `low_water` bytes of the budget are free (hysteresis), so each refill is large enough
     to give every node full batches instead of a trickle of one-sample requests.
     """
+
+    MAX_BATCH_BYTES = 16 << 20
 
     def __init__(self, core):
         self.core = core
@@ -240,11 +257,20 @@ class Prefetcher:
                 self.heads[rank] = pos + 1
 
     def dispatch(self) -> None:
-        """Start queued batches of up to k samples on every node with a free slot."""
+        """Start queued batches of up to k samples on every node with a free slot. A batch
+        that ends inside a run of queued samples of one chunk (a chunk-block order) takes
+        the rest of that run too, up to 16 MiB: the chunk is then read in one request."""
         fetcher = self.core.fetcher
+        chunk, sizes = self.core.index.chunk, self.core.index.size
         for node, q in enumerate(self.queues):
             while q and self.running[node] < fetcher.per_node:
-                batch = q[:fetcher.batch]
+                end = min(len(q), fetcher.batch)
+                nbytes = int(sizes[q[:end]].sum())
+                while (end < len(q) and chunk[q[end]] == chunk[q[end - 1]]
+                       and nbytes + int(sizes[q[end]]) <= self.MAX_BATCH_BYTES):
+                    nbytes += int(sizes[q[end]])
+                    end += 1
+                batch = q[:end]
                 del q[:len(batch)]
                 for sid in batch:
                     del self.queued[sid]

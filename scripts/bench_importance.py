@@ -64,7 +64,8 @@ def train(mnt: str, test: str, mode: str, a, epochs: int) -> list[dict]:
             row = json.loads(line)
             rows.append(row)
             print(f"  {mode:<10} epoch {row['epoch']:2d}: trained {row['trained']:5d} "
-                  f"re-evaluated {row['reevaluated']:5d}  {row['seconds']:6.2f} s  "
+                  f"re-evaluated {row['reevaluated']:5d}  {row['seconds']:6.2f} s "
+                  f"(split {row['split_s']:.2f}, re-eval {row['reeval_s']:.2f})  "
                   f"backend {row.get('backend_bytes', 0) / 1e6:7.1f} MB  test acc {row['test_acc']:.4f}",
                   flush=True)
     if p.returncode:

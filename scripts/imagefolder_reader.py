@@ -7,11 +7,13 @@ fusefs's own: the "unmodified training code" case. Prints one JSON line:
   a checksum of the decoded tensors.
 
 usage: imagefolder_reader.py ROOT [--workers N] [--batch B] [--epochs E] [--decode] [--shuffle]
-                              [--hinted] [--drop-caches]
+                              [--hinted [--mode random|chunks|echo] [--group G]] [--drop-caches]
 
 --hinted uses trainer.HintedSampler (the two-line change; needs the repository on
 PYTHONPATH); on a fusefs mount, the daemon's statistics after each epoch's first batch
-and at its end are included. --drop-caches empties the page cache before each epoch.
+and at its end are included; --mode picks HintedSampler's order mode (chunk-block orders
+with --group G chunks per shuffle group, or data echoing). --drop-caches empties the page
+cache before each epoch.
 """
 import argparse
 import hashlib
@@ -44,6 +46,8 @@ def main():
     p.add_argument("--shuffle", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hinted", action="store_true", help="shuffle with trainer.HintedSampler")
+    p.add_argument("--mode", default="random", choices=("random", "chunks", "echo"))
+    p.add_argument("--group", type=int, default=1)
     p.add_argument("--drop-caches", action="store_true")
     p.add_argument("--no-digests", action="store_true", help="skip the byte-check passes")
     a = p.parse_args()
@@ -61,7 +65,7 @@ def main():
     sampler = None
     if a.hinted:
         from trainer import HintedSampler
-        sampler = HintedSampler(ds, seed=a.seed)
+        sampler = HintedSampler(ds, seed=a.seed, mode=a.mode, group=a.group, batch_size=a.batch)
     for epoch in range(a.epochs):
         if a.drop_caches:
             os.sync()

@@ -11,6 +11,10 @@ cache. --drop-caches empties the page cache before each epoch (the backend's inc
 
 usage: train_importance.py ROOT TEST --mode full|importance [--epochs 15] [--keep 0.7]
                            [--warmup 3] [--seed 0] [--workers 2] [--batch 64] [--drop-caches]
+                           [--order random|chunks|echo] [--group G]
+
+--order (with --mode full) trains on HintedSampler's order modes: chunk-block orders with
+G chunks per shuffle group, or data echoing (trainer/orders.py).
 """
 import argparse
 import json
@@ -65,6 +69,8 @@ def main():
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--drop-caches", action="store_true")
+    p.add_argument("--order", default="random", choices=("random", "chunks", "echo"))
+    p.add_argument("--group", type=int, default=1)
     a = p.parse_args()
 
     torch.manual_seed(a.seed)
@@ -78,12 +84,15 @@ def main():
     criterion = nn.CrossEntropyLoss(reduction="none")
     tracker = LossTracker(len(train), window=a.warmup)
     if a.mode == "full":
-        sampler = HintedSampler(train, seed=a.seed)
+        sampler = HintedSampler(train, seed=a.seed, mode=a.order, group=a.group, batch_size=a.batch)
     else:
         sampler = ImportanceSampler(train, tracker, keep=a.keep, warmup=a.warmup, seed=a.seed)
     indexed = WithIndex(train)
     loader = DataLoader(indexed, batch_size=a.batch, sampler=sampler, num_workers=a.workers,
                         persistent_workers=a.workers > 0)
+    if a.mode == "importance":  # one loader for every epoch's re-evaluation: no new workers
+        reloader = DataLoader(indexed, batch_size=256, sampler=sampler.reevaluation_sampler,
+                              num_workers=a.workers, persistent_workers=a.workers > 0)
     for epoch in range(a.epochs):
         if a.drop_caches:
             os.sync()
@@ -93,9 +102,10 @@ def main():
         t0 = time.perf_counter()
         sampler.set_epoch(epoch)
         n_re = 0
+        t_split = time.perf_counter()
         if a.mode == "importance":
-            n_re = reevaluate(model, indexed, sampler.reevaluation(), criterion, tracker,
-                              batch_size=256, num_workers=a.workers)
+            n_re = reevaluate(model, reloader, sampler.reevaluation(), criterion, tracker)
+        t_re = time.perf_counter()
         trained = 0
         for x, y, idx in loader:
             losses = criterion(model(x), y)
@@ -108,8 +118,9 @@ def main():
         sched.step()
         seconds = time.perf_counter() - t0
         s1 = mount_stats(a.root)
-        row = {"epoch": epoch, "mode": a.mode, "trained": trained, "reevaluated": n_re,
-               "seconds": round(seconds, 3), "samples_per_s": round((trained + n_re) / seconds, 1),
+        row = {"epoch": epoch, "mode": a.mode, "order": a.order, "trained": trained, "reevaluated": n_re,
+               "seconds": round(seconds, 3), "split_s": round(t_split - t0, 3),
+               "reeval_s": round(t_re - t_split, 3), "samples_per_s": round((trained + n_re) / seconds, 1),
                "test_acc": round(accuracy(model, test), 4)}
         if s1:
             served = lambda s: s["hits"] + s["read_waits"] + s["misses"]  # noqa: E731

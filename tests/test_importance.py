@@ -137,6 +137,43 @@ def test_reevaluate_records_losses_of_the_named_samples():
     assert np.isnan(tracker.last[0]) and model.training
 
 
+class _Rows(Paths):
+    """Paths for the sampler, (x, 0) rows for the loader."""
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i)]), torch.tensor(0.0)
+
+
+def test_one_persistent_loader_reevaluates_each_epochs_set():
+    n = 40
+    ds = _Rows(f"/x/{i}" for i in range(n))
+    tracker = LossTracker(n)
+    s = ImportanceSampler(ds, tracker, keep=0.5, warmup=2, write=False)
+    loader = torch.utils.data.DataLoader(WithIndex(ds), batch_size=8, num_workers=2,
+                                         sampler=s.reevaluation_sampler, persistent_workers=True)
+    model = torch.nn.Linear(1, 1)
+    torch.nn.init.ones_(model.weight), torch.nn.init.zeros_(model.bias)
+    square = lambda out, y: (out.squeeze(1) - y) ** 2  # noqa: E731
+    rng = np.random.default_rng(3)
+    seen = []
+    for epoch in range(4):
+        s.set_epoch(epoch)
+        want = s.reevaluation()
+        assert (epoch < 2) == (want == [])
+        if epoch == 3:  # a different set in a later epoch reaches the same workers
+            s.fluctuating = ~s.fluctuating
+            inverted, want = set(want), s.reevaluation()
+            assert inverted.isdisjoint(want) and len(inverted) + len(want) == n
+        tracker.record(np.arange(n), rng.uniform(0, 1, n))  # training stand-in
+        before = tracker.last.copy()
+        assert reevaluate(model, loader, want, square, tracker) == len(want)
+        changed = np.flatnonzero(tracker.last != before)
+        assert set(changed) <= set(want) and all(tracker.last[i] == i * i for i in want)
+        seen.append(set(want))
+        tracker.end_epoch()
+    assert seen[2] and seen[3] and seen[2] != seen[3]
+
+
 # ---- the mount's side ---------------------------------------------------------------
 def test_pinned_samples_survive_epochs_and_serve_the_next_one(three_nodes):
     dst, files = three_nodes

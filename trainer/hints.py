@@ -25,6 +25,8 @@ from torch.utils.data import Sampler
 
 from fusefs import order as orderfmt  # numpy only: no FUSE packages needed here
 
+from .orders import chunk_block_order, echo_fresh, echo_order
+
 CONTROL = ".fusefs"
 
 
@@ -52,6 +54,12 @@ def mount_ids(mount: str) -> dict[bytes, int]:
             names = f.read().split(b"\0")[:-1]
         table = _ID_TABLES[mount] = {name: i for i, name in enumerate(names)}
     return table
+
+
+def mount_chunks(mount: str) -> np.ndarray:
+    """sample id -> the chunk that holds it, from `MNT/.fusefs/chunks` (u32 per id)."""
+    with open(os.path.join(os.path.abspath(mount), CONTROL, "chunks"), "rb") as f:
+        return np.frombuffer(f.read(), dtype="<u4").astype(np.int64)
 
 
 def paths_to_ids(paths, mount: str | None = None) -> np.ndarray:
@@ -107,12 +115,24 @@ class HintedSampler(Sampler):
     The order goes to the mount's file `order.<local_rank>`: one mount per node serves the
     training processes of that node, each with its own order file. local_rank defaults to
     the LOCAL_RANK environment variable (set by torchrun), else to rank.
+
+    mode (see trainer/orders.py for the trade-offs):
+      "random"  the full shuffle above (default);
+      "chunks"  chunk-block order with `group` chunks per shuffle group (the chunk layout
+                comes from the mount, or pass `chunks`: the chunk of each dataset index);
+      "echo"    data echoing: half the data set fresh, each fresh sample repeated once one
+                or two batches later (`batch_size` must be the DataLoader's).
+    In these modes ranks take contiguous slices of the epoch's order (padded to equal
+    length as DistributedSampler pads), so each keeps its chunks and echo pairs.
     """
+
+    MODES = ("random", "chunks", "echo")
 
     def __init__(self, dataset, mount: str | None = None, num_replicas: int | None = None,
                  rank: int | None = None, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, importance=None, write: bool = True,
-                 local_rank: int | None = None):
+                 local_rank: int | None = None, mode: str = "random", group: int = 1,
+                 batch_size: int | None = None, chunks=None):
         self.paths = dataset_paths(dataset)
         self.n = len(self.paths)
         self.write = write and bool(self.paths)
@@ -129,6 +149,24 @@ class HintedSampler(Sampler):
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.importance = importance
         self.epoch = 0
+        if mode not in self.MODES:
+            raise ValueError(f"mode must be one of {', '.join(self.MODES)}, got {mode!r}")
+        self.mode, self.group, self.batch_size = mode, group, batch_size
+        self.chunk_of = None
+        if mode == "chunks":
+            if group < 1:
+                raise ValueError(f"group must be at least 1, got {group}")
+            if chunks is not None:
+                self.chunk_of = np.asarray(chunks, dtype=np.int64)
+            elif self.ids is not None:
+                self.chunk_of = mount_chunks(self.mount)[self.ids]
+            else:
+                raise ValueError("mode='chunks' needs the chunk layout: a dataset on a fusefs "
+                                 "mount, or chunks=<the chunk of each index>")
+            if len(self.chunk_of) != self.n:
+                raise ValueError(f"chunks has {len(self.chunk_of)} entries, the dataset {self.n}")
+        if mode == "echo" and not batch_size:
+            raise ValueError("mode='echo' needs batch_size (the DataLoader's)")
         if self.distributed and drop_last and self.n % self.num_replicas:
             self.num_samples = math.ceil((self.n - self.num_replicas) / self.num_replicas)
         else:
@@ -138,8 +176,25 @@ class HintedSampler(Sampler):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def _epoch_order(self) -> list[int]:
+        if self.mode == "chunks":
+            return chunk_block_order(self.chunk_of, self.group,
+                                     np.random.default_rng((self.seed, self.epoch))).tolist()
+        return echo_order(self.n, self.batch_size, self.epoch, self.seed).tolist()
+
     def indices(self) -> list[int]:
         """This epoch's dataset indices for this rank (what __iter__ yields)."""
+        if self.mode != "random":
+            idx = self._epoch_order()
+            if not self.distributed:
+                return idx
+            per = math.ceil(len(idx) / self.num_replicas)
+            if self.drop_last:
+                per = len(idx) // self.num_replicas
+            else:
+                idx += (idx * math.ceil(per * self.num_replicas / max(1, len(idx))))[
+                    :per * self.num_replicas - len(idx)]
+            return idx[self.rank * per:(self.rank + 1) * per]
         if self.shuffle:
             g = torch.Generator()
             g.manual_seed(self.seed + self.epoch)
@@ -167,4 +222,9 @@ class HintedSampler(Sampler):
         return iter(idx)
 
     def __len__(self) -> int:
+        if self.mode == "echo":
+            total = 2 * len(echo_fresh(self.n, self.epoch, self.seed))
+            if not self.distributed:
+                return total
+            return total // self.num_replicas if self.drop_last else math.ceil(total / self.num_replicas)
         return self.num_samples if self.distributed else self.n

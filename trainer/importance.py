@@ -179,6 +179,10 @@ class ImportanceSampler(Sampler):
         self.fluctuating = np.zeros(self.n, dtype=bool)
         self.split_epoch = -1  # epoch of the last split (-1: none yet)
         self._selected: list[int] | None = None
+        self._reevaluating: list[int] = []
+        #: yields the current reevaluation() set: a sampler for one persistent DataLoader
+        #: that re-evaluates every epoch without starting new worker processes
+        self.reevaluation_sampler = _CurrentList(self)
 
     # ---- per epoch -------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -206,10 +210,12 @@ class ImportanceSampler(Sampler):
         """The fluctuating samples to re-evaluate before this epoch's training (none during
         the warm-up). Their order is written to the mount now, so it fetches them first."""
         if not self.importance_phase:
+            self._reevaluating = []
             return []
         idx = np.flatnonzero(self.fluctuating)
         self._write(idx, None)
-        return idx.tolist()
+        self._reevaluating = idx.tolist()
+        return self._reevaluating
 
     def importance(self) -> np.ndarray:
         """Each sample's importance: its last recorded loss (unknown: +inf, so an unseen
@@ -265,17 +271,37 @@ class ImportanceSampler(Sampler):
         self._selected = None
 
 
+class _CurrentList(Sampler):
+    """The sampler's current re-evaluation set, read at each iteration."""
+
+    def __init__(self, owner: ImportanceSampler):
+        self.owner = owner
+
+    def __iter__(self):
+        return iter(list(self.owner._reevaluating))
+
+    def __len__(self) -> int:
+        return len(self.owner._reevaluating)
+
+
 @torch.no_grad()
 def reevaluate(model, indexed_dataset, indices, criterion, tracker: LossTracker, *,
                batch_size: int = 256, num_workers: int = 0, device=None) -> int:
     """Forward pass without gradients over `indices` of a `WithIndex` dataset; records
-    each sample's loss (criterion with reduction='none'). Returns the samples evaluated."""
+    each sample's loss (criterion with reduction='none'). Returns the samples evaluated.
+
+    `indexed_dataset` may instead be a DataLoader built once over the `WithIndex` dataset
+    with `sampler=importance_sampler.reevaluation_sampler` (persistent workers): it then
+    yields this epoch's set and `indices` only says whether there is one."""
     if not len(indices):
         return 0
     was_training = model.training
     model.eval()
-    loader = DataLoader(Subset(indexed_dataset, list(indices)), batch_size=batch_size,
-                        num_workers=num_workers, shuffle=False)
+    if isinstance(indexed_dataset, DataLoader):
+        loader = indexed_dataset
+    else:
+        loader = DataLoader(Subset(indexed_dataset, list(indices)), batch_size=batch_size,
+                            num_workers=num_workers, shuffle=False)
     done = 0
     try:
         for x, y, idx in loader:

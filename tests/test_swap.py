@@ -1,0 +1,120 @@
+"""The activation-swap scheduler (issue 7): identical gradients, the Q update, epsilon-greedy
+choice, convergence on a toy reward, unswappable layer types never swapped."""
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from trainer import SwapHooks, SwapScheduler
+
+
+def cnn():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 8 * 8, 10))
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.GELU(), nn.LayerNorm(64),
+                         nn.Linear(64, 5))
+
+
+def grads(model, x, y, swap_all: bool):
+    hooks = None
+    if swap_all:
+        hooks = SwapHooks(model, {type(m) for m in model.modules()} - {nn.Sequential})
+        for t in hooks.swap:
+            hooks.swap[t] = True
+    model.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    out = [p.grad.clone() for p in model.parameters()]
+    if hooks:
+        assert hooks.swapped_bytes > 0
+        hooks.remove()
+    return out
+
+
+@pytest.mark.parametrize("make,shape,classes", [(cnn, (16, 1, 16, 16), 10), (mlp, (32, 20), 5)])
+def test_gradients_identical_with_and_without_swapping(make, shape, classes):
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, classes, (shape[0],), generator=torch.Generator().manual_seed(2))
+    plain = grads(make(), x, y, False)
+    swapped = grads(make(), x, y, True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, swapped))
+
+
+def test_q_update_on_hand_computed_values():
+    s = SwapScheduler(cnn())
+    s.q[3, 1], s.q[5, 2] = 1.0, 2.0
+    # 1 + 0.5 * (0.5 + 0.9 * 2 - 1) = 1.65
+    assert s.update(3, 1, 0.5, 5, 2) == pytest.approx(1.65)
+    assert s.q[3, 1] == pytest.approx(1.65)
+
+
+def test_epsilon_greedy_choice():
+    s = SwapScheduler(cnn(), seed=1)
+    s.q[0] = np.arange(s.n_actions)[::-1]  # action 0 is best
+    s.epsilon = 0.0
+    assert all(s.choose(0) == 0 for _ in range(20))
+    s.epsilon = 1.0
+    picks = np.bincount([s.choose(0) for _ in range(3000)], minlength=s.n_actions)
+    assert picks.min() > 3000 / s.n_actions * 0.7  # every action, roughly uniformly
+
+
+def test_converges_to_the_best_plan_on_a_toy_reward():
+    s = SwapScheduler(cnn(), w=0.5, seed=0, epsilon_decay=0.97, patience=5)
+    names = [t.__name__ for t in s.types]
+    # per type: (share of memory saved, share of time added) when swapped
+    effect = {"Conv2d": (0.30, 0.02), "BatchNorm2d": (0.10, 0.01), "ReLU": (0.25, 0.01),
+              "MaxPool2d": (0.05, 0.20), "Linear": (0.02, 0.40)}
+
+    def measure(plan):
+        on = [names[i] for i in range(len(names)) if plan >> i & 1]
+        return 1.0 + sum(effect[n][1] for n in on), 1.0 - sum(effect[n][0] for n in on)
+
+    for _ in range(600):
+        s.observe(*measure(s.plan))
+        if s.converged:
+            break
+    best = max(range(2 ** len(names)), key=lambda p: s.reward(*measure(p)))
+    assert s.converged and s.plan == best
+    assert s.plan_dict() == {"Conv2d": True, "BatchNorm2d": True, "ReLU": True,
+                             "MaxPool2d": False, "Linear": False}
+
+
+class SparseSave(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x.detach().to_sparse())  # backward needs a sparse tensor back
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (sp,) = ctx.saved_tensors
+        assert sp.layout == torch.sparse_coo
+        return g * 2
+
+
+class SparseLayer(nn.Module):
+    def forward(self, x):
+        return SparseSave.apply(x)
+
+
+def test_never_swaps_a_type_backward_cannot_bring_back(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), SparseLayer(), nn.ReLU(), nn.Linear(16, 2))
+    s = SwapScheduler(model, types=(nn.Linear, SparseLayer, nn.ReLU), seed=0, epsilon=1.0,
+                      epsilon_decay=1.0, steps_per_round=1)
+    x, y = torch.randn(32, 8), torch.randint(0, 2, (32,))
+    for _ in range(40):
+        with s.step():
+            nn.functional.cross_entropy(model(x), y).backward()
+        assert not s.hooks.swap[SparseLayer]
+    assert SparseLayer in s.hooks.unswappable
+    k = s.types.index(SparseLayer)
+    assert not s.allowed(0, k)
+    s.save(str(tmp_path / "q.npz"))
+    again = SwapScheduler(model, types=(nn.Linear, SparseLayer, nn.ReLU))
+    again.load(str(tmp_path / "q.npz"))
+    assert np.array_equal(again.q, s.q)
