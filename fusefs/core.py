@@ -275,7 +275,7 @@ class Core:
     def _pick_pins(self) -> None:
         """Pin the samples of highest importance over all ranks' orders (none if no order
         carries importance values: then the cache works exactly as without pins)."""
-        plans = [p for p in self.plans.values() if p.importance is not None]
+        plans = self._importance_plans()
         if plans:
             ids = np.concatenate([p.ids for p in plans])
             imp = np.concatenate([p.importance for p in plans])
@@ -285,29 +285,27 @@ class Core:
 
     def _tier_priorities(self) -> np.ndarray:
         """What the local tier keeps when full (higher stays): the orders' importance values
-        when they carry them, else how soon the orders need a sample (minus its position);
-        -inf for samples no order names (and, without importance, once used for the last
-        time, see use())."""
+        where some order carries them, else how soon the orders need a sample (minus its
+        position); -inf for samples no such order names (and, without importance, once
+        used for the last time, see use())."""
         prio = np.full(self.index.n_files, -np.inf)
-        for plan in self.plans.values():
-            if plan.importance is not None:
-                val = plan.importance.astype(np.float64)
-            else:
-                val = -np.arange(len(plan.ids), dtype=np.float64)
-                if any(p.importance is not None for p in self.plans.values()):
-                    continue  # importance, where some order has it, outranks position
-            # the first occurrence wins (reversed assignment keeps the earliest)
+        plans = self._importance_plans() or list(self.plans.values())
+        for plan in plans:
+            val = (plan.importance.astype(np.float64) if plan.importance is not None
+                   else -np.arange(len(plan.ids), dtype=np.float64))
             cur = np.full(self.index.n_files, -np.inf)
-            cur[plan.ids[::-1]] = val[::-1]
+            cur[plan.ids[::-1]] = val[::-1]  # reversed: the first occurrence wins
             np.maximum(prio, cur, out=prio)
         return prio
 
+    def _importance_plans(self) -> list:
+        return [p for p in self.plans.values() if p.importance is not None]
+
     def _tier_priority_after_use(self, sid: int) -> float:
         """The priority sid has once the use it is being fetched for is over."""
-        prio = float(self.local.priority[sid])
-        if any(p.importance is not None for p in self.plans.values()):
-            return prio
-        return prio if any(p.remaining(sid) > 1 for p in self.plans.values()) else -np.inf
+        if self._importance_plans() or any(p.remaining(sid) > 1 for p in self.plans.values()):
+            return float(self.local.priority[sid])
+        return -np.inf
 
     def next_use(self, sid: int) -> int | None:
         """How many positions ahead of its plan's cursor sid is needed next (None: never)."""
@@ -411,7 +409,7 @@ class Core:
                           self.fetcher.node_names[self.fetcher.node_of(sid)],
                           self.store.chunk_path(chunk), os.fsdecode(self.index.file_path(sid)), result)
             return
-        if self.local is not None and sid not in self.local:
+        if self.local is not None and sid not in self.local:  # (cheap test first)
             self.local.offer(sid, result, self._tier_priority_after_use(sid))
         nxt = self.next_use(sid)
         if nxt is None and prefetched:

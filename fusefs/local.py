@@ -28,6 +28,7 @@ import logging
 import os
 import queue
 import threading
+import time
 
 import numpy as np
 
@@ -141,13 +142,15 @@ class LocalTier:
                     why = "checksum mismatch"
             if why is None:
                 out[sid] = data
-                self.hits += 1
-                self.hit_bytes += len(data)
                 continue
             log.warning("local cache: %s: %s; ignored, the backend serves it", path, why)
             with self._mutex:
                 self.corrupt += 1
                 self._drop(sid)
+        if out:  # (worker threads call this concurrently)
+            with self._mutex:
+                self.hits += len(out)
+                self.hit_bytes += sum(len(d) for d in out.values())
         return out
 
     # ---- writing -----------------------------------------------------------------------
@@ -239,7 +242,6 @@ class LocalTier:
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until the queued writes are done (tests, benchmarks); False on timeout."""
-        import time
         deadline = time.monotonic() + timeout
         while self._queue.unfinished_tasks:
             if time.monotonic() > deadline:

@@ -189,13 +189,16 @@ def running_mount(dst, mnt, *args, timeout: float = 60.0, python: str = sys.exec
     """`fusefs mount DST MNT ARGS` in a child process; yield (process, log path).
 
     Always cleaned up: `fusermount3 -u -z` while MNT is in /proc/mounts, then wait,
-    terminate, kill. For tests, demos and benchmarks.
+    terminate, kill. And if the owner dies without cleaning up (SIGKILL, or a SIGTERM that
+    skips `finally`), the daemon gets SIGTERM from the kernel and unmounts itself, so a
+    killed test or benchmark leaves no mount behind. For tests, demos and benchmarks.
     """
     os.makedirs(mnt, exist_ok=True)
     log_path = f"{mnt}.log"
     with open(log_path, "wb") as logf:
         proc = subprocess.Popen([python, "-m", "fusefs", "mount", str(dst), str(mnt), *map(str, args)],
-                                stdout=logf, stderr=subprocess.STDOUT)
+                                stdout=logf, stderr=subprocess.STDOUT,
+                                preexec_fn=_die_with(os.getpid()))
     try:
         deadline = time.monotonic() + timeout
         while not is_mounted(mnt):
@@ -207,6 +210,16 @@ def running_mount(dst, mnt, *args, timeout: float = 60.0, python: str = sys.exec
         yield proc, log_path
     finally:
         stop_mount(mnt, proc)
+
+
+def _die_with(owner: int):
+    """preexec_fn: SIGTERM this child when the process that started it dies."""
+    def arm():
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != owner:  # the owner died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+    return arm
 
 
 def stop_mount(mnt, proc=None) -> None:

@@ -35,6 +35,7 @@ from bench_importance import make_digits  # noqa: E402
 from fusefs.mount import running_mount  # noqa: E402
 from fusefs.pack import pack  # noqa: E402
 from fusefs.synth import make_imagefolder  # noqa: E402
+from trainer import mount_stats  # noqa: E402
 
 GMNT = "/mnt/fusefs-gluster"
 READER = os.path.join(REPO, "scripts", "imagefolder_reader.py")
@@ -42,11 +43,6 @@ TRAIN = os.path.join(REPO, "scripts", "train_importance.py")
 ORDERS = [("random", "random", 1), ("chunks G=1", "chunks", 1), ("chunks G=4", "chunks", 4),
           ("chunks G=16", "chunks", 16), ("echo", "echo", 1)]
 ENV = dict(os.environ, PYTHONPATH=REPO)
-
-
-def stats(mnt: str) -> dict:
-    with open(os.path.join(mnt, ".fusefs", "stats")) as f:
-        return json.load(f)
 
 
 def read_epochs(mnt: str, epochs: int, mode: str = "random", group: int = 1, first: int = 0) -> list[dict]:
@@ -93,10 +89,10 @@ def bench_tier(packed: str, a) -> dict:
     tier = ("--cache-size", "10%", "--local-cache", local, "--local-cache-size", "50%")
     with running_mount(packed, mnt, *tier):
         out["local 50%"] = read_epochs(mnt, 2)
-        out["local 50% stats"] = stats(mnt)["local"]
+        out["local 50% stats"] = mount_stats(mnt)["local"]
     with running_mount(packed, mnt, *tier):  # a remount: the tier is still there
         out["local 50%"] += read_epochs(mnt, 1, first=2)
-        out["local 50% stats after remount"] = stats(mnt)["local"]
+        out["local 50% stats after remount"] = mount_stats(mnt)["local"]
     show("local 50% (+ remount)", out["local 50%"])
     shutil.rmtree(local, ignore_errors=True)
     return out

@@ -35,6 +35,7 @@ sys.path.insert(0, REPO)
 from fusefs.mount import running_mount  # noqa: E402
 from fusefs.pack import pack  # noqa: E402
 from fusefs.synth import make_imagefolder  # noqa: E402
+from trainer.hints import mount_stats  # noqa: E402
 
 GMNT = "/mnt/fusefs-gluster"
 READER = os.path.join(REPO, "scripts", "imagefolder_reader.py")
@@ -81,7 +82,7 @@ def cpu_seconds(pid: int) -> float:
 def fusefs_setting(dst: str, mnt: str, cache: str, hinted: bool, *extra: str) -> dict:
     with running_mount(dst, mnt, "--cache-size", cache, *extra) as (proc, _):
         res = run_reader(mnt, hinted)
-        stats = json.load(open(os.path.join(mnt, ".fusefs", "stats")))
+        stats = mount_stats(mnt)
         res["daemon_peak_rss"] = peak_rss(proc.pid)
         res["daemon_cpu_s"] = cpu_seconds(proc.pid)
     res["final_stats"] = stats

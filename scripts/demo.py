@@ -27,6 +27,7 @@ sys.path.insert(0, REPO)
 from fusefs.mount import running_mount  # noqa: E402
 from fusefs.pack import pack  # noqa: E402
 from fusefs.synth import make_imagefolder  # noqa: E402
+from trainer.hints import mount_stats  # noqa: E402
 
 READER = os.path.join(REPO, "scripts", "imagefolder_reader.py")
 
@@ -61,7 +62,7 @@ def main() -> int:
 
     with running_mount(dst, mnt):
         through = read_with_imagefolder(mnt, epochs=2, workers=a.workers)
-        stats = json.load(open(os.path.join(mnt, ".fusefs", "stats")))
+        stats = mount_stats(mnt)
     direct = read_with_imagefolder(src, epochs=2, workers=a.workers)
 
     same = through["files"] == direct["files"] and through["classes"] == direct["classes"]

@@ -42,7 +42,7 @@ sys.path.insert(0, REPO)
 from fusefs.mount import running_mount  # noqa: E402
 from fusefs.pack import pack  # noqa: E402
 from fusefs.synth import make_imagefolder  # noqa: E402
-from trainer import write_order  # noqa: E402
+from trainer import mount_stats, write_order  # noqa: E402
 from trainer.hints import mount_ids  # noqa: E402
 
 VOL, GMNT, BRICKS = "fusefsvol", "/mnt/fusefs-gluster", "/srv/fusefs-gluster"
@@ -85,10 +85,27 @@ def error_gen(percent: float) -> dict:
 
 
 def brick_pid(brick: str) -> int:
-    out = sh("pgrep", "-f", f"glusterfsd.*{brick.replace('/', '-').lstrip('-')}").stdout.split()
+    out = sh("pgrep", "-f", f"glusterfsd.*{brick.replace('/', '-').lstrip('-')}", check=False).stdout.split()
     if not out:
         raise RuntimeError(f"no glusterfsd for {brick}")
     return int(out[0])
+
+
+def restart_brick(brick: str, old_pid: int, timeout: float = 60.0) -> None:
+    """`volume start force` until a new glusterfsd serves brick. Right after a SIGKILL,
+    glusterd may not have noticed the death yet and then takes `start force` for a no-op
+    (seen here: the brick stayed down for minutes), so ask again until it is back."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sh(*G, "volume", "start", VOL, "force", check=False)
+        try:
+            if brick_pid(brick) != old_pid:
+                return
+        except RuntimeError:  # no process yet
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"brick {brick} did not come back within {timeout:.0f} s")
+        time.sleep(1.0)
 
 
 def read_epoch(mnt: str, rels: list[str], digests: dict, readers: int = 4,
@@ -141,8 +158,7 @@ def read_epoch(mnt: str, rels: list[str], digests: dict, readers: int = 4,
 
 
 def stats_of(mnt: str) -> dict:
-    with open(os.path.join(mnt, ".fusefs", "stats")) as f:
-        s = json.load(f)
+    s = mount_stats(mnt)
     return {"requests": sum(v["requests"] for v in s["nodes"].values()),
             "retries": s["backend_retries"], "backend_errors": s["backend_errors"],
             "daemon_eio_replies": s["eio"], "per_node": {n: {k: v[k] for k in ("requests", "errors", "retries", "samples", "down")}
@@ -169,12 +185,12 @@ def scenario_brick_kill(packed, mnt, rels, digests, brick="b2") -> dict:
     def kill():
         pid = brick_pid(f"{BRICKS}/{brick}")
         os.kill(pid, signal.SIGKILL)
-        killed["at"] = time.perf_counter()
+        killed["at"], killed["pid"] = time.perf_counter(), pid
 
     try:
         with running_mount(packed, mnt, "--cache-size", "10%"):
             res = read_epoch(mnt, rels, digests, halfway=kill)
-            sh(*G, "volume", "start", VOL, "force")
+            restart_brick(f"{BRICKS}/{brick}", killed["pid"])
             t0 = time.perf_counter()
             recovered = None
             probe = res["failed"][0] if res["failed"] else None

@@ -25,7 +25,7 @@ sys.path.insert(0, REPO)
 
 from fusefs.index import INDEX_NAME, Index  # noqa: E402
 from fusefs.mount import running_mount  # noqa: E402
-from trainer import write_order  # noqa: E402
+from trainer import mount_stats, write_order  # noqa: E402
 
 READERS = 8
 
@@ -109,8 +109,7 @@ def main() -> int:
                   f"daemon RSS {rss_of(proc.pid) / 1e6:.0f} MB", flush=True)
         time.sleep(1.0)
         stop.set()
-        with open(os.path.join(mnt, ".fusefs", "stats")) as f:
-            stats = json.load(f)
+        stats = mount_stats(mnt)
     rss = [r for _, r in samples]
     half = rss[len(rss) // 2:]
     res = {"epochs": a.epochs, "kills": kills, "budget": stats["cache_budget"],

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
 from trainer import HintedSampler, ImportanceSampler, LossTracker, WithIndex, reevaluate
-from trainer.hints import find_mount
+from trainer.hints import find_mount, mount_stats
 
 
 def small_cnn(classes: int) -> nn.Module:
@@ -37,10 +37,10 @@ def small_cnn(classes: int) -> nn.Module:
         nn.Flatten(), nn.Linear(32 * 8 * 8, 64), nn.ReLU(), nn.Linear(64, classes))
 
 
-def mount_stats(root: str) -> dict:
+def stats_of(root: str) -> dict:
+    """The mount's statistics ({} for a dataset off any mount)."""
     try:
-        with open(os.path.join(find_mount(root), ".fusefs", "stats")) as f:
-            return json.load(f)
+        return mount_stats(find_mount(root))
     except FileNotFoundError:
         return {}
 
@@ -98,7 +98,7 @@ def main():
             os.sync()
             with open("/proc/sys/vm/drop_caches", "w") as f:
                 f.write("3\n")
-        s0 = mount_stats(a.root)
+        s0 = stats_of(a.root)
         t0 = time.perf_counter()
         sampler.set_epoch(epoch)
         n_re = 0
@@ -117,7 +117,7 @@ def main():
         tracker.end_epoch()
         sched.step()
         seconds = time.perf_counter() - t0
-        s1 = mount_stats(a.root)
+        s1 = stats_of(a.root)
         row = {"epoch": epoch, "mode": a.mode, "order": a.order, "trained": trained, "reevaluated": n_re,
                "seconds": round(seconds, 3), "split_s": round(t_split - t0, 3),
                "reeval_s": round(t_re - t_split, 3), "samples_per_s": round((trained + n_re) / seconds, 1),

@@ -2,7 +2,6 @@
 only, corrupt samples remembered, damaged or unsafe indexes refused, dead mounts cleared,
 control files writable only by the user who mounted (or a control group)."""
 import errno
-import json
 import os
 import shutil
 import signal
@@ -21,6 +20,7 @@ from fusefs.entries import FsError
 from fusefs.index import INDEX_NAME, Index, IndexFormatError
 from fusefs.mount import is_dead_mount, is_mounted, running_mount, stop_mount
 from fusefs.store import ChunkStore
+from trainer.hints import mount_stats
 
 from conftest import corrupt_sample, fusefs_cmd, make_core, read_tree, read_whole
 
@@ -224,7 +224,7 @@ def test_control_files_writable_only_by_the_owner_or_the_control_group(tricky, t
         r = _as_user(nobody, nobody, WRITE_ORDER.format(p=order), groups=[group])
         # a member of the control group may write (b'x' is not an order: refused with EINVAL)
         assert r.stdout.strip() == str(errno.EINVAL), r.stderr
-        stats = json.load(open(os.path.join(mnt, ".fusefs", "stats")))
+        stats = mount_stats(mnt)
         assert stats["orders_refused"] == 1
     shutil.rmtree(base)
 

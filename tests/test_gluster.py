@@ -10,7 +10,7 @@ import pytest
 from fusefs.index import INDEX_NAME, Index
 from fusefs.nodes import PATHINFO_XATTR, parse_pathinfo
 from fusefs.pack import pack
-from trainer import write_order
+from trainer import mount_stats, write_order
 
 from fusefs.mount import running_mount
 
@@ -67,7 +67,7 @@ def test_pack_onto_gluster_names_each_chunks_brick_and_mounts(volume, tricky, tm
             for i in ids:
                 with open(os.path.join(mnt, os.fsdecode(ix.file_path(i))), "rb") as f:
                     f.read()
-            stats = json.load(open(os.path.join(mnt, ".fusefs", "stats")))
+            stats = mount_stats(mnt)
         nodes = {k: v for k, v in stats["nodes"].items() if v["requests"]}
         assert set(nodes) == seen_nodes
         assert sum(v["samples"] for v in nodes.values()) == ix.n_files

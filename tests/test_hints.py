@@ -1,6 +1,5 @@
 """trainer.HintedSampler: the same indices as torch's samplers, and orders through a mount."""
 import errno
-import json
 import os
 import signal
 import subprocess
@@ -16,7 +15,7 @@ from torch.utils.data import DistributedSampler, RandomSampler
 from fusefs import order as orderfmt
 from fusefs.mount import running_mount
 from trainer import HintedSampler, write_order
-from trainer.hints import mount_ids
+from trainer.hints import mount_ids, mount_stats
 
 from conftest import read_tree
 
@@ -79,7 +78,7 @@ def test_four_readers_with_the_order_set_get_every_byte(tricky, tmp_path):
         shares = [(mnt, rels[k::4], [hash(files[r]) for r in rels[k::4]]) for k in range(4)]
         with ProcessPoolExecutor(4) as pool:
             assert sum(pool.map(_read_in_order, shares)) == 0
-        stats = json.load(open(os.path.join(mnt, ".fusefs", "stats")))
+        stats = mount_stats(mnt)
         assert stats["orders_accepted"] == 1 and stats["eio"] == 0
         assert stats["plans"]["0"]["cursor"] == len(rels)
         assert stats["cache_peak"] <= stats["cache_budget"]
@@ -116,7 +115,7 @@ def test_a_reader_killed_mid_read_leaves_the_daemon_serving(tricky, tmp_path):
         assert proc.poll() is None
         assert read_tree(mnt) == read_tree(src)
         deadline = time.monotonic() + 10
-        while json.load(open(os.path.join(mnt, ".fusefs", "stats")))["open_handles"] > 1:
+        while mount_stats(mnt)["open_handles"] > 1:
             assert time.monotonic() < deadline, "handles of killed readers were not released"
             time.sleep(0.1)
 
@@ -130,7 +129,7 @@ def test_read_ahead_bytes_pushed_to_the_kernel_page_cache(tricky, tmp_path, kern
     mnt = str(tmp_path / "mnt")
     flag = "--kernel-cache" if kernel_cache else "--no-kernel-cache"
     with running_mount(dst, mnt, "--cache-size", "200%", flag):
-        stats = lambda: json.load(open(os.path.join(mnt, ".fusefs", "stats")))  # noqa: E731
+        stats = lambda: mount_stats(mnt)  # noqa: E731
         ids = mount_ids(mnt)
         write_order(mnt, [ids[os.fsencode(r)] for r in rels])
         deadline = time.monotonic() + 30
@@ -173,7 +172,7 @@ def check_two_nodes(dst, rels, digests, tmp_path):
         assert sorted(r for share in shares for r, _ in share) == rels  # all, exactly once
         assert all(h == digests[r] for share in shares for r, h in share)
         for mnt, share in zip(mnts, shares):
-            s = json.load(open(os.path.join(mnt, ".fusefs", "stats")))
+            s = mount_stats(mnt)
             assert s["plans"]["0"]["length"] == len(share) == len(rels) // 2
             assert s["backend_samples"] == len(share), s  # its own share, nothing else
 

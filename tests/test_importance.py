@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from fusefs import order as orderfmt
 from fusefs.mount import running_mount
 from trainer import ImportanceSampler, LossTracker, WithIndex, reevaluate, split_fluctuating
+from trainer.hints import mount_stats
 
 from conftest import make_core
 from test_readahead import exact_within_budget, run_epoch
@@ -252,7 +253,7 @@ def test_the_fluctuating_samples_are_fetched_first_through_a_mount(tricky, tmp_p
             sampler.set_epoch(epoch)
             tracker.record(np.arange(len(paths)), rng.uniform(0, 1, len(paths)))
             tracker.end_epoch()
-        stats = lambda: json.load(open(os.path.join(mnt, ".fusefs", "stats")))  # noqa: E731
+        stats = lambda: mount_stats(mnt)  # noqa: E731
         assert stats()["backend_samples"] == 0
         sampler.set_epoch(3)
         todo = sampler.reevaluation()

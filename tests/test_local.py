@@ -11,6 +11,7 @@ from fusefs import order as orderfmt
 from fusefs.index import INDEX_NAME, Index
 from fusefs.local import LocalTier, LocalTierError
 from fusefs.mount import running_mount
+from trainer import mount_stats
 
 from conftest import fusefs_cmd, make_core
 from test_readahead import exact_within_budget, run_epoch
@@ -137,14 +138,9 @@ def test_mount_with_local_tier_survives_a_remount(three_nodes, tmp_path):
             with open(mnt / rel, "rb") as f:
                 assert f.read() == blob
 
-    def stats(path):
-        import json
-        with open(path / ".fusefs" / "stats") as f:
-            return json.load(f)
-
     with running_mount(dst, mnt, *args):
         read_all()
-        first = stats(mnt)
+        first = mount_stats(mnt)
         # a second mount of the same DIR is refused, with the reason
         other = tmp_path / "mnt2"
         other.mkdir()
@@ -154,7 +150,7 @@ def test_mount_with_local_tier_survives_a_remount(three_nodes, tmp_path):
         assert not os.path.ismount(other)
     with running_mount(dst, mnt, *args):
         read_all()
-        second = stats(mnt)
+        second = mount_stats(mnt)
     assert first["backend_samples"] == len(files) and first["local_hits"] == 0
     assert second["local"]["warm_samples"] == len(files)
     assert second["local_hits"] == len(files) and second["backend_samples"] == 0

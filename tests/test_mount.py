@@ -7,6 +7,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
@@ -15,6 +16,7 @@ import pytest
 from fusefs.index import INDEX_NAME, Index
 
 from fusefs.mount import is_mounted, running_mount, stop_mount
+from trainer.hints import mount_stats
 
 from conftest import fusefs_cmd, read_tree, REPO
 
@@ -90,7 +92,7 @@ def test_control_namespace_hidden_and_stats(tricky_mount):
     assert ".fusefs" not in os.listdir(mnt)
     assert os.path.isdir(os.path.join(mnt, ".fusefs"))
     open(os.path.join(mnt, "cat", "img 002.jpg"), "rb").read()
-    stats = json.load(open(os.path.join(mnt, ".fusefs", "stats")))
+    stats = mount_stats(mnt)
     assert stats["opens"] >= 1 and stats["bytes_served"] > 0 and stats["backend_reads"] >= 1
     out = subprocess.run(fusefs_cmd("stats", mnt, "--json"), capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0 and json.loads(out.stdout)["opens"] >= stats["opens"]
@@ -171,3 +173,36 @@ def test_background_mount_and_umount(tricky, tmp_path):
     finally:
         stop_mount(mnt)
     assert not is_mounted(mnt)
+
+
+def test_a_killed_owner_leaves_no_mount(tricky, tmp_path):
+    """A benchmark or test killed with SIGKILL never runs its cleanup: the daemon it
+    started must unmount by itself."""
+    mnt = tmp_path / "mnt"
+    script = ("import sys, time; sys.path.insert(0, sys.argv[1]);"
+              "from fusefs.mount import running_mount;"
+              "cm = running_mount(sys.argv[2], sys.argv[3]); proc, _ = cm.__enter__();"
+              "print(proc.pid, flush=True); time.sleep(120)")
+    owner = subprocess.Popen([sys.executable, "-c", script, REPO, str(tricky[1]), str(mnt)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        daemon = int(owner.stdout.readline())
+        assert is_mounted(mnt)
+        owner.kill()
+        owner.wait()
+        deadline = time.monotonic() + 20
+        while is_mounted(mnt) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not is_mounted(mnt)
+        while os.path.exists(f"/proc/{daemon}") and time.monotonic() < deadline:
+            try:  # (a zombie until reaped by init: its state is Z)
+                if open(f"/proc/{daemon}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            except FileNotFoundError:
+                break
+            time.sleep(0.05)
+        assert not os.path.exists(f"/proc/{daemon}") or \
+            open(f"/proc/{daemon}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    finally:
+        owner.kill()
+        stop_mount(mnt)

@@ -25,7 +25,7 @@ from torch.utils.data import Sampler
 
 from fusefs import order as orderfmt  # numpy only: no FUSE packages needed here
 
-from .orders import chunk_block_order, echo_fresh, echo_order
+from .orders import chunk_block_order, echo_fresh_count, echo_order
 
 CONTROL = ".fusefs"
 
@@ -60,6 +60,13 @@ def mount_chunks(mount: str) -> np.ndarray:
     """sample id -> the chunk that holds it, from `MNT/.fusefs/chunks` (u32 per id)."""
     with open(os.path.join(os.path.abspath(mount), CONTROL, "chunks"), "rb") as f:
         return np.frombuffer(f.read(), dtype="<u4").astype(np.int64)
+
+
+def mount_stats(mount: str) -> dict:
+    """The daemon's counters, `MNT/.fusefs/stats` (JSON)."""
+    import json
+    with open(os.path.join(mount, CONTROL, "stats")) as f:
+        return json.load(f)
 
 
 def paths_to_ids(paths, mount: str | None = None) -> np.ndarray:
@@ -167,51 +174,49 @@ class HintedSampler(Sampler):
                 raise ValueError(f"chunks has {len(self.chunk_of)} entries, the dataset {self.n}")
         if mode == "echo" and not batch_size:
             raise ValueError("mode='echo' needs batch_size (the DataLoader's)")
-        if self.distributed and drop_last and self.n % self.num_replicas:
-            self.num_samples = math.ceil((self.n - self.num_replicas) / self.num_replicas)
-        else:
-            self.num_samples = math.ceil(self.n / self.num_replicas)
-        self.total_size = self.num_samples * self.num_replicas
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def _epoch_order(self) -> list[int]:
+        """The whole epoch's order, before it is shared out among ranks."""
         if self.mode == "chunks":
             return chunk_block_order(self.chunk_of, self.group,
                                      np.random.default_rng((self.seed, self.epoch))).tolist()
-        return echo_order(self.n, self.batch_size, self.epoch, self.seed).tolist()
+        if self.mode == "echo":
+            return echo_order(self.n, self.batch_size, self.epoch, self.seed).tolist()
+        if not self.shuffle:
+            return list(range(self.n))
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.n, generator=g).tolist()
+
+    def _per_rank(self) -> int:
+        """Indices per rank, as DistributedSampler counts them (drop_last drops the rest)."""
+        total = 2 * echo_fresh_count(self.n, self.epoch) if self.mode == "echo" else self.n
+        if not self.distributed:
+            return total
+        if self.drop_last and total % self.num_replicas:
+            return total // self.num_replicas
+        return math.ceil(total / self.num_replicas)
 
     def indices(self) -> list[int]:
-        """This epoch's dataset indices for this rank (what __iter__ yields)."""
-        if self.mode != "random":
-            idx = self._epoch_order()
-            if not self.distributed:
-                return idx
-            per = math.ceil(len(idx) / self.num_replicas)
-            if self.drop_last:
-                per = len(idx) // self.num_replicas
-            else:
-                idx += (idx * math.ceil(per * self.num_replicas / max(1, len(idx))))[
-                    :per * self.num_replicas - len(idx)]
-            return idx[self.rank * per:(self.rank + 1) * per]
-        if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(self.seed + self.epoch)
-            idx = torch.randperm(self.n, generator=g).tolist()
-        else:
-            idx = list(range(self.n))
+        """This epoch's dataset indices for this rank (what __iter__ yields): DistributedSampler's
+        padding (repeating from the start) or truncation, then a strided share for the random
+        order and a contiguous slice for the chunk and echo orders (each rank keeps its
+        chunks and echo pairs)."""
+        idx = self._epoch_order()
         if not self.distributed:
             return idx
-        if not self.drop_last:
-            pad = self.total_size - len(idx)
-            if pad <= len(idx):
-                idx += idx[:pad]
-            else:
-                idx += (idx * math.ceil(pad / len(idx)))[:pad]
-        else:
-            idx = idx[:self.total_size]
-        return idx[self.rank:self.total_size:self.num_replicas]
+        per = self._per_rank()
+        total = per * self.num_replicas
+        if len(idx) < total:
+            pad = total - len(idx)
+            idx += (idx * math.ceil(pad / len(idx)))[:pad]
+        idx = idx[:total]
+        if self.mode == "random":
+            return idx[self.rank:total:self.num_replicas]
+        return idx[self.rank * per:(self.rank + 1) * per]
 
     def __iter__(self):
         idx = self.indices()
@@ -222,9 +227,4 @@ class HintedSampler(Sampler):
         return iter(idx)
 
     def __len__(self) -> int:
-        if self.mode == "echo":
-            total = 2 * len(echo_fresh(self.n, self.epoch, self.seed))
-            if not self.distributed:
-                return total
-            return total // self.num_replicas if self.drop_last else math.ceil(total / self.num_replicas)
-        return self.num_samples if self.distributed else self.n
+        return self._per_rank()

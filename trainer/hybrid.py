@@ -284,7 +284,8 @@ class HybridTrainer:
         for x, y in self.loader:
             total += self.step(x, y) * len(x)
             n += len(x)
-        self.merge()  # the epoch ends with one model
+        if self.iteration % self.merge_every:  # the epoch ends with one model
+            self.merge()
         dt = time.perf_counter() - t0
         return {"samples": n, "seconds": dt, "samples_per_s": n / dt if dt else 0.0,
                 "loss": total / max(1, n), "r": self.r}

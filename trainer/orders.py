@@ -42,11 +42,16 @@ def chunk_block_order(chunk_of: np.ndarray, group: int, rng: np.random.Generator
     return np.lexsort((rng.random(len(chunk_of)), block))
 
 
+def echo_fresh_count(n: int, epoch: int) -> int:
+    """How many indices an echo epoch reads fresh (the first half takes the odd one)."""
+    return (n + 1) // 2 if epoch % 2 == 0 else n // 2
+
+
 def echo_fresh(n: int, epoch: int, seed: int) -> np.ndarray:
     """The indices read fresh in an echo epoch: one half of a permutation drawn every
     second epoch (epoch 2k takes the first half, 2k+1 the second)."""
     perm = np.random.default_rng((seed, epoch // 2)).permutation(n)
-    half = (n + 1) // 2
+    half = echo_fresh_count(n, 0)
     return perm[:half] if epoch % 2 == 0 else perm[half:]
 
 

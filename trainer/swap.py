@@ -171,14 +171,15 @@ class SwapScheduler:
         self._mems: list[float] = []
         self._action: int | None = None
         self._prev_plan = 0
-        self._apply()
+        self.apply_plan()
 
     # ---- plans ---------------------------------------------------------------------------
     def plan_dict(self, plan: int | None = None) -> dict:
         plan = self.plan if plan is None else plan
         return {t.__name__: bool(plan >> i & 1) for i, t in enumerate(self.types)}
 
-    def _apply(self) -> None:
+    def apply_plan(self) -> None:
+        """Set the hooks to the current plan (after `plan` was changed by hand)."""
         for i, t in enumerate(self.types):
             self.hooks.swap[t] = bool(self.plan >> i & 1) and t not in self.hooks.unswappable
 
@@ -258,13 +259,18 @@ class SwapScheduler:
         greedy_keep = int(np.argmax(self.q[self.plan])) == len(self.types) and self.q[self.plan].any()
         self._kept = self._kept + 1 if greedy_keep else 0
         if self._kept >= self.patience:
-            self.converged = True
-            self.plan = self.best[1]
-            self._apply()
+            self.use_best()
             return
         self._prev_plan = self.plan
         self.plan = self.next_plan(self.plan, self._action)
-        self._apply()
+        self.apply_plan()
+
+    def use_best(self) -> None:
+        """Stop learning and use the best plan measured so far."""
+        self.converged = True
+        if self.best is not None:
+            self.plan = self.best[1]
+        self.apply_plan()
 
     def pretrain(self, step_fn, batches, rounds: int = 30) -> int:
         """Learn on a subset before real training: step_fn(batch) does forward + backward
@@ -289,4 +295,4 @@ class SwapScheduler:
                                  f"{[t.__name__ for t in self.types]}")
             self.q = z["q"].copy()
             self.plan = int(z["plan"])
-        self._apply()
+        self.apply_plan()
