@@ -26,6 +26,20 @@ ensure_glusterd() {
 }
 
 vol_exists() { $G volume info "$VOL" >/dev/null 2>&1; }
+# In /proc/mounts, even when stale: a client killed without unmounting leaves a mount
+# whose every access fails with ENOTCONN, which `mountpoint` cannot tell from none.
+in_mount_table() { awk -v m="$MNT" '$2 == m {f=1} END {exit !f}' /proc/mounts; }
+mount_alive() { in_mount_table && stat -t "$MNT" >/dev/null 2>&1; }
+drop_mount() {
+    in_mount_table || return 0
+    umount "$MNT" 2>/dev/null || umount -l "$MNT"
+}
+bricks_present() {
+    local b
+    for b in b1 b2 b3; do
+        getfattr -n trusted.glusterfs.volume-id "$BRICKS/$b" >/dev/null 2>&1 || return 1
+    done
+}
 vol_started() { $G volume info "$VOL" 2>/dev/null | grep -q '^Status: Started'; }
 current_delay_us() {
     $G volume info "$VOL" 2>/dev/null | awk '/^debug.delay-gen:/ {on=1} /^delay-gen.delay-duration:/ {d=$2} END {print (on ? d : 0)}'
@@ -42,13 +56,21 @@ up() {
     local want_us
     want_us=$(awk -v ms="$delay_ms" 'BEGIN {printf "%d", ms * 1000}')
     ensure_glusterd
+    # Leftovers of a run that was killed: a stale client mount, or a volume whose brick
+    # folders are gone (glusterd keeps its state in /var/lib/glusterd). Start clean.
+    mount_alive || drop_mount
+    if vol_exists && ! bricks_present; then
+        echo "gluster.sh: volume $VOL has lost its brick folders; recreating it" >&2
+        $G volume stop "$VOL" force >/dev/null 2>&1 || true
+        $G volume delete "$VOL" >/dev/null
+    fi
     if ! vol_exists; then
         mkdir -p "$BRICKS"/b1 "$BRICKS"/b2 "$BRICKS"/b3
         $G volume create "$VOL" "$HOST:$BRICKS/b1" "$HOST:$BRICKS/b2" "$HOST:$BRICKS/b3" force >/dev/null
     fi
     if [ "$(current_delay_us)" != "$want_us" ]; then
         if vol_started; then
-            mountpoint -q "$MNT" && umount "$MNT"
+            drop_mount
             $G volume stop "$VOL" >/dev/null
         fi
         if [ "$want_us" -gt 0 ]; then
@@ -63,9 +85,11 @@ up() {
             $G volume reset "$VOL" delay-gen.enable >/dev/null 2>&1 || true
         fi
     fi
-    vol_started || $G volume start "$VOL" force >/dev/null
+    # `start force` is a no-op for running bricks and restarts dead ones.
+    $G volume start "$VOL" force >/dev/null
     mkdir -p "$MNT"
-    if ! mountpoint -q "$MNT"; then
+    if ! mount_alive; then
+        drop_mount
         mount -t glusterfs "$HOST:/$VOL" "$MNT"
     fi
     # Large sequential reads (chunk files) need more than the default 128 KiB readahead.
@@ -75,16 +99,18 @@ up() {
 }
 
 down() {
-    if mountpoint -q "$MNT" 2>/dev/null; then umount "$MNT" || umount -l "$MNT"; fi
-    if pgrep -x glusterd >/dev/null; then
+    drop_mount
+    if command -v glusterd >/dev/null; then
+        # Started if need be, so that a volume left by a killed run is deleted too.
+        ensure_glusterd
         if vol_exists; then
-            vol_started && $G volume stop "$VOL" force >/dev/null || true
+            $G volume stop "$VOL" force >/dev/null 2>&1 || true
             $G volume delete "$VOL" >/dev/null || true
         fi
         pkill -x glusterfsd 2>/dev/null || true
         pkill -x glusterfs 2>/dev/null || true
         pkill -x glusterd 2>/dev/null || true
-        for _ in $(seq 100); do pgrep -x 'glusterd|glusterfsd|glusterfs' >/dev/null || break; sleep 0.1; done
+        for _ in $(seq 100); do pgrep -x glusterd || pgrep -x glusterfsd || pgrep -x glusterfs || break; sleep 0.1; done >/dev/null
     fi
     rm -rf "$BRICKS"
     echo "gluster.sh: $VOL removed"
@@ -93,6 +119,6 @@ down() {
 case "${1:-}" in
     up) shift; up "$@" ;;
     down) down ;;
-    status) ensure_glusterd; $G volume info "$VOL"; mountpoint "$MNT" || true ;;
+    status) ensure_glusterd; $G volume info "$VOL"; mount_alive && echo "$MNT: mounted" || echo "$MNT: not mounted" ;;
     *) echo "usage: $0 up [--delay-ms MS] | down | status" >&2; exit 2 ;;
 esac

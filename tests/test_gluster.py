@@ -1,8 +1,10 @@
 """Pack onto a real 3-brick GlusterFS volume, mount fusefs over it, check bytes and nodes."""
+import errno
 import json
 import os
 import shutil
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -30,6 +32,28 @@ def volume():
         yield GMNT
     finally:
         subprocess.run([GLUSTER, "down"], capture_output=True, timeout=300)
+
+
+def test_up_recovers_from_a_killed_run(volume):
+    """A run killed outright (as a CI machine's leftovers) leaves a stale client mount
+    (ENOTCONN on every access) and no brick or glusterd process: `up` must start clean."""
+    keep = os.path.join(volume, f"keep-{uuid.uuid4().hex[:8]}")
+    with open(keep, "wb") as f:
+        f.write(b"survives")
+    for name in ("glusterfs", "glusterfsd", "glusterd"):
+        subprocess.run(["pkill", "-9", "-x", name])
+    for _ in range(50):
+        if subprocess.run(["pgrep", "-x", "glusterfs"], capture_output=True).returncode:
+            break
+        time.sleep(0.1)
+    with pytest.raises(OSError) as e:
+        os.stat(volume)
+    assert e.value.errno == errno.ENOTCONN
+    r = subprocess.run([GLUSTER, "up"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(keep, "rb") as f:
+        assert f.read() == b"survives"
+    os.unlink(keep)
 
 
 def test_pack_onto_gluster_names_each_chunks_brick_and_mounts(volume, tricky, tmp_path):
