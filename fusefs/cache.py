@@ -5,7 +5,8 @@ Two kinds of entries share the budget:
 * planned: samples the current order still needs. They leave the cache when the plan
   says their last use is done (`drop`), so with an order the cache holds little more
   than what lies between the readers and the read-ahead;
-* unplanned: everything else (reads without an order, or outside it), kept in LRU order.
+* unplanned: everything else (reads without an order, or outside it, or needed only after
+  more than a budget's worth of other samples when the order came), kept in LRU order.
 
 * pinned: with a static share of the budget (`mount --static-cache`), the samples of
   highest importance in the orders, as many as fit in that share. They stay after their
@@ -25,6 +26,35 @@ from typing import Callable
 import numpy as np
 
 
+class _SizedLRU(OrderedDict):
+    """The LRU entries, with their total size kept up to date (`nbytes`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.nbytes = 0
+
+    def __setitem__(self, sid, data):
+        old = super().get(sid)
+        if old is not None:
+            self.nbytes -= len(old)
+        super().__setitem__(sid, data)
+        self.nbytes += len(data)
+
+    def pop(self, sid, *default):
+        if sid in self:
+            data = super().pop(sid)
+            self.nbytes -= len(data)
+            return data
+        if default:
+            return default[0]
+        raise KeyError(sid)
+
+    def popitem(self, last=True):
+        sid, data = super().popitem(last)
+        self.nbytes -= len(data)
+        return sid, data
+
+
 class SampleCache:
     def __init__(self, budget: int, static: int = 0):
         if budget < 0:
@@ -41,7 +71,7 @@ class SampleCache:
         self.planned_evictions = 0  # planned entries pushed out by ones needed sooner
         self.peak = 0
         self._planned: dict[int, bytes] = {}
-        self._lru: OrderedDict[int, bytes] = OrderedDict()
+        self._lru = _SizedLRU()
 
     def __len__(self) -> int:
         return len(self._planned) + len(self._lru) + len(self._pinned)
@@ -60,6 +90,11 @@ class SampleCache:
     @property
     def free(self) -> int:
         return self.budget - self.used - self.reserved
+
+    @property
+    def available(self) -> int:
+        """Bytes a reservation can have: the free ones and those of LRU entries."""
+        return self.free + self._lru.nbytes
 
     def get(self, sid: int) -> bytes | None:
         data = self._planned.get(sid)
@@ -152,11 +187,21 @@ class SampleCache:
                     self._pinned[sid] = src.pop(sid)
         self.pin_set = pick
 
-    def replan(self, next_use_of: Callable[[int], int | None]) -> None:
-        """A new order: entries it needs become planned, the others unplanned (LRU)."""
+    def replan(self, near: Callable[[int], bool]) -> None:
+        """A new order: entries it needs soon enough to keep (near) become planned, the
+        others unplanned (LRU). An entry the order needs only after more than the budget's
+        worth of other samples would hold room that the read-ahead needs first: as an LRU
+        entry it stays until that room is wanted, and `promote` makes it planned again if
+        the read-ahead reaches it while it is still here."""
         for sid in list(self._planned):
-            if next_use_of(sid) is None:
+            if not near(sid):
                 self._lru[sid] = self._planned.pop(sid)
         for sid in list(self._lru):
-            if next_use_of(sid) is not None:
+            if near(sid):
                 self._planned[sid] = self._lru.pop(sid)
+
+    def promote(self, sid: int) -> None:
+        """The read-ahead reached sid, which is cached: keep it until its use (planned)."""
+        data = self._lru.pop(sid, None)
+        if data is not None:
+            self._planned[sid] = data

@@ -268,9 +268,18 @@ class Core:
             self._pick_pins()
         if self.local is not None:
             self.local.set_priorities(self._tier_priorities())
-        self.cache.replan(self.next_use)
+        self.cache.replan(self._near_set().__contains__)
         log.info("rank %d: order of %d samples for epoch %d", rank, len(order), order.epoch)
         self.prefetcher.wake()
+
+    def _near_set(self) -> set:
+        """The samples the orders need before a budget's worth of others (each plan from
+        its cursor): what a new order keeps as planned in the cache."""
+        room = self.cache.budget - self.cache.static
+        near: set = set()
+        for plan in self.plans.values():
+            near.update(plan.window(room).tolist())
+        return near
 
     def _pick_pins(self) -> None:
         """Pin the samples of highest importance over all ranks' orders (none if no order

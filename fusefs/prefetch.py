@@ -167,8 +167,9 @@ class Prefetcher:
     samples between the readers' cursor and the head are cached, in flight or queued.
     Queued samples have their bytes reserved in the cache and wait in a per-node queue
     until the node has a free request slot. The head moves on only when at least
-    `low_water` bytes of the budget are free (hysteresis), so each refill is large enough
-    to give every node full batches instead of a trickle of one-sample requests.
+    `low_water` bytes of the budget are free or held by LRU entries (hysteresis), so each
+    refill is large enough to give every node full batches instead of a trickle of
+    one-sample requests.
     """
 
     MAX_BATCH_BYTES = 16 << 20
@@ -223,7 +224,7 @@ class Prefetcher:
     def schedule(self) -> None:
         if self.nursery is None:
             return
-        if self.core.cache.free >= self.low_water:
+        if self.core.cache.available >= self.low_water:
             self.advance()
         self.dispatch()
 
@@ -241,7 +242,11 @@ class Prefetcher:
                 pos = max(self.heads.get(rank, 0), plan.cursor)
                 while pos < n:
                     sid = int(ids[pos])
-                    if consumed[pos] or sid in cache or sid in inflight or sid in queued:
+                    if consumed[pos] or sid in inflight or sid in queued:
+                        pos += 1
+                        continue
+                    if sid in cache:
+                        cache.promote(sid)  # needed now: no longer evictable as LRU
                         pos += 1
                         continue
                     break

@@ -1,8 +1,12 @@
 """Synthetic ImageFolder datasets of real JPEG files, for the demo, tests and benchmarks.
 
-Each image is random noise over a smooth gradient, encoded by Pillow; the side length is
-drawn per image so that file sizes vary around the requested mean (noise compresses
-poorly, so size follows pixel count). Deterministic for a given seed.
+Each image is random noise, encoded by Pillow; the side length is drawn per image so that
+file sizes vary around the requested mean (noise compresses poorly, so size follows pixel
+count). Deterministic for a given seed.
+
+With `learnable=True` the label can be learned: each image blends its class's grey level
+with the noise, at a noise share drawn per image between 0.5 and 0.97, so most images are
+easy and some are nearly pure noise (hard, their loss keeps moving), as in real data.
 """
 from __future__ import annotations
 
@@ -16,9 +20,14 @@ import numpy as np
 _BYTES_PER_PIXEL = 0.91
 
 
-def jpeg_bytes(rng: np.random.Generator, side: int, quality: int = 90) -> bytes:
+def jpeg_bytes(rng: np.random.Generator, side: int, quality: int = 90,
+               level: float | None = None) -> bytes:
+    """A JPEG of noise; with level (0..255), the noise blended with that grey level."""
     from PIL import Image
     noise = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
+    if level is not None:
+        share = rng.uniform(0.5, 0.97)
+        noise = (share * noise + (1 - share) * level).astype(np.uint8)
     img = Image.fromarray(noise)
     buf = io.BytesIO()
     img.save(buf, "JPEG", quality=quality)
@@ -26,7 +35,8 @@ def jpeg_bytes(rng: np.random.Generator, side: int, quality: int = 90) -> bytes:
 
 
 def make_imagefolder(root: str, n_files: int, n_classes: int = 10, mean_bytes: int = 110_000,
-                     seed: int = 0, workers: int = 4, progress: bool = False) -> dict:
+                     seed: int = 0, workers: int = 4, progress: bool = False,
+                     learnable: bool = False) -> dict:
     """Write n_files JPEGs in n_classes class folders under root; return a summary."""
     from tqdm import tqdm
 
@@ -36,8 +46,10 @@ def make_imagefolder(root: str, n_files: int, n_classes: int = 10, mean_bytes: i
         os.makedirs(os.path.join(root, f"class_{c:04d}"), exist_ok=True)
 
     def one(i: int) -> int:
-        path = os.path.join(root, f"class_{i % n_classes:04d}", f"img_{i:08d}.jpg")
-        data = jpeg_bytes(np.random.default_rng([seed, i]), int(sides[i]))
+        c = i % n_classes
+        path = os.path.join(root, f"class_{c:04d}", f"img_{i:08d}.jpg")
+        level = 255 * c / max(1, n_classes - 1) if learnable else None
+        data = jpeg_bytes(np.random.default_rng([seed, i]), int(sides[i]), level=level)
         with open(path, "wb") as f:
             f.write(data)
         return len(data)

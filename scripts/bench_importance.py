@@ -5,15 +5,19 @@ Two datasets, each packed onto the volume and mounted with a 10% cache of which 
 static (pinned) share:
   digits  scikit-learn's bundled load_digits images (real data, no download), upscaled to
           32x32 PNGs in an ImageFolder, 80% train / 20% test; the accuracy comparison.
-  synth   synthetic JPEGs (--synth files of ~100 KB); the I/O comparison: backend bytes and
-          epoch time per epoch.
+  synth   synthetic JPEGs (--synth files of ~85 KB, learnable: fusefs.synth, learnable=True);
+          the I/O comparison: backend bytes and epoch time per epoch.
 For each, the same small CNN, seeds and epochs are trained twice by scripts/train_importance.py
 under /usr/bin/python3 (torchvision ImageFolder + DataLoader through the mount): with every
 sample each epoch (HintedSampler), and with ImportanceSampler at --keep. The page cache is
 dropped before each epoch.
 
+Epoch times are averaged over --repeats runs of each mode, alternated (full, importance,
+full, ...) so that the drift of a noisy machine hits both alike.
+
 usage: .venv/bin/python scripts/bench_importance.py [--epochs 15] [--synth 3000]
-           [--synth-epochs 6] [--keep 0.7] [--delay-ms 2] [--out out/bench_importance]
+           [--synth-epochs 6] [--keep 0.7] [--delay-ms 2] [--repeats 3]
+           [--datasets digits,synth] [--out out/bench_importance]
 """
 from __future__ import annotations
 
@@ -74,16 +78,19 @@ def train(mnt: str, test: str, mode: str, a, epochs: int) -> list[dict]:
 
 
 def run_dataset(name: str, src: str, test: str, a, epochs: int) -> dict:
-    packed = os.path.join(GMNT, f"importance-{name}")
+    packed = os.path.join(GMNT, f"importance-{name}-{os.path.basename(os.path.dirname(src))}")
     if not os.path.exists(os.path.join(packed, "index.fusefs")):
         pack(src, packed, chunk_bytes=(1 << 20) if name == "digits" else (16 << 20), force=True,
              progress=False)
-    out = {}
+    out = {"repeats": {"full": [], "importance": []}}
+    for rep in range(a.repeats):  # alternated, so drift of the machine hits both modes
+        for mode in ("full", "importance"):
+            mnt = os.path.join(a.out, f"mnt-{name}")
+            with running_mount(packed, mnt, "--cache-size", "10%", "--static-cache", "30%"):
+                print(f"{name}: {mode} (run {rep + 1} of {a.repeats})", flush=True)
+                out["repeats"][mode].append(train(mnt, test, mode, a, epochs))
     for mode in ("full", "importance"):
-        mnt = os.path.join(a.out, f"mnt-{name}")
-        with running_mount(packed, mnt, "--cache-size", "10%", "--static-cache", "30%"):
-            print(f"{name}: {mode}", flush=True)
-            out[mode] = train(mnt, test, mode, a, epochs)
+        out[mode] = out["repeats"][mode][0]
     return out
 
 
@@ -98,8 +105,13 @@ def summarize(res: dict, warmup: int) -> dict:
             "best_acc_importance": max(r["test_acc"] for r in i),
             "backend_mb_per_epoch_full": float(np.mean(after(f, "backend_bytes"))) / 1e6,
             "backend_mb_per_epoch_importance": float(np.mean(after(i, "backend_bytes"))) / 1e6,
-            "epoch_s_full": float(np.mean(after(f, "seconds"))),
-            "epoch_s_importance": float(np.mean(after(i, "seconds"))),
+            # every run's epochs after the warm-up
+            "epoch_s_full": float(np.mean([after(r, "seconds") for r in modes["repeats"]["full"]])),
+            "epoch_s_importance": float(np.mean([after(r, "seconds")
+                                                 for r in modes["repeats"]["importance"]])),
+            "epoch_time_ratio_per_run": [float(np.mean(after(ri, "seconds")) / np.mean(after(rf, "seconds")))
+                                         for rf, ri in zip(modes["repeats"]["full"],
+                                                           modes["repeats"]["importance"])],
             "trained_per_epoch_importance": float(np.mean(after(i, "trained"))),
             "reevaluated_per_epoch": float(np.mean(after(i, "reevaluated"))),
         }
@@ -139,6 +151,10 @@ def main() -> int:
     p.add_argument("--keep", type=float, default=0.7)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--delay-ms", type=int, default=2)
+    p.add_argument("--datasets", default="digits,synth", help="comma-separated subset to run")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="runs per mode, alternated (full, importance, full, ...); epoch times "
+                        "are averaged over all, accuracy and bytes are those of the first")
     p.add_argument("--out", default=os.path.join(REPO, "out", "bench_importance"))
     a = p.parse_args()
     warmup = 3
@@ -147,14 +163,15 @@ def main() -> int:
                     str(a.delay_ms)], check=True)
     digits = os.path.join(a.out, "digits")
     make_digits(digits, a.seed)
-    synth = os.path.join(a.out, f"synth-{a.synth}")
-    if not os.path.isdir(synth):
-        make_imagefolder(os.path.join(synth, "train"), a.synth, n_classes=10, mean_bytes=100_000)
-        make_imagefolder(os.path.join(synth, "test"), 200, n_classes=10, mean_bytes=100_000, seed=1)
-    res = {"digits": run_dataset("digits", os.path.join(digits, "train"), os.path.join(digits, "test"),
-                                 a, a.epochs),
-           "synth": run_dataset("synth", os.path.join(synth, "train"), os.path.join(synth, "test"),
-                                a, a.synth_epochs)}
+    synth = os.path.join(a.out, f"synth-{a.synth}-learnable")
+    if not os.path.isdir(os.path.join(synth, "test")):
+        make_imagefolder(os.path.join(synth, "train"), a.synth, n_classes=10, mean_bytes=100_000,
+                         learnable=True)
+        make_imagefolder(os.path.join(synth, "test"), 300, n_classes=10, mean_bytes=100_000, seed=1,
+                         learnable=True)
+    sets = {"digits": (digits, a.epochs), "synth": (synth, a.synth_epochs)}
+    res = {name: run_dataset(name, os.path.join(root, "train"), os.path.join(root, "test"), a, epochs)
+           for name, (root, epochs) in sets.items() if name in a.datasets.split(",")}
     summary = summarize(res, warmup)
     for name, s in summary.items():
         print(f"{name}: final test acc full {100 * s['final_acc_full']:.2f}% / importance "
@@ -162,11 +179,13 @@ def main() -> int:
               f"{s['trained_per_epoch_importance']:.0f} (+{s['reevaluated_per_epoch']:.0f} re-evaluated), "
               f"backend {s['backend_mb_per_epoch_full']:.1f} -> {s['backend_mb_per_epoch_importance']:.1f} MB "
               f"({s['backend_ratio']:.2f}x), epoch {s['epoch_s_full']:.2f} -> "
-              f"{s['epoch_s_importance']:.2f} s ({s['epoch_time_ratio']:.2f}x)")
+              f"{s['epoch_s_importance']:.2f} s ({s['epoch_time_ratio']:.2f}x; per run "
+              f"{', '.join(f'{x:.2f}x' for x in s['epoch_time_ratio_per_run'])})")
     with open(os.path.join(a.out, "bench_importance.json"), "w") as f:
         json.dump({"settings": vars(a), "epochs": res, "summary": summary}, f, indent=1)
-    plot(res, os.path.join(a.out, "bench_importance.png"), warmup)
-    print(f"saved {a.out}/bench_importance.json and .png")
+    if {"digits", "synth"} <= res.keys():
+        plot(res, os.path.join(a.out, "bench_importance.png"), warmup)
+    print(f"saved {a.out}/bench_importance.json (and .png with both datasets)")
     return 0
 
 

@@ -91,7 +91,9 @@ def main():
     loader = DataLoader(indexed, batch_size=a.batch, sampler=sampler, num_workers=a.workers,
                         persistent_workers=a.workers > 0)
     if a.mode == "importance":  # one loader for every epoch's re-evaluation: no new workers
-        reloader = DataLoader(indexed, batch_size=256, sampler=sampler.reevaluation_sampler,
+        # batches of the training size: a set of a few hundred samples in one batch of 256
+        # would go to one worker while the other waits
+        reloader = DataLoader(indexed, batch_size=a.batch, sampler=sampler.reevaluation_sampler,
                               num_workers=a.workers, persistent_workers=a.workers > 0)
     for epoch in range(a.epochs):
         if a.drop_caches:

@@ -102,6 +102,35 @@ def test_selection_keeps_the_most_important_share_shuffled():
     assert len(idx) == 50 + 10 and top <= set(idx) and len(set(idx)) == 60
 
 
+def test_reevaluation_order_goes_on_with_a_provisional_training_order(monkeypatch):
+    """The order written with the re-evaluation: the fluctuating samples first, then the
+    selection by the importance known before their re-evaluation, with importance values;
+    the final order keeps the provisional one's relative order for the samples both hold."""
+    import trainer.importance as imp_mod
+    written = []
+    monkeypatch.setattr(imp_mod, "write_order",
+                        lambda mount, ids, importance=None, epoch=0, rank=0:
+                        written.append((np.asarray(ids), importance)))
+    s, tracker = _sampler(n=200, keep=0.6)
+    s.write, s.ids = True, np.arange(200) + 1000  # as if on a mount (ids: the mount's)
+    rng = np.random.default_rng(2)
+    _warm(s, tracker, [rng.uniform(0, 1, 200) for _ in range(3)])
+    written.clear()
+    s.set_epoch(3)
+    todo = s.reevaluation()
+    ids, importance = written[-1]
+    assert ids[:len(todo)].tolist() == [1000 + i for i in todo] and len(todo) > 0
+    provisional = (ids[len(todo):] - 1000).tolist()
+    assert set(provisional) == set(np.argsort(-tracker.last)[:120].tolist())
+    assert importance is not None and np.all(np.isfinite(importance))
+    np.testing.assert_allclose(importance[len(todo):], tracker.last[provisional])
+    tracker.record(np.array(todo), rng.uniform(0, 1, len(todo)))  # re-evaluated
+    final = list(s)
+    common = set(final) & set(provisional)
+    assert len(common) >= 120 - len(todo)
+    assert [i for i in final if i in common] == [i for i in provisional if i in common]
+
+
 def test_stable_importance_follows_the_training_losses():
     s, tracker = _sampler(n=10, keep=0.3)
     _warm(s, tracker, [np.linspace(0, 1, 10)] * 3)
@@ -239,9 +268,9 @@ def test_an_order_without_importance_behaves_as_before(three_nodes):
 
 
 def test_the_fluctuating_samples_are_fetched_first_through_a_mount(tricky, tmp_path):
-    """The re-evaluation order is written before training: the mount fetches exactly
-    those samples first (statistics: ready in a row, backend samples), then the training
-    order, with importance values, pins the most important samples."""
+    """The re-evaluation order is written before training: the mount fetches those samples
+    first (statistics: ready in a row), pins the most important samples, and keeps the
+    re-evaluated samples that training then reads: each sample is fetched once."""
     src, dst, files = tricky
     mnt = str(tmp_path / "mnt")
     with running_mount(dst, mnt, "--cache-size", "200%", "--static-cache", "30%"):
@@ -262,17 +291,24 @@ def test_the_fluctuating_samples_are_fetched_first_through_a_mount(tricky, tmp_p
         while stats()["plans"]["0"]["ready_in_a_row"] < len(todo) and time.time() < deadline:
             time.sleep(0.05)
         s = stats()
-        assert s["plans"]["0"]["ready_in_a_row"] == len(todo) == s["plans"]["0"]["length"]
-        assert not s["plans"]["0"]["importance"]
+        plan = s["plans"]["0"]
+        # the re-evaluation set first, then the provisional training order (importance)
+        assert plan["ready_in_a_row"] >= len(todo)
+        assert plan["length"] == len(todo) + round(len(paths) * 0.5) and plan["importance"]
+        assert s["pins_picked"] > 0 and s["cache_static"] > 0
         for i in todo:  # the re-evaluation pass: every read a hit
             with open(paths[i], "rb") as f:
                 f.read()
         assert stats()["misses"] == s["misses"]
-        assert s["backend_samples"] == len(todo)  # those, and nothing else yet
         idx = list(sampler)
+        for i in idx:  # the training epoch
+            with open(paths[i], "rb") as f:
+                f.read()
         s = stats()
         assert s["plans"]["0"]["importance"] and s["plans"]["0"]["length"] == len(idx)
-        assert s["pins_picked"] > 0 and s["cache_static"] > 0
+        # a re-evaluated sample that training reads again was kept, not fetched twice
+        assert set(todo) & set(idx)
+        assert s["backend_samples"] == len(set(todo) | set(idx)), s
 
 
 def test_random_sampler_state_is_independent_of_global_rng():

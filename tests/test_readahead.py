@@ -72,6 +72,8 @@ def test_budget_never_exceeded_and_bytes_exact(three_nodes, data):
     # everything read was used for the last time, so nothing planned stays behind
     assert all(core.next_use(i) is None for i in set(ids))
     assert core.cache._planned == {}
+    lru = core.cache._lru
+    assert lru.nbytes == sum(len(v) for v in lru.values())  # the LRU's running total
 
 
 def test_a_tenth_of_the_data_serves_nearly_every_read(three_nodes):
@@ -86,6 +88,28 @@ def test_a_tenth_of_the_data_serves_nearly_every_read(three_nodes):
     assert s["backend_samples"] == len(ids), s        # each sample fetched exactly once
     assert s["evicted_after_use"] >= len(ids) - 10   # dropped after use, not by pressure
     assert s["cache_peak"] <= s["cache_budget"]
+
+
+def test_cached_samples_needed_late_do_not_stall_the_read_ahead(three_nodes):
+    """A re-evaluation order (X, then a provisional epoch that ends with X again) leaves
+    the cache full of X; the real order needs X only at its end. Those entries must give
+    way to the read-ahead, not stall it into a miss per read."""
+    dst, _ = three_nodes
+    probe = make_core(dst)
+    n = probe.index.n_files
+    ids = np.random.default_rng(1).permutation(n)
+    budget = int(probe.index.total_bytes * 0.1)
+    x_len = int(np.searchsorted(np.cumsum(probe.index.size[ids]), budget))  # X fills the cache
+    x, rest = ids[:x_len].tolist(), ids[x_len:].tolist()
+    core = make_core(dst, cache_bytes=budget, batch=8)
+    trio.run(run_epoch, core, x, 3, 8, 0, None, orderfmt.encode(x + rest + x))
+    assert sum(sid in core.cache for sid in x) > x_len // 2  # kept for their second use
+    before = core.statistics()
+    trio.run(run_epoch, core, rest + x, 3, 16, 1, None, orderfmt.encode(rest + x))
+    s = core.statistics()
+    served = lambda t: t["hits"] + t["read_waits"] + t["misses"]  # noqa: E731
+    assert s["misses"] - before["misses"] <= 0.05 * (served(s) - served(before)), s
+    assert s["cache_peak"] <= budget
 
 
 def test_batches_are_per_node_and_coalesced(three_nodes):

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from trainer import SwapHooks, SwapScheduler
+from trainer.swap import largest_batch
 
 
 def cnn():
@@ -42,6 +43,29 @@ def test_gradients_identical_with_and_without_swapping(make, shape, classes):
     plain = grads(make(), x, y, False)
     swapped = grads(make(), x, y, True)
     assert all(torch.equal(a, b) for a, b in zip(plain, swapped))
+
+
+def test_disabled_hooks_let_an_outer_save_on_cpu_see_every_saved_tensor():
+    """Nested saved_tensors_hooks: the innermost wins. Enabled, the per-layer hooks take the
+    layers' saved tensors from an outer context; disabled, they step aside."""
+    model = cnn()
+    hooks = SwapHooks(model, {nn.Conv2d, nn.BatchNorm2d, nn.ReLU, nn.Linear})
+    x = torch.randn(4, 1, 16, 16)
+
+    def outer_packs():
+        seen = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append(t.shape) or t, lambda t: t):
+            model(x).sum().backward()
+        return len(seen)
+
+    hooks.reset_counts()
+    inside = outer_packs()
+    assert hooks.resident_bytes > 0
+    hooks.enabled = False
+    hooks.reset_counts()
+    aside = outer_packs()
+    assert hooks.resident_bytes == 0 and aside > inside
+    hooks.remove()
 
 
 def test_q_update_on_hand_computed_values():
@@ -118,3 +142,15 @@ def test_never_swaps_a_type_backward_cannot_bring_back(tmp_path):
     again = SwapScheduler(model, types=(nn.Linear, SparseLayer, nn.ReLU))
     again.load(str(tmp_path / "q.npz"))
     assert np.array_equal(again.q, s.q)
+
+
+@pytest.mark.parametrize("cap,start", [(1000, 128), (100, 128), (128, 128), (5000, 1), (1, 64), (0, 64)])
+def test_largest_batch_search_finds_the_cap_within_a_sixteenth(cap, start):
+    tried = []
+
+    def fits(b):
+        tried.append(b)
+        return b <= cap
+    got = largest_batch(fits, start)
+    assert got <= cap and (cap == 0 and got == 0 or got >= cap * 15 / 16)
+    assert len(tried) < 40

@@ -211,12 +211,23 @@ class ImportanceSampler(Sampler):
 
     def reevaluation(self) -> list[int]:
         """The fluctuating samples to re-evaluate before this epoch's training (none during
-        the warm-up). Their order is written to the mount now, so it fetches them first."""
+        the warm-up). Their order is written to the mount now, so it fetches them first.
+
+        The order written goes on past them with a provisional training order: the
+        selection by the importance known now (the fluctuating samples' from before their
+        re-evaluation), with importance values. So the mount keeps the re-evaluated
+        samples that training will probably read again instead of dropping them after
+        the re-evaluation read, keeps its pinned samples (an order without importance
+        values would unpin them), and reads ahead for training while the re-evaluation
+        runs; the real order, written when training starts, replaces it."""
         if not self.importance_phase:
             self._reevaluating = []
             return []
         idx = np.flatnonzero(self.fluctuating)
-        self._write(idx, None)
+        imp = self.importance()
+        ahead = self.select(imp)
+        both = np.concatenate([idx, ahead])
+        self._write(both, np.minimum(imp[both], np.finfo(np.float32).max))
         self._reevaluating = idx.tolist()
         return self._reevaluating
 
@@ -232,13 +243,19 @@ class ImportanceSampler(Sampler):
         rng = np.random.default_rng((self.seed, self.epoch))
         if imp is None:
             return rng.permutation(self.n)
+        # The shuffle: every sample's place in one random permutation of the epoch, the
+        # chosen in that order. (Uniform over the chosen, and the same relative order for
+        # any chosen set: the provisional order written with the re-evaluation and the
+        # final one agree on what comes first, so what was read ahead stays useful.)
+        place = np.empty(self.n, dtype=np.int64)
+        place[rng.permutation(self.n)] = np.arange(self.n)
         ranked = np.argsort(-imp, kind="stable")
         n_keep = self._n_keep()
         chosen, rest = ranked[:n_keep], ranked[n_keep:]
         if self.explore > 0 and len(rest):
             extra = rng.choice(rest, int(round(self.explore * len(rest))), replace=False)
             chosen = np.concatenate([chosen, extra])
-        return rng.permutation(chosen)
+        return chosen[np.argsort(place[chosen], kind="stable")]
 
     def __iter__(self):
         imp = self.importance() if self.importance_phase else None

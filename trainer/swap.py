@@ -58,6 +58,9 @@ class SwapHooks:
         self.unswappable: set = set()
         self.params = {p.data_ptr() for p in model.parameters()}
         self.resident_bytes = self.swapped_bytes = 0
+        # False: the hooks step aside entirely (no saved_tensors_hooks of their own), so an
+        # outer context such as torch.autograd.graph.save_on_cpu sees every saved tensor.
+        self.enabled = True
         self._stack: list = []
         self._pending: list = []  # swapped items in pack order (CUDA read-ahead)
         self._side = None
@@ -70,6 +73,9 @@ class SwapHooks:
 
     def _enter(self, t):
         def hook(module, args):
+            if not self.enabled:
+                self._stack.append(None)
+                return
             ctx = torch.autograd.graph.saved_tensors_hooks(
                 lambda x: self._pack(t, x), self._unpack)
             ctx.__enter__()
@@ -77,7 +83,9 @@ class SwapHooks:
         return hook
 
     def _exit(self, module, args, out):
-        self._stack.pop().__exit__(None, None, None)
+        ctx = self._stack.pop()
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
 
     def remove(self) -> None:
         for h in self._handles:
@@ -296,3 +304,27 @@ class SwapScheduler:
             self.q = z["q"].copy()
             self.plan = int(z["plan"])
         self.apply_plan()
+
+
+def largest_batch(fits, start: int, limit: int = 1 << 20) -> int:
+    """The largest batch size b <= limit with fits(b) true, to within 1/16 of it, for a
+    fits() that is monotone (true up to some size, false beyond): doubles from start, then
+    bisects. fits(b) runs one training step at batch b and says whether it had the memory.
+    Returns 0 when not even a batch of 1 fits."""
+    lo, hi = 0, max(1, start)
+    while fits(hi):
+        lo = hi
+        if hi >= limit:
+            return lo
+        hi = min(2 * hi, limit)
+    if lo == 0:  # start itself failed: look below it
+        hi_fail = hi
+        while hi_fail > 1 and not fits(hi_fail // 2):
+            hi_fail //= 2
+        if hi_fail == 1:
+            return 0
+        lo, hi = hi_fail // 2, hi_fail
+    while hi - lo > max(1, lo // 16):
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
