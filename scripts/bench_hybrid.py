@@ -23,28 +23,24 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 
-from bench_importance import make_digits  # noqa: E402
+from bench_importance import make_digits, run_trainer  # noqa: E402
 from fusefs.mount import running_mount  # noqa: E402
 from fusefs.pack import pack  # noqa: E402
 
 
 def train(mnt, test, mode, a) -> list[dict]:
-    cmd = ["/usr/bin/python3", os.path.join(REPO, "scripts", "train_hybrid.py"), mnt, test,
-           "--mode", mode, "--epochs", str(a.epochs)]
+    args = [mnt, test, "--mode", mode, "--epochs", str(a.epochs)]
     if mode == "hybrid":
         snaps = os.path.join(a.out, "snapshots")
         shutil.rmtree(snaps, ignore_errors=True)
-        cmd += ["--snapshots", snaps]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO))
-    if r.returncode:
-        raise SystemExit(f"{mode} training failed:\n{r.stderr[-3000:]}")
-    rows = [json.loads(line) for line in r.stdout.splitlines()]
-    for row in rows:
+        args += ["--snapshots", snaps]
+
+    def show(row):
         extra = (f"  R {row['r']:.3f} (TC {row['tc'] * 1e3:.1f} ms, TG {row['tg'] * 1e3:.1f} ms) "
                  f"merges {row['merges']} snapshots {row['snapshots_written']}") if mode == "hybrid" else ""
         print(f"  {mode:<7} epoch {row['epoch']:2d}: test acc {100 * row['test_acc']:.2f}%  "
               f"{row['samples_per_s']:7.1f} samples/s{extra}", flush=True)
-    return rows
+    return run_trainer("train_hybrid.py", args, show)
 
 
 def main() -> int:

@@ -57,28 +57,40 @@ def make_digits(root: str, seed: int = 0) -> None:
             img.resize((32, 32), Image.BILINEAR).save(os.path.join(folder, f"{i:04d}.png"))
 
 
-def train(mnt: str, test: str, mode: str, a, epochs: int) -> list[dict]:
-    cmd = ["/usr/bin/python3", os.path.join(REPO, "scripts", "train_importance.py"), mnt, test,
-           "--mode", mode, "--epochs", str(epochs), "--keep", str(a.keep), "--seed", str(a.seed),
-           "--drop-caches"]
-    env = dict(os.environ, PYTHONPATH=REPO)
+def run_trainer(script: str, args: list[str], show=None) -> list[dict]:
+    """Run scripts/<script> under Debian's /usr/bin/python3 (torchvision) with the
+    repository on PYTHONPATH; it prints one JSON row per epoch, each handed to show(row)
+    as it comes. Returns the rows; stops the benchmark if the training fails."""
+    cmd = ["/usr/bin/python3", os.path.join(REPO, "scripts", script), *args]
     rows = []
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) as p:
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
+                          env=dict(os.environ, PYTHONPATH=REPO)) as p:
         for line in p.stdout:
-            row = json.loads(line)
-            rows.append(row)
-            print(f"  {mode:<10} epoch {row['epoch']:2d}: trained {row['trained']:5d} "
-                  f"re-evaluated {row['reevaluated']:5d}  {row['seconds']:6.2f} s "
-                  f"(split {row['split_s']:.2f}, re-eval {row['reeval_s']:.2f})  "
-                  f"backend {row.get('backend_bytes', 0) / 1e6:7.1f} MB  test acc {row['test_acc']:.4f}",
-                  flush=True)
+            rows.append(json.loads(line))
+            if show is not None:
+                show(rows[-1])
     if p.returncode:
-        raise SystemExit(f"training ({mode}) failed: exit {p.returncode}")
+        raise SystemExit(f"{script} {' '.join(args)} failed: exit {p.returncode}")
     return rows
 
 
-def run_dataset(name: str, src: str, test: str, a, epochs: int) -> dict:
-    packed = os.path.join(GMNT, f"importance-{name}-{os.path.basename(os.path.dirname(src))}")
+def train(mnt: str, test: str, mode: str, a, epochs: int) -> list[dict]:
+    def show(row):
+        print(f"  {mode:<10} epoch {row['epoch']:2d}: trained {row['trained']:5d} "
+              f"re-evaluated {row['reevaluated']:5d}  {row['seconds']:6.2f} s "
+              f"(split {row['split_s']:.2f}, re-eval {row['reeval_s']:.2f})  "
+              f"backend {row.get('backend_bytes', 0) / 1e6:7.1f} MB  test acc {row['test_acc']:.4f}",
+              flush=True)
+    return run_trainer("train_importance.py", [mnt, test, "--mode", mode, "--epochs", str(epochs),
+                                               "--keep", str(a.keep), "--seed", str(a.seed),
+                                               "--drop-caches"], show)
+
+
+def run_dataset(root: str, a, epochs: int) -> dict:
+    """Full and importance runs on ROOT/train (packed onto the volume), tested on ROOT/test."""
+    name = os.path.basename(root)
+    src, test = os.path.join(root, "train"), os.path.join(root, "test")
+    packed = os.path.join(GMNT, f"importance-{name}")
     if not os.path.exists(os.path.join(packed, "index.fusefs")):
         pack(src, packed, chunk_bytes=(1 << 20) if name == "digits" else (16 << 20), force=True,
              progress=False)
@@ -170,7 +182,7 @@ def main() -> int:
         make_imagefolder(os.path.join(synth, "test"), 300, n_classes=10, mean_bytes=100_000, seed=1,
                          learnable=True)
     sets = {"digits": (digits, a.epochs), "synth": (synth, a.synth_epochs)}
-    res = {name: run_dataset(name, os.path.join(root, "train"), os.path.join(root, "test"), a, epochs)
+    res = {name: run_dataset(root, a, epochs)
            for name, (root, epochs) in sets.items() if name in a.datasets.split(",")}
     summary = summarize(res, warmup)
     for name, s in summary.items():

@@ -31,7 +31,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 
-from bench_importance import make_digits  # noqa: E402
+from bench_importance import make_digits, run_trainer  # noqa: E402
 from fusefs.mount import running_mount  # noqa: E402
 from fusefs.pack import pack  # noqa: E402
 from fusefs.synth import make_imagefolder  # noqa: E402
@@ -39,7 +39,6 @@ from trainer import mount_stats  # noqa: E402
 
 GMNT = "/mnt/fusefs-gluster"
 READER = os.path.join(REPO, "scripts", "imagefolder_reader.py")
-TRAIN = os.path.join(REPO, "scripts", "train_importance.py")
 ORDERS = [("random", "random", 1), ("chunks G=1", "chunks", 1), ("chunks G=4", "chunks", 4),
           ("chunks G=16", "chunks", 16), ("echo", "echo", 1)]
 ENV = dict(os.environ, PYTHONPATH=REPO)
@@ -117,13 +116,10 @@ def bench_digits(a) -> dict:
     out = {}
     mnt = os.path.join(a.out, "mnt-digits")
     for label, mode, group in ORDERS:
-        cmd = ["/usr/bin/python3", TRAIN, mnt, os.path.join(digits, "test"), "--mode", "full",
-               "--order", mode, "--group", str(group), "--epochs", str(a.digits_epochs)]
         with running_mount(packed, mnt, "--cache-size", "10%"):
-            r = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
-        if r.returncode:
-            raise SystemExit(f"training ({label}) failed:\n{r.stderr[-3000:]}")
-        rows = [json.loads(line) for line in r.stdout.splitlines()]
+            rows = run_trainer("train_importance.py", [
+                mnt, os.path.join(digits, "test"), "--mode", "full", "--order", mode,
+                "--group", str(group), "--epochs", str(a.digits_epochs)])
         out[label] = rows
         print(f"  digits {label:<12} test acc per epoch: "
               + " ".join(f"{100 * x['test_acc']:.1f}" for x in rows), flush=True)

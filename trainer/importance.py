@@ -243,19 +243,20 @@ class ImportanceSampler(Sampler):
         rng = np.random.default_rng((self.seed, self.epoch))
         if imp is None:
             return rng.permutation(self.n)
-        # The shuffle: every sample's place in one random permutation of the epoch, the
-        # chosen in that order. (Uniform over the chosen, and the same relative order for
-        # any chosen set: the provisional order written with the re-evaluation and the
-        # final one agree on what comes first, so what was read ahead stays useful.)
-        place = np.empty(self.n, dtype=np.int64)
-        place[rng.permutation(self.n)] = np.arange(self.n)
+        # The shuffle: one random permutation of the epoch, kept to the chosen. (Uniform
+        # over the chosen, and the same relative order for any chosen set: the provisional
+        # order written with the re-evaluation and the final one agree on what comes
+        # first, so what was read ahead stays useful.)
+        perm = rng.permutation(self.n)
         ranked = np.argsort(-imp, kind="stable")
         n_keep = self._n_keep()
         chosen, rest = ranked[:n_keep], ranked[n_keep:]
         if self.explore > 0 and len(rest):
             extra = rng.choice(rest, int(round(self.explore * len(rest))), replace=False)
             chosen = np.concatenate([chosen, extra])
-        return chosen[np.argsort(place[chosen], kind="stable")]
+        wanted = np.zeros(self.n, dtype=bool)
+        wanted[chosen] = True
+        return perm[wanted[perm]]
 
     def __iter__(self):
         imp = self.importance() if self.importance_phase else None

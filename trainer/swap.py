@@ -311,20 +311,13 @@ def largest_batch(fits, start: int, limit: int = 1 << 20) -> int:
     fits() that is monotone (true up to some size, false beyond): doubles from start, then
     bisects. fits(b) runs one training step at batch b and says whether it had the memory.
     Returns 0 when not even a batch of 1 fits."""
-    lo, hi = 0, max(1, start)
+    lo, hi = 0, max(1, start)  # fits(lo) (or lo == 0), and hi is still to be tried
     while fits(hi):
         lo = hi
         if hi >= limit:
             return lo
         hi = min(2 * hi, limit)
-    if lo == 0:  # start itself failed: look below it
-        hi_fail = hi
-        while hi_fail > 1 and not fits(hi_fail // 2):
-            hi_fail //= 2
-        if hi_fail == 1:
-            return 0
-        lo, hi = hi_fail // 2, hi_fail
-    while hi - lo > max(1, lo // 16):
+    while hi - lo > max(1, lo // 16):  # now not fits(hi)
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
