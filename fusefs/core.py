@@ -186,16 +186,20 @@ class Core:
         fh = self._next_fh
         self._next_fh += 1
         self._handles[fh] = sid
-        if self.kernel is not None:
-            self._push(sid)
-        return OpenResult(fh=fh)
+        push = self.cache.get(sid) if self.kernel is not None else None
+        return OpenResult(fh=fh, push=push or None)
 
-    def _push(self, sid: int) -> None:
-        data = self.cache.get(sid)
-        if not data:
+    async def push(self, ino: int, data: bytes) -> None:
+        """Hand a cached sample's bytes to the kernel page cache (the open's `push`, before
+        its reply). In a worker thread: the store waits for the locks of the file's pages,
+        and a read of the same file by another opener holds one until the daemon answers
+        that read; on the event loop, the store and the read waited for each other
+        (a test with 3 readers of the same files hung so)."""
+        kernel = self.kernel
+        if kernel is None:
             return
         try:
-            self.kernel.push(self.file_base + sid, data)
+            await trio.to_thread.run_sync(kernel.push, ino, data)
         except OSError as e:
             log.warning("the kernel refused a page cache push (%s): serving reads from the daemon", e)
             self.kernel = None
@@ -370,11 +374,11 @@ class Core:
         return result
 
     async def _fetch_missed(self, sid: int):
-        """Fetch a sample no one is fetching, with companions: the next k-1 samples queued
-        for read-ahead on its node (with an order), or, reading without an order, the next
-        samples of its chunk when the reads look like a scan."""
+        """Fetch a sample no one is fetching, with companions: the next samples queued for
+        read-ahead on its node up to a batch (see Prefetcher.batch_size), or, reading without
+        an order, the next k-1 samples of its chunk when the reads look like a scan."""
         k = self.fetcher.batch - 1
-        reserved = set(self.prefetcher.take_queued(sid, k))
+        reserved = set(self.prefetcher.take_queued(sid))
         if sid not in reserved and self.cache.reserve(int(self.index.size[sid])):
             reserved.add(sid)
         batch = [sid] + [s for s in reserved if s != sid]

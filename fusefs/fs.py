@@ -101,6 +101,8 @@ class Operations(pyfuse3.Operations):
     @_translate
     async def open(self, inode, flags, ctx):
         r = self.core.open(inode, flags, ctx.uid)
+        if r.push is not None:
+            await self.core.push(inode, r.push)
         return pyfuse3.FileInfo(fh=r.fh, direct_io=r.direct_io, keep_cache=r.keep_cache)
 
     @_translate

@@ -170,6 +170,12 @@ class Prefetcher:
     `low_water` bytes of the budget are free or held by LRU entries (hysteresis), so each
     refill is large enough to give every node full batches instead of a trickle of
     one-sample requests.
+
+    After a new order each node's batches start small and double up to k (1, 2, 4, ...):
+    a batch is delivered when its last sample arrives, so a first batch of k samples
+    would keep the readers of the order's first sample waiting for k reads (a DataLoader's
+    workers then all wait at the start of every epoch). The requests in flight still fill
+    the node's slots.
     """
 
     MAX_BATCH_BYTES = 16 << 20
@@ -185,6 +191,7 @@ class Prefetcher:
         self.queued: dict[int, int] = {}  # sid -> node, for samples waiting in a queue
         self.running = [0] * nodes        # prefetch batches started and not finished
         self.heads: dict[int, int] = {}   # rank -> next order position to look at
+        self.ramp = [1] * nodes           # samples in the node's next batch, doubling to k
         mean_size = core.index.total_bytes / max(1, core.index.n_files)
         refill = fetcher.per_node * nodes * fetcher.batch * mean_size
         self.low_water = int(max(1, min(core.cache.budget // 4, refill)))
@@ -215,6 +222,7 @@ class Prefetcher:
                 q.clear()
         self.queued.clear()
         self.heads.clear()
+        self.ramp = [1] * len(self.ramp)
 
     def rewind(self) -> None:
         """Look at the plans again from the readers' cursors (after the cache had to drop
@@ -262,16 +270,19 @@ class Prefetcher:
                 self.heads[rank] = pos + 1
 
     def dispatch(self) -> None:
-        """Start queued batches of up to k samples on every node with a free slot. A batch
-        that ends inside a run of queued samples of one chunk (a chunk-block order) takes
-        the rest of that run too, up to 16 MiB: the chunk is then read in one request."""
+        """Start queued batches of up to k samples (fewer while a new order ramps up) on
+        every node with a free slot. A full batch that ends inside a run of queued samples
+        of one chunk (a chunk-block order) takes the rest of that run too, up to 16 MiB:
+        the chunk is then read in one request."""
         fetcher = self.core.fetcher
         chunk, sizes = self.core.index.chunk, self.core.index.size
         for node, q in enumerate(self.queues):
             while q and self.running[node] < fetcher.per_node:
-                end = min(len(q), fetcher.batch)
+                size = self.batch_size(node)
+                end = min(len(q), size)
                 nbytes = int(sizes[q[:end]].sum())
-                while (end < len(q) and chunk[q[end]] == chunk[q[end - 1]]
+                runs = size == fetcher.batch  # (not while ramping up)
+                while (runs and end < len(q) and chunk[q[end]] == chunk[q[end - 1]]
                        and nbytes + int(sizes[q[end]]) <= self.MAX_BATCH_BYTES):
                     nbytes += int(sizes[q[end]])
                     end += 1
@@ -283,13 +294,23 @@ class Prefetcher:
                 self.batches += 1
                 self.nursery.start_soon(self._run_batch, node, batch)
 
-    def take_queued(self, sid: int, k: int) -> list[int]:
-        """For a reader that missed sid: sid if it is queued, plus up to k samples queued
-        next on its node, taken out of the queue (their bytes stay reserved)."""
+    def batch_size(self, node: int) -> int:
+        """Samples in the node's next batch (k, or fewer while a new order ramps up)."""
+        k = self.core.fetcher.batch
+        size = min(self.ramp[node], k)
+        self.ramp[node] = min(2 * size, k)
+        return size
+
+    def take_queued(self, sid: int) -> list[int]:
+        """For a reader that missed sid: sid if it is queued, plus samples queued next on
+        its node up to a batch, taken out of the queue (their bytes stay reserved)."""
         node = self.queued.get(sid)
-        q = self.queues[self.core.fetcher.node_of(sid) if node is None else node]
-        taken = [sid] if node is not None else []
+        if node is None:
+            node = self.core.fetcher.node_of(sid)
+        q = self.queues[node]
+        taken = [sid] if sid in self.queued else []
         rest = [s for s in q if s != sid]
+        k = self.batch_size(node) - 1
         taken += rest[:k]
         q[:] = rest[k:]
         for s in taken:

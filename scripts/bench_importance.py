@@ -9,19 +9,23 @@ static (pinned) share:
           the I/O comparison: backend bytes and epoch time per epoch.
 For each, the same small CNN, seeds and epochs are trained twice by scripts/train_importance.py
 under /usr/bin/python3 (torchvision ImageFolder + DataLoader through the mount): with every
-sample each epoch (HintedSampler), and with ImportanceSampler at --keep. The page cache is
-dropped before each epoch.
+sample each epoch (HintedSampler), and with ImportanceSampler at --keep. Before each epoch
+the packed data set leaves the page cache (--page-cache dataset: its files on the volume
+and on the bricks, as a remote backend's are never in this machine's page cache), or the
+whole page cache is dropped (--page-cache all: the training's program code too, which
+every DataLoader start then reads back from disk).
 
 Epoch times are averaged over --repeats runs of each mode, alternated (full, importance,
 full, ...) so that the drift of a noisy machine hits both alike.
 
 usage: .venv/bin/python scripts/bench_importance.py [--epochs 15] [--synth 3000]
-           [--synth-epochs 6] [--keep 0.7] [--delay-ms 2] [--repeats 3]
-           [--datasets digits,synth] [--out out/bench_importance]
+           [--synth-epochs 9] [--keep 0.7] [--delay-ms 2] [--repeats 3]
+           [--datasets digits,synth] [--page-cache dataset|all] [--out out/bench_importance]
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import subprocess
@@ -37,6 +41,7 @@ from fusefs.pack import pack  # noqa: E402
 from fusefs.synth import make_imagefolder  # noqa: E402
 
 GMNT = "/mnt/fusefs-gluster"
+BRICKS = os.environ.get("FUSEFS_GLUSTER_BRICKS", "/srv/fusefs-gluster")  # as gluster.sh
 
 
 def make_digits(root: str, seed: int = 0) -> None:
@@ -74,16 +79,21 @@ def run_trainer(script: str, args: list[str], show=None) -> list[dict]:
     return rows
 
 
-def train(mnt: str, test: str, mode: str, a, epochs: int) -> list[dict]:
+def train(mnt: str, test: str, mode: str, a, epochs: int, packed: str) -> list[dict]:
     def show(row):
         print(f"  {mode:<10} epoch {row['epoch']:2d}: trained {row['trained']:5d} "
               f"re-evaluated {row['reevaluated']:5d}  {row['seconds']:6.2f} s "
               f"(split {row['split_s']:.2f}, re-eval {row['reeval_s']:.2f})  "
               f"backend {row.get('backend_bytes', 0) / 1e6:7.1f} MB  test acc {row['test_acc']:.4f}",
               flush=True)
+    if a.page_cache == "all":
+        flush = ["--drop-caches"]
+    else:  # the packed folder through the volume's mount and on each brick
+        name = os.path.relpath(packed, GMNT)
+        flush = [f"--evict={p}" for p in [packed, *sorted(glob.glob(os.path.join(BRICKS, "*", name)))]]
     return run_trainer("train_importance.py", [mnt, test, "--mode", mode, "--epochs", str(epochs),
                                                "--keep", str(a.keep), "--seed", str(a.seed),
-                                               "--drop-caches"], show)
+                                               *flush], show)
 
 
 def run_dataset(root: str, a, epochs: int) -> dict:
@@ -100,7 +110,7 @@ def run_dataset(root: str, a, epochs: int) -> dict:
             mnt = os.path.join(a.out, f"mnt-{name}")
             with running_mount(packed, mnt, "--cache-size", "10%", "--static-cache", "30%"):
                 print(f"{name}: {mode} (run {rep + 1} of {a.repeats})", flush=True)
-                out["repeats"][mode].append(train(mnt, test, mode, a, epochs))
+                out["repeats"][mode].append(train(mnt, test, mode, a, epochs, packed))
     for mode in ("full", "importance"):
         out[mode] = out["repeats"][mode][0]
     return out
@@ -159,7 +169,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=15)
     p.add_argument("--synth", type=int, default=3000)
-    p.add_argument("--synth-epochs", type=int, default=6)
+    p.add_argument("--synth-epochs", type=int, default=9)
     p.add_argument("--keep", type=float, default=0.7)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--delay-ms", type=int, default=2)
@@ -167,6 +177,8 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3,
                    help="runs per mode, alternated (full, importance, full, ...); epoch times "
                         "are averaged over all, accuracy and bytes are those of the first")
+    p.add_argument("--page-cache", choices=("dataset", "all"), default="dataset",
+                   help="what leaves the page cache before each epoch (see above)")
     p.add_argument("--out", default=os.path.join(REPO, "out", "bench_importance"))
     a = p.parse_args()
     warmup = 3

@@ -7,14 +7,20 @@ repository on PYTHONPATH: torchvision's ImageFolder + DataLoader read the mount 
 Per epoch: samples trained, samples re-evaluated, seconds (re-evaluation included), test
 accuracy (TEST is an ImageFolder of the held-out images), and from the mount's statistics
 the backend bytes and samples fetched in the epoch and the share of reads served from the
-cache. --drop-caches empties the page cache before each epoch (the backend's included).
+cache. --drop-caches empties the whole page cache before each epoch (the backend's, and the
+program code's too); --evict PATH (repeatable) only evicts the files under PATH from it
+(posix_fadvise DONTNEED): the backend's copy of the data set, the way a remote one is not
+in this machine's page cache.
 
 usage: train_importance.py ROOT TEST --mode full|importance [--epochs 15] [--keep 0.7]
                            [--warmup 3] [--seed 0] [--workers 2] [--batch 64] [--drop-caches]
-                           [--order random|chunks|echo] [--group G]
+                           [--evict PATH ...]
+                           [--order random|chunks|echo] [--group G] [--reuse-mb 512]
 
 --order (with --mode full) trains on HintedSampler's order modes: chunk-block orders with
-G chunks per shuffle group, or data echoing (trainer/orders.py).
+G chunks per shuffle group, or data echoing (trainer/orders.py). --reuse-mb (with
+--mode importance): memory for the re-evaluation's decoded batches, which training then
+uses instead of reading those samples again (0: read them again).
 """
 import argparse
 import json
@@ -26,7 +32,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
-from trainer import HintedSampler, ImportanceSampler, LossTracker, WithIndex, reevaluate
+from trainer import HintedSampler, ImportanceSampler, LossTracker, WithIndex
 from trainer.hints import find_mount, mount_stats
 
 
@@ -35,6 +41,18 @@ def small_cnn(classes: int) -> nn.Module:
         nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(32 * 8 * 8, 64), nn.ReLU(), nn.Linear(64, classes))
+
+
+def evict(paths: list[str]) -> None:
+    """Drop the files under paths from the page cache."""
+    for top in paths:
+        for folder, _, names in os.walk(top) if os.path.isdir(top) else [("", [], [top])]:
+            for name in names:
+                fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
 
 
 def stats_of(root: str) -> dict:
@@ -69,8 +87,10 @@ def main():
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--drop-caches", action="store_true")
+    p.add_argument("--evict", action="append", default=[], metavar="PATH")
     p.add_argument("--order", default="random", choices=("random", "chunks", "echo"))
     p.add_argument("--group", type=int, default=1)
+    p.add_argument("--reuse-mb", type=float, default=512)
     a = p.parse_args()
 
     torch.manual_seed(a.seed)
@@ -86,30 +106,32 @@ def main():
     if a.mode == "full":
         sampler = HintedSampler(train, seed=a.seed, mode=a.order, group=a.group, batch_size=a.batch)
     else:
-        sampler = ImportanceSampler(train, tracker, keep=a.keep, warmup=a.warmup, seed=a.seed)
+        sampler = ImportanceSampler(train, tracker, keep=a.keep, warmup=a.warmup, seed=a.seed,
+                                    reuse_bytes=int(a.reuse_mb * 2**20))
     indexed = WithIndex(train)
     loader = DataLoader(indexed, batch_size=a.batch, sampler=sampler, num_workers=a.workers,
                         persistent_workers=a.workers > 0)
     if a.mode == "importance":  # one loader for every epoch's re-evaluation: no new workers
-        # batches of the training size: a set of a few hundred samples in one batch of 256
-        # would go to one worker while the other waits
-        reloader = DataLoader(indexed, batch_size=a.batch, sampler=sampler.reevaluation_sampler,
+        # small batches: a set of a few hundred samples in batches of 64 leaves one worker
+        # idle for up to a batch at the end (the held ones are re-batched for training)
+        reloader = DataLoader(indexed, batch_size=16, sampler=sampler.reevaluation_sampler,
                               num_workers=a.workers, persistent_workers=a.workers > 0)
     for epoch in range(a.epochs):
         if a.drop_caches:
             os.sync()
             with open("/proc/sys/vm/drop_caches", "w") as f:
                 f.write("3\n")
+        evict(a.evict)
         s0 = stats_of(a.root)
         t0 = time.perf_counter()
         sampler.set_epoch(epoch)
         n_re = 0
         t_split = time.perf_counter()
         if a.mode == "importance":
-            n_re = reevaluate(model, reloader, sampler.reevaluation(), criterion, tracker)
+            n_re = sampler.reevaluate(model, reloader, criterion)
         t_re = time.perf_counter()
         trained = 0
-        for x, y, idx in loader:
+        for x, y, idx in (sampler.batches(loader) if a.mode == "importance" else loader):
             losses = criterion(model(x), y)
             tracker.record(idx, losses)
             opt.zero_grad()
@@ -132,6 +154,7 @@ def main():
                        pinned_samples=s1.get("pinned_samples", 0))
         if a.mode == "importance":
             row["fluctuating"] = int(sampler.fluctuating.sum())
+            row["reused"] = sampler.reused
         print(json.dumps(row), flush=True)
 
 

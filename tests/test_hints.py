@@ -120,6 +120,30 @@ def test_a_reader_killed_mid_read_leaves_the_daemon_serving(tricky, tmp_path):
             time.sleep(0.1)
 
 
+def test_readers_of_the_same_files_get_their_bytes_with_the_kernel_cache(tricky, tmp_path):
+    """Four processes reading the same files over and over: each open pushes the cached
+    sample to the kernel while other readers' reads of that file are in flight. (With
+    the push on the event loop the daemon and the kernel waited for each other: a read
+    after 8 s of this failed with EIO, and a test run hung.)"""
+    src, dst, files = tricky
+    mnt = str(tmp_path / "mnt")
+    code = ("import os,sys\nwhile True:\n for d,_,fs in os.walk(sys.argv[1]):\n"
+            "  for f in fs: open(os.path.join(d,f),'rb').read()\n")
+    with running_mount(dst, mnt, "--kernel-cache") as (proc, _):
+        readers = [subprocess.Popen([sys.executable, "-c", code, mnt]) for _ in range(4)]
+        try:
+            time.sleep(8)
+            assert all(r.poll() is None for r in readers)  # no reader hit an error
+            got = subprocess.run(["timeout", "20", "cat", os.path.join(mnt, "root file.txt")],
+                                 capture_output=True)
+            assert got.returncode == 0 and got.stdout == files["root file.txt"], got.stderr
+            assert mount_stats(mnt)["pushed"] > 0
+        finally:
+            for r in readers:
+                r.kill()
+                r.wait()
+
+
 @pytest.mark.parametrize("kernel_cache", [True, False])
 def test_read_ahead_bytes_pushed_to_the_kernel_page_cache(tricky, tmp_path, kernel_cache):
     """With --kernel-cache a sample read ahead is handed to the kernel at open, so its reads

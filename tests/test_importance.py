@@ -204,6 +204,93 @@ def test_one_persistent_loader_reevaluates_each_epochs_set():
     assert seen[2] and seen[3] and seen[2] != seen[3]
 
 
+class _Logged(_Rows):
+    """_Rows that logs which rows were loaded (single-process loaders only)."""
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.loaded = []
+
+    def __getitem__(self, i):
+        self.loaded.append(i)
+        return super().__getitem__(i)
+
+
+def _reuse_setup(n=60, reuse_bytes=512 << 20, keep=0.5):
+    ds = _Logged(f"/x/{i}" for i in range(n))
+    tracker = LossTracker(n)
+    s = ImportanceSampler(ds, tracker, keep=keep, warmup=2, write=False, reuse_bytes=reuse_bytes)
+    loader = torch.utils.data.DataLoader(WithIndex(ds), batch_size=8, sampler=s)
+    reloader = torch.utils.data.DataLoader(WithIndex(ds), batch_size=8,
+                                           sampler=s.reevaluation_sampler)
+    model = torch.nn.Linear(1, 1)
+    torch.nn.init.ones_(model.weight), torch.nn.init.zeros_(model.bias)
+    rng = np.random.default_rng(6)
+    for epoch in range(2):  # warm-up: losses made up, and made to fluctuate for some
+        s.set_epoch(epoch)
+        loss = rng.uniform(0, 1, n)
+        loss[::3] = 5.0 * (epoch % 2)
+        tracker.record(np.arange(n), loss)
+        tracker.end_epoch()
+    s.set_epoch(2)
+    return s, ds, loader, reloader, model
+
+
+def test_reevaluated_samples_are_trained_from_memory_not_read_again():
+    """sampler.batches(loader): the held re-evaluated samples chosen for training come
+    first (their own rows, in the selection's order), then the loader's batches, which
+    leave them out; together every chosen sample once."""
+    s, ds, loader, reloader, model = _reuse_setup()
+    square = lambda out, y: (out.squeeze(1) - y) ** 2  # noqa: E731
+    n_re = s.reevaluate(model, reloader, square)
+    todo = s._reevaluating
+    assert n_re == len(todo) > 0 and sorted(ds.loaded) == sorted(todo)
+    assert all(s.tracker.last[i] == i * i for i in todo)  # the re-evaluation's losses
+    ds.loaded.clear()
+    got = [(x, idx) for x, _, idx in s.batches(loader)]
+    rows = torch.cat([idx for _, idx in got]).tolist()
+    xs = torch.cat([x for x, _ in got]).squeeze(1).tolist()
+    assert xs == [float(i) for i in rows]  # each row's own data
+    chosen = set(np.argsort(-s.importance(), kind="stable")[:30].tolist())
+    assert sorted(rows) == sorted(chosen)  # every chosen sample, once
+    reused = set(chosen) & set(todo)
+    assert s.reused == len(reused) > 0
+    assert set(rows[:len(reused)]) == reused  # first, from memory
+    assert reused.isdisjoint(ds.loaded) and sorted(ds.loaded) == sorted(chosen - reused)
+    assert len(got[0][1]) == 8  # held rows are re-batched at the loader's size
+
+
+def test_a_small_reuse_budget_holds_whole_batches_and_reads_the_rest():
+    # batches of 8, 8, 4 rows (x and y 32 B, idx 64 B at 8 rows): the first fits, the
+    # second does not, and the third, which would, is not kept either
+    s, ds, loader, reloader, model = _reuse_setup(reuse_bytes=128 + 64)
+    s.reevaluate(model, reloader, lambda out, y: (out.squeeze(1) - y) ** 2)
+    assert len(s._held) == 8
+    ds.loaded.clear()
+    rows = [i for _, _, idx in s.batches(loader) for i in idx.tolist()]
+    assert len(rows) == len(set(rows)) == 30 and len(ds.loaded) == 30 - s.reused
+
+
+def test_iterating_the_loader_itself_reads_every_chosen_sample():
+    s, ds, loader, reloader, model = _reuse_setup()
+    s.reevaluate(model, reloader, lambda out, y: (out.squeeze(1) - y) ** 2)
+    ds.loaded.clear()
+    rows = [i for _, _, idx in loader for i in idx.tolist()]
+    assert len(rows) == 30 and sorted(ds.loaded) == sorted(rows) and s.reused == 0
+
+
+def test_held_reevaluation_leaves_its_samples_out_of_the_provisional_order(monkeypatch):
+    import trainer.importance as imp_mod
+    written = []
+    monkeypatch.setattr(imp_mod, "write_order",
+                        lambda mount, ids, importance=None, epoch=0, rank=0: written.append(np.asarray(ids)))
+    s, *_ = _reuse_setup()
+    s.write, s.ids = True, np.arange(60)
+    todo = s.reevaluation(held=True)
+    assert written[-1][:len(todo)].tolist() == todo
+    assert set(written[-1][len(todo):].tolist()) == set(s.select(s.importance()).tolist()) - set(todo)
+
+
 # ---- the mount's side ---------------------------------------------------------------
 def test_pinned_samples_survive_epochs_and_serve_the_next_one(three_nodes):
     dst, files = three_nodes
@@ -309,6 +396,58 @@ def test_the_fluctuating_samples_are_fetched_first_through_a_mount(tricky, tmp_p
         # a re-evaluated sample that training reads again was kept, not fetched twice
         assert set(todo) & set(idx)
         assert s["backend_samples"] == len(set(todo) | set(idx)), s
+
+
+class _FileRows(Paths):
+    """Paths that load as (file length, i): a real read of the file through the mount."""
+
+    def __getitem__(self, i):
+        with open(list.__getitem__(self, i), "rb") as f:
+            return torch.tensor([float(len(f.read()))]), torch.tensor(i)
+
+
+def test_held_reevaluation_through_a_mount_reads_each_sample_once(tricky, tmp_path):
+    """sampler.reevaluate + sampler.batches with DataLoader worker processes on a mount:
+    the re-evaluated samples are fetched and read once (training takes them from memory),
+    the training order written leaves them out, and every chosen sample is trained."""
+    src, dst, files = tricky
+    mnt = str(tmp_path / "mnt")
+    with running_mount(dst, mnt, "--cache-size", "50%", "--static-cache", "30%"):
+        names = sorted(k for k, v in files.items() if not k.endswith("/") and v)
+        ds = _FileRows(os.path.join(mnt, k) for k in names)
+        tracker = LossTracker(len(ds))
+        sampler = ImportanceSampler(ds, tracker, keep=0.5)
+        rng = np.random.default_rng(8)
+        for epoch in range(3):  # a warm-up without reads: losses made up, a third fluctuating
+            sampler.set_epoch(epoch)
+            loss = rng.uniform(0, 1, len(ds))
+            loss[::3] = 3.0 * ((epoch + 1) % 2) * rng.uniform(0, 1, len(loss[::3]))
+            tracker.record(np.arange(len(ds)), loss)
+            tracker.end_epoch()
+        loader_args = dict(batch_size=4, num_workers=2, persistent_workers=True)
+        loader = torch.utils.data.DataLoader(WithIndex(ds), sampler=sampler, **loader_args)
+        reloader = torch.utils.data.DataLoader(WithIndex(ds), sampler=sampler.reevaluation_sampler,
+                                               **loader_args)
+        sampler.set_epoch(3)
+        # re-evaluated losses as known before: the selection stays the provisional one
+        same = lambda out, y: torch.from_numpy(tracker.last[y.numpy()].copy())  # noqa: E731
+        n_re = sampler.reevaluate(torch.nn.Identity(), reloader, same)
+        todo = set(sampler._reevaluating)
+        s = mount_stats(mnt)
+        assert n_re == len(todo) > 0
+        rows, sizes = [], {}
+        for x, _, idx in sampler.batches(loader):
+            rows += idx.tolist()
+            sizes.update(zip(idx.tolist(), x.squeeze(1).tolist()))
+        s2 = mount_stats(mnt)
+        chosen = set(rows)
+        assert len(rows) == len(chosen) == round(0.5 * len(ds))
+        assert all(sizes[i] == len(files[names[i]]) for i in rows)  # each row its own file
+        assert 0 < sampler.reused == len(todo & chosen) < len(todo)
+        assert s2["plans"]["0"]["length"] == len(chosen) - sampler.reused  # held: not in the order
+        assert s2["backend_samples"] == len(todo | chosen), s2
+        opened = s2["hits"] + s2["read_waits"] + s2["misses"]
+        assert opened - (s["hits"] + s["read_waits"] + s["misses"]) == len(chosen - todo)
 
 
 def test_random_sampler_state_is_independent_of_global_rng():

@@ -127,6 +127,46 @@ def test_batches_are_per_node_and_coalesced(three_nodes):
     assert sum(s["samples"] for s in nodes.values()) == len(ids)
 
 
+def test_a_new_order_starts_each_node_with_small_batches(three_nodes):
+    """After an order, each node's read-ahead batches double from 1 sample up to k, so
+    the order's first sample arrives after one read, not after k; a second order ramps
+    up again."""
+    dst, files = three_nodes
+    probe = make_core(dst)
+    ids = np.random.default_rng(9).permutation(probe.index.n_files).tolist()
+    core = make_core(dst, cache_bytes=probe.index.total_bytes // 2, batch=8)
+    sizes, batches = [], []
+    batch_size, run_batch = core.prefetcher.batch_size, core.prefetcher._run_batch
+
+    def logged_size(node):
+        sizes.append((node, batch_size(node)))
+        return sizes[-1][1]
+
+    async def logged_batch(node, batch):
+        batches.append(list(batch))
+        await run_batch(node, batch)
+    core.prefetcher.batch_size, core.prefetcher._run_batch = logged_size, logged_batch
+    per_node = []
+
+    async def orders():  # read-ahead only, no readers
+        async with trio.open_nursery() as n:
+            await n.start(core.run)
+            for epoch, order in enumerate((ids, ids[::-1])):
+                sizes.clear(), batches.clear()
+                core.set_order(0, orderfmt.encode(order, epoch=epoch))
+                with trio.fail_after(10):
+                    await trio.sleep(0.01)
+                    while core.fetcher.inflight or any(core.prefetcher.queues):
+                        await trio.sleep(0.01)
+                per_node.append([[k for n, k in sizes if n == node] for node in range(3)])
+                assert [b for b in batches if order[0] in b] == [[order[0]]]  # alone
+            n.cancel_scope.cancel()
+    trio.run(orders)
+    for got in per_node[0]:
+        assert got[:4] == [1, 2, 4, 8] and max(got) == 8
+    assert all(got[:2] == [1, 2] for got in per_node[1])  # the second order: again
+
+
 def test_duplicates_survive_until_their_last_use(three_nodes):
     dst, files = three_nodes
     probe = make_core(dst)

@@ -7,6 +7,8 @@ epochs is split in two by KMeans (scikit-learn): the cluster of larger mean vari
 
 1. the fluctuating samples are re-evaluated first: their order is written to the mount
    (so it fetches them first), and a forward pass without gradients records their loss;
+   the decoded batches are kept in memory (up to `reuse_bytes`), so those of them chosen
+   for training are not read and decoded a second time;
 2. every sample's importance is its last recorded loss (stable samples: from the
    training forward passes, as they happen);
 3. the `keep` share of highest importance (plus, optionally, an `explore` share of the
@@ -19,14 +21,21 @@ Typical loop (the dataset must return the sample index too: wrap it in `WithInde
     sampler = ImportanceSampler(train_set, tracker, keep=0.7)
     loader = DataLoader(WithIndex(train_set), batch_size=64, sampler=sampler, num_workers=4)
     criterion = nn.CrossEntropyLoss(reduction="none")
+    reloader = DataLoader(WithIndex(train_set), batch_size=16, num_workers=4,
+                          sampler=sampler.reevaluation_sampler, persistent_workers=True)
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
-        reevaluate(model, WithIndex(train_set), sampler.reevaluation(), criterion, tracker)
-        for x, y, idx in loader:
+        sampler.reevaluate(model, reloader, criterion)
+        for x, y, idx in sampler.batches(loader):
             losses = criterion(model(x), y)
             tracker.record(idx, losses)
             losses.mean().backward(); ...
         tracker.end_epoch()
+
+`sampler.batches(loader)` yields the re-evaluated samples chosen for training first (from
+memory, shuffled, `loader.batch_size` at a time: the loader's workers start on the rest
+meanwhile), then the loader's batches, which hold only the rest. Iterating `loader` itself
+works too: it then yields every chosen sample, the re-evaluated ones read again.
 
 The tracker keeps numpy arrays only (float32: the latest loss and `warmup` epochs of
 history): 16 bytes per sample with the default warmup of 3, 20 MB for 1.28M samples.
@@ -154,12 +163,14 @@ class ImportanceSampler(Sampler):
     keep: share of samples trained on after the warm-up, a float or a function
     epoch -> float. explore: share of the samples left out that is drawn at random and
     added. warmup: epochs of full training (and of loss history) before the first split;
-    every: epochs between splits.
+    every: epochs between splits. reuse_bytes: memory for the decoded batches of the
+    re-evaluation (`reevaluate`), which `batches` hands to training (0: none kept).
     """
 
     def __init__(self, dataset, tracker: LossTracker, keep=0.7, explore: float = 0.0,
                  warmup: int | None = None, every: int = 1, seed: int = 0,
-                 mount: str | None = None, write: bool = True, local_rank: int = 0):
+                 mount: str | None = None, write: bool = True, local_rank: int = 0,
+                 reuse_bytes: int = 512 << 20):
         self.paths = dataset_paths(dataset)
         self.n = len(self.paths)
         if tracker.n != self.n:
@@ -183,6 +194,10 @@ class ImportanceSampler(Sampler):
         self.split_epoch = -1  # epoch of the last split (-1: none yet)
         self._selected: list[int] | None = None
         self._reevaluating: list[int] = []
+        self.reuse_bytes = reuse_bytes
+        self._held = _Held()  # this epoch's re-evaluated batches, for training
+        self._prepared: list[int] | None = None  # batches()'s selection, for __iter__
+        self._ready: list[int] = []  # held samples chosen for training, in order
         #: yields the current reevaluation() set: a sampler for one persistent DataLoader
         #: that re-evaluates every epoch without starting new worker processes
         self.reevaluation_sampler = _CurrentList(self)
@@ -190,7 +205,9 @@ class ImportanceSampler(Sampler):
     # ---- per epoch -------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
-        self._selected = None
+        self._selected = self._prepared = None
+        self._held.clear()
+        self._ready = []
         if self.importance_phase and (self.split_epoch < 0
                                       or epoch - self.split_epoch >= self.every):
             self.fluctuating = split_fluctuating(self.tracker.variance(), seed=self.seed + epoch)
@@ -209,7 +226,7 @@ class ImportanceSampler(Sampler):
     def _n_keep(self) -> int:
         return max(1, int(round(self.keep_fraction() * self.n)))
 
-    def reevaluation(self) -> list[int]:
+    def reevaluation(self, held: bool = False) -> list[int]:
         """The fluctuating samples to re-evaluate before this epoch's training (none during
         the warm-up). Their order is written to the mount now, so it fetches them first.
 
@@ -219,17 +236,49 @@ class ImportanceSampler(Sampler):
         samples that training will probably read again instead of dropping them after
         the re-evaluation read, keeps its pinned samples (an order without importance
         values would unpin them), and reads ahead for training while the re-evaluation
-        runs; the real order, written when training starts, replaces it."""
+        runs; the real order, written when training starts, replaces it. `held`: the
+        re-evaluation keeps its decoded batches for training (`reevaluate`), so the
+        provisional order leaves the fluctuating samples out: read once, then dropped."""
         if not self.importance_phase:
             self._reevaluating = []
             return []
         idx = np.flatnonzero(self.fluctuating)
         imp = self.importance()
         ahead = self.select(imp)
+        if held:
+            ahead = ahead[~self.fluctuating[ahead]]
         both = np.concatenate([idx, ahead])
         self._write(both, np.minimum(imp[both], np.finfo(np.float32).max))
         self._reevaluating = idx.tolist()
         return self._reevaluating
+
+    def reevaluate(self, model, loader, criterion, *, device=None) -> int:
+        """Re-evaluate this epoch's fluctuating samples (none during the warm-up): write
+        their order, run the forward pass without gradients over `loader` (a DataLoader
+        over the `WithIndex` dataset with `sampler=self.reevaluation_sampler`, or the
+        `WithIndex` dataset itself) and record their losses. The decoded batches are kept,
+        up to `reuse_bytes`, for `batches` to train on. Returns the samples evaluated."""
+        hold = self.reuse_bytes > 0
+        self._held.clear()
+        todo = self.reevaluation(held=hold)
+        return reevaluate(model, loader, todo, criterion, self.tracker, device=device,
+                          hold=self._held.hold(self.reuse_bytes) if hold else None)
+
+    def batches(self, loader):
+        """This epoch's training batches from `loader` (a DataLoader with this sampler):
+        first the held re-evaluated samples chosen for training, in the epoch's shuffled
+        order, `loader.batch_size` at a time (while the loader's workers start on the
+        rest), then the loader's batches, which leave those samples out."""
+        self._prepare(leave_out_held=True)  # the selection, and the order written
+        it = iter(loader)  # (its __iter__ takes the prepared selection)
+        yield from self._held.batches(self._ready, loader.batch_size or 1)
+        self._held.clear()
+        yield from it
+
+    @property
+    def reused(self) -> int:
+        """Samples of this epoch trained from the re-evaluation's batches, not read again."""
+        return len(self._ready)
 
     def importance(self) -> np.ndarray:
         """Each sample's importance: its last recorded loss (unknown: +inf, so an unseen
@@ -259,12 +308,23 @@ class ImportanceSampler(Sampler):
         return perm[wanted[perm]]
 
     def __iter__(self):
+        if self._prepared is None:
+            self._prepare(leave_out_held=False)
+        idx, self._prepared = self._prepared, None
+        return iter(idx)
+
+    def _prepare(self, leave_out_held: bool) -> None:
+        """Select this epoch's samples and write their order; leave_out_held: those held
+        from the re-evaluation go to batches() instead (self._ready)."""
         imp = self.importance() if self.importance_phase else None
         idx = self.select(imp)
+        self._ready = []
+        if leave_out_held and len(self._held):
+            held = self._held.contains(idx)
+            self._ready, idx = idx[held].tolist(), idx[~held]
         # finite values, as the order file needs (an unseen sample's +inf becomes the max)
         self._write(idx, None if imp is None else np.minimum(imp[idx], np.finfo(np.float32).max))
-        self._selected = idx.tolist()
-        return iter(self._selected)
+        self._selected = self._prepared = idx.tolist()
 
     def __len__(self) -> int:
         if self._selected is not None:
@@ -292,6 +352,51 @@ class ImportanceSampler(Sampler):
         self._selected = None
 
 
+class _Held:
+    """Batches (tuples of CPU tensors, the sample index last) kept from a re-evaluation,
+    within a byte budget: the first whole batches that fit (after one that does not, no
+    more are kept)."""
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self) -> None:
+        self.parts: list[tuple] = []
+        self.nbytes = 0
+        self.rows: dict[int, int] = {}
+        self.full = False
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def hold(self, budget: int):
+        """A callback for reevaluate: keep the batches handed to it while they fit."""
+        def keep(batch) -> None:
+            size = sum(t.element_size() * t.nelement() for t in batch
+                       if isinstance(t, torch.Tensor))
+            self.full = (self.full or self.nbytes + size > budget
+                         or not all(isinstance(t, torch.Tensor) for t in batch))
+            if self.full:
+                return
+            self.nbytes += size
+            for i in batch[-1].tolist():
+                self.rows[int(i)] = len(self.rows)
+            self.parts.append(tuple(t.detach().cpu() for t in batch))
+        return keep
+
+    def contains(self, idx: np.ndarray) -> np.ndarray:
+        return np.fromiter((int(i) in self.rows for i in idx), dtype=bool, count=len(idx))
+
+    def batches(self, order: list[int], size: int):
+        if not order:
+            return
+        fields = [torch.cat(col) for col in zip(*self.parts)]
+        rows = torch.tensor([self.rows[i] for i in order])
+        for start in range(0, len(rows), size):
+            pick = rows[start:start + size]
+            yield tuple(f[pick] for f in fields)
+
+
 class _CurrentList(Sampler):
     """The sampler's current re-evaluation set, read at each iteration."""
 
@@ -307,13 +412,15 @@ class _CurrentList(Sampler):
 
 @torch.no_grad()
 def reevaluate(model, indexed_dataset, indices, criterion, tracker: LossTracker, *,
-               batch_size: int = 256, num_workers: int = 0, device=None) -> int:
+               batch_size: int = 256, num_workers: int = 0, device=None, hold=None) -> int:
     """Forward pass without gradients over `indices` of a `WithIndex` dataset; records
     each sample's loss (criterion with reduction='none'). Returns the samples evaluated.
 
     `indexed_dataset` may instead be a DataLoader built once over the `WithIndex` dataset
     with `sampler=importance_sampler.reevaluation_sampler` (persistent workers): it then
-    yields this epoch's set and `indices` only says whether there is one."""
+    yields this epoch's set and `indices` only says whether there is one. `hold`, if
+    given, is handed each batch (x, y, idx) as loaded (`ImportanceSampler.reevaluate`
+    keeps them for training)."""
     if not len(indices):
         return 0
     was_training = model.training
@@ -326,6 +433,8 @@ def reevaluate(model, indexed_dataset, indices, criterion, tracker: LossTracker,
     done = 0
     try:
         for x, y, idx in loader:
+            if hold is not None:
+                hold((x, y, idx))
             if device is not None:
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             tracker.record(idx, criterion(model(x), y))
