@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import functools
 import logging
 import os
 import stat
@@ -375,8 +376,9 @@ class Core:
 
     async def _fetch_missed(self, sid: int):
         """Fetch a sample no one is fetching, with companions: the next samples queued for
-        read-ahead on its node up to a batch (see Prefetcher.batch_size), or, reading without
-        an order, the next k-1 samples of its chunk when the reads look like a scan."""
+        read-ahead on its node up to a batch, or, reading without an order, the next k-1
+        samples of its chunk when the reads look like a scan. The reader has its sample as
+        soon as its read is done; the companions' reads go on in the background."""
         k = self.fetcher.batch - 1
         reserved = set(self.prefetcher.take_queued(sid))
         if sid not in reserved and self.cache.reserve(int(self.index.size[sid])):
@@ -387,16 +389,27 @@ class Core:
             end = min(sid + 1 + k, self.index.n_files)
             batch += [s for s in range(sid + 1, end) if chunk[s] == chunk[sid]
                       and s not in self.cache and s not in self.fetcher.inflight]
-        return (await self.fetch_batch(batch, reserved, keep=sid))[sid]
+        nursery = self.prefetcher.nursery
+        if nursery is None:  # (a core without its read-ahead task: tests)
+            return (await self.fetch_batch(batch, reserved, keep=sid))[sid]
+        # the batch goes on in the background; the reader has its sample when it arrives
+        claimed = self.fetcher.claim(batch)
+        nursery.start_soon(functools.partial(self.fetch_batch, batch, reserved, keep=sid,
+                                             claimed=claimed))
+        pending = claimed[sid]
+        await pending.event.wait()
+        return pending.error or pending.data
 
-    async def fetch_batch(self, sids: list[int], reserved: set[int], keep: int | None = None) -> dict:
+    async def fetch_batch(self, sids: list[int], reserved: set[int], keep: int | None = None,
+                          claimed=None) -> dict:
         """Fetch sids (one node) as one batch; return what arrived for each. Reservations
         (of the sids in `reserved`) are released as their samples arrive, or at once for
         one someone else is already fetching. Read-ahead (reserved, other than `keep`, the
-        sample a reader is waiting for) is kept only if an order still needs it."""
+        sample a reader is waiting for) is kept only if an order still needs it.
+        `claimed`: the fetcher's claim on sids, made by the caller (see Fetcher.fetch)."""
         sizes, inflight = self.index.size, self.fetcher.inflight
         for sid in sids:
-            if sid in reserved and sid in inflight:
+            if sid in reserved and sid in inflight and not (claimed and sid in claimed):
                 self.cache.unreserve(int(sizes[sid]))
         results = {}
 
@@ -406,7 +419,7 @@ class Core:
             results[s] = r
             self.deliver(s, r, prefetched=s in reserved and s != keep)
 
-        await self.fetcher.fetch(sids, deliver)
+        await self.fetcher.fetch(sids, deliver, claimed)
         return results
 
     def deliver(self, sid: int, result, prefetched: bool = False) -> None:

@@ -67,16 +67,22 @@ class Fetcher:
     def node_of(self, sid: int) -> int:
         return int(self.chunk_node[int(self.store.index.chunk[sid])])
 
-    async def fetch(self, sids: list[int], deliver) -> None:
-        """Fetch sids (one node) in one batch; deliver(sid, bytes | Exception) for each.
+    def claim(self, sids: list[int]) -> dict[int, Pending]:
+        """Register those of sids no one is fetching as in flight (readers of them then wait
+        for this fetch instead of fetching again); their Pendings, for fetch()."""
+        return {s: self.inflight.setdefault(s, Pending()) for s in sids if s not in self.inflight}
 
-        Registers each sid as in flight first, so readers of them wait for this batch.
-        """
-        sids = [s for s in sids if s not in self.inflight]
-        if not sids:
+    async def fetch(self, sids: list[int], deliver, claimed: dict[int, Pending] | None = None) -> None:
+        """Fetch sids (one node) in one batch; deliver(sid, bytes | Exception) for each,
+        each sample as soon as its read is done (the read of a sample asked for earlier in
+        sids is made earlier). `claimed`: sids already claimed (the others are claimed now;
+        any someone else fetches are left out)."""
+        pendings = dict(claimed or {})
+        pendings.update(self.claim([s for s in sids if s not in pendings]))
+        if not pendings:
             return
+        sids = [s for s in sids if s in pendings]
         node = self.node_of(sids[0])
-        pendings = {s: self.inflight.setdefault(s, Pending()) for s in sids}
         self.busy[node] += 1
         stats = self.node_stats[node]
 
@@ -95,12 +101,25 @@ class Fetcher:
             p.event.set()
             deliver(sid, r)
 
+        token = trio.lowlevel.current_trio_token()
+
+        def arrived(got: dict) -> None:  # in the trio thread, while the batch goes on
+            for sid, r in got.items():
+                if sid in pendings and not isinstance(r, Exception):
+                    finish(sid, r)
+
+        def on_read(got: dict) -> None:  # in the worker thread
+            try:
+                token.run_sync_soon(arrived, got)
+            except trio.RunFinishedError:
+                pass
+
         try:
             todo, attempt = sids, 0
             while todo:
                 try:
                     results, nreads, nbytes, local = await trio.to_thread.run_sync(
-                        self._read, todo, limiter=self.limiters[node])
+                        self._read, todo, on_read, limiter=self.limiters[node])
                 except Exception as e:  # a bug, not a backend error (read_batch returns those)
                     log.exception("fetch of %d samples from node %s failed", len(todo),
                                   self.node_names[node])
@@ -121,7 +140,7 @@ class Fetcher:
                     self._set_down(node, True, results[failed[0]])
                 retry = failed if attempt < self.retries and not stats["down"] else []
                 for sid in todo:
-                    if sid not in retry:
+                    if sid not in retry and sid in pendings:  # (not delivered on arrival)
                         finish(sid, results[sid])
                 if retry:
                     stats["retries"] += len(retry)
@@ -135,11 +154,13 @@ class Fetcher:
             for sid in list(pendings):
                 finish(sid, OSError(errno.EIO, "fetch cancelled"))
 
-    def _read(self, sids: list[int]):
-        """(results, backend reads, backend bytes, sids served by the local tier); blocking."""
+    def _read(self, sids: list[int], on_read):
+        """(results, backend reads, backend bytes, sids served by the local tier); blocking.
+        on_read(results of one backend read) after each."""
         got = self.local.read_many(sids) if self.local is not None else {}
         rest = [s for s in sids if s not in got]
-        results, nreads, nbytes = self.store.read_batch(rest, self.max_gap) if rest else ({}, 0, 0)
+        results, nreads, nbytes = (self.store.read_batch(rest, self.max_gap, on_read) if rest
+                                   else ({}, 0, 0))
         results.update(got)
         return results, nreads, nbytes, got.keys()
 
@@ -171,11 +192,8 @@ class Prefetcher:
     refill is large enough to give every node full batches instead of a trickle of
     one-sample requests.
 
-    After a new order each node's batches start small and double up to k (1, 2, 4, ...):
-    a batch is delivered when its last sample arrives, so a first batch of k samples
-    would keep the readers of the order's first sample waiting for k reads (a DataLoader's
-    workers then all wait at the start of every epoch). The requests in flight still fill
-    the node's slots.
+    A batch reads its samples in the order's order and delivers each as its read is done
+    (Fetcher.fetch), so the reader of an order's first sample waits for one read, not k.
     """
 
     MAX_BATCH_BYTES = 16 << 20
@@ -191,7 +209,6 @@ class Prefetcher:
         self.queued: dict[int, int] = {}  # sid -> node, for samples waiting in a queue
         self.running = [0] * nodes        # prefetch batches started and not finished
         self.heads: dict[int, int] = {}   # rank -> next order position to look at
-        self.ramp = [1] * nodes           # samples in the node's next batch, doubling to k
         mean_size = core.index.total_bytes / max(1, core.index.n_files)
         refill = fetcher.per_node * nodes * fetcher.batch * mean_size
         self.low_water = int(max(1, min(core.cache.budget // 4, refill)))
@@ -222,7 +239,6 @@ class Prefetcher:
                 q.clear()
         self.queued.clear()
         self.heads.clear()
-        self.ramp = [1] * len(self.ramp)
 
     def rewind(self) -> None:
         """Look at the plans again from the readers' cursors (after the cache had to drop
@@ -270,19 +286,16 @@ class Prefetcher:
                 self.heads[rank] = pos + 1
 
     def dispatch(self) -> None:
-        """Start queued batches of up to k samples (fewer while a new order ramps up) on
-        every node with a free slot. A full batch that ends inside a run of queued samples
-        of one chunk (a chunk-block order) takes the rest of that run too, up to 16 MiB:
-        the chunk is then read in one request."""
+        """Start queued batches of up to k samples on every node with a free slot. A batch
+        that ends inside a run of queued samples of one chunk (a chunk-block order) takes
+        the rest of that run too, up to 16 MiB: the chunk is then read in one request."""
         fetcher = self.core.fetcher
         chunk, sizes = self.core.index.chunk, self.core.index.size
         for node, q in enumerate(self.queues):
             while q and self.running[node] < fetcher.per_node:
-                size = self.batch_size(node)
-                end = min(len(q), size)
+                end = min(len(q), fetcher.batch)
                 nbytes = int(sizes[q[:end]].sum())
-                runs = size == fetcher.batch  # (not while ramping up)
-                while (runs and end < len(q) and chunk[q[end]] == chunk[q[end - 1]]
+                while (end < len(q) and chunk[q[end]] == chunk[q[end - 1]]
                        and nbytes + int(sizes[q[end]]) <= self.MAX_BATCH_BYTES):
                     nbytes += int(sizes[q[end]])
                     end += 1
@@ -294,13 +307,6 @@ class Prefetcher:
                 self.batches += 1
                 self.nursery.start_soon(self._run_batch, node, batch)
 
-    def batch_size(self, node: int) -> int:
-        """Samples in the node's next batch (k, or fewer while a new order ramps up)."""
-        k = self.core.fetcher.batch
-        size = min(self.ramp[node], k)
-        self.ramp[node] = min(2 * size, k)
-        return size
-
     def take_queued(self, sid: int) -> list[int]:
         """For a reader that missed sid: sid if it is queued, plus samples queued next on
         its node up to a batch, taken out of the queue (their bytes stay reserved)."""
@@ -310,7 +316,7 @@ class Prefetcher:
         q = self.queues[node]
         taken = [sid] if sid in self.queued else []
         rest = [s for s in q if s != sid]
-        k = self.batch_size(node) - 1
+        k = self.core.fetcher.batch - 1
         taken += rest[:k]
         q[:] = rest[k:]
         for s in taken:

@@ -114,9 +114,13 @@ class ChunkStore:
         """Group samples into reads: (chunk, offset, length, sids) with samples of one chunk
         that are adjacent or at most max_gap bytes apart merged into one read of at most
         max_read bytes, and only while the bytes read in between (not wanted) stay within
-        the bytes wanted: read amplification is at most 2x, also for tiny samples."""
+        the bytes wanted: read amplification is at most 2x, also for tiny samples. The
+        reads come in the order of their first sample in sids."""
         ix = self.index
-        sids = sorted(set(int(s) for s in sids), key=lambda s: (int(ix.chunk[s]), int(ix.offset[s])))
+        first = {}  # sid -> its first position in sids
+        for pos, s in enumerate(sids):
+            first.setdefault(int(s), pos)
+        sids = sorted(first, key=lambda s: (int(ix.chunk[s]), int(ix.offset[s])))
         reads, wanted = [], 0  # wanted: bytes of the samples in the last read
         for sid in sids:
             k, off, size = int(ix.chunk[sid]), int(ix.offset[sid]), int(ix.size[sid])
@@ -130,38 +134,41 @@ class ChunkStore:
                     continue
             reads.append((k, off, size, [sid]))
             wanted = size
+        # in the order the samples were asked for (a read by its first member): with
+        # read_batch's on_read, the sample needed first arrives first
+        reads.sort(key=lambda r: min(first[s] for s in r[3]))
         return reads
 
-    def read_batch(self, sids, max_gap: int = 256 << 10) -> tuple[dict, int, int]:
-        """Read several samples with as few reads as the layout allows.
+    def read_batch(self, sids, max_gap: int = 256 << 10, on_read=None) -> tuple[dict, int, int]:
+        """Read several samples with as few reads as the layout allows, in the order of
+        sids (see coalesce).
 
         Returns ({sid: bytes or the exception for that sample}, reads made, bytes read).
         A failed read fails only the samples in it; a corrupt sample fails alone.
+        on_read, if given, is called after each read with {sid: result} of its samples.
         """
         out, nreads, nbytes = {}, 0, 0
         ix = self.index
         for k, off, length, members in self.coalesce(sids, max_gap):
+            got = {}
             try:
                 raw = self.read_range(k, off, length)
             except OSError as e:
+                got = dict.fromkeys(members, e)
+            else:
+                nreads += 1
+                nbytes += len(raw)
+                buf = raw if len(members) == 1 else memoryview(raw)  # (one: no copy)
                 for sid in members:
-                    out[sid] = e
-                continue
-            nreads += 1
-            nbytes += len(raw)
-            if len(members) == 1:  # the read is the sample: no copy
-                try:
-                    out[members[0]] = self.verify(members[0], raw)
-                except CorruptSample as e:
-                    out[members[0]] = e
-                continue
-            buf = memoryview(raw)
-            for sid in members:
-                rel = int(ix.offset[sid]) - off
-                try:
-                    out[sid] = self.verify(sid, buf[rel:rel + int(ix.size[sid])])
-                except CorruptSample as e:
-                    out[sid] = e
+                    rel = int(ix.offset[sid]) - off
+                    try:
+                        got[sid] = self.verify(sid, buf if len(members) == 1 else
+                                               buf[rel:rel + int(ix.size[sid])])
+                    except CorruptSample as e:
+                        got[sid] = e
+            out.update(got)
+            if on_read is not None:
+                on_read(got)
         return out, nreads, nbytes
 
     def read_sample(self, sid: int) -> bytes:

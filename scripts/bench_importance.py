@@ -18,8 +18,13 @@ every DataLoader start then reads back from disk).
 Epoch times are averaged over --repeats runs of each mode, alternated (full, importance,
 full, ...) so that the drift of a noisy machine hits both alike.
 
+The summary also gives the CPU time left idle per second of epoch (all cores together):
+near 0, the epoch is bound by decoding and training; large, by the volume (e.g. at
+--delay-ms 40).
+
 usage: .venv/bin/python scripts/bench_importance.py [--epochs 15] [--synth 3000]
            [--synth-epochs 9] [--keep 0.7] [--delay-ms 2] [--repeats 3]
+           [--cache-size 10%] [--static-cache 30%]
            [--datasets digits,synth] [--page-cache dataset|all] [--out out/bench_importance]
 """
 from __future__ import annotations
@@ -108,7 +113,7 @@ def run_dataset(root: str, a, epochs: int) -> dict:
     for rep in range(a.repeats):  # alternated, so drift of the machine hits both modes
         for mode in ("full", "importance"):
             mnt = os.path.join(a.out, f"mnt-{name}")
-            with running_mount(packed, mnt, "--cache-size", "10%", "--static-cache", "30%"):
+            with running_mount(packed, mnt, "--cache-size", a.cache_size, "--static-cache", a.static_cache):
                 print(f"{name}: {mode} (run {rep + 1} of {a.repeats})", flush=True)
                 out["repeats"][mode].append(train(mnt, test, mode, a, epochs, packed))
     for mode in ("full", "importance"):
@@ -134,6 +139,11 @@ def summarize(res: dict, warmup: int) -> dict:
             "epoch_time_ratio_per_run": [float(np.mean(after(ri, "seconds")) / np.mean(after(rf, "seconds")))
                                          for rf, ri in zip(modes["repeats"]["full"],
                                                            modes["repeats"]["importance"])],
+            # CPU time left idle per second of epoch, of this machine's cores together
+            # (near 0: bound by decoding and training; large: waiting for the volume)
+            **{f"cpu_idle_per_s_{mode}": float(np.mean([
+                r.get("cpu_idle_s", np.nan) / r["seconds"] for rows in modes["repeats"][mode]
+                for r in rows[warmup:]])) for mode in ("full", "importance")},
             "trained_per_epoch_importance": float(np.mean(after(i, "trained"))),
             "reevaluated_per_epoch": float(np.mean(after(i, "reevaluated"))),
         }
@@ -173,6 +183,8 @@ def main() -> int:
     p.add_argument("--keep", type=float, default=0.7)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--delay-ms", type=int, default=2)
+    p.add_argument("--cache-size", default="10%", help="the mounts' --cache-size")
+    p.add_argument("--static-cache", default="30%", help="the mounts' --static-cache")
     p.add_argument("--datasets", default="digits,synth", help="comma-separated subset to run")
     p.add_argument("--repeats", type=int, default=3,
                    help="runs per mode, alternated (full, importance, full, ...); epoch times "
@@ -204,7 +216,8 @@ def main() -> int:
               f"backend {s['backend_mb_per_epoch_full']:.1f} -> {s['backend_mb_per_epoch_importance']:.1f} MB "
               f"({s['backend_ratio']:.2f}x), epoch {s['epoch_s_full']:.2f} -> "
               f"{s['epoch_s_importance']:.2f} s ({s['epoch_time_ratio']:.2f}x; per run "
-              f"{', '.join(f'{x:.2f}x' for x in s['epoch_time_ratio_per_run'])})")
+              f"{', '.join(f'{x:.2f}x' for x in s['epoch_time_ratio_per_run'])}); idle CPU "
+              f"{s['cpu_idle_per_s_full']:.2f} / {s['cpu_idle_per_s_importance']:.2f} s per s")
     with open(os.path.join(a.out, "bench_importance.json"), "w") as f:
         json.dump({"settings": vars(a), "epochs": res, "summary": summary}, f, indent=1)
     if {"digits", "synth"} <= res.keys():

@@ -4,8 +4,9 @@ epoch or with trainer.ImportanceSampler; print one JSON line per epoch.
 
 Runs under Debian's /usr/bin/python3 (torch 1.13, torchvision, scikit-learn) with the
 repository on PYTHONPATH: torchvision's ImageFolder + DataLoader read the mount unchanged.
-Per epoch: samples trained, samples re-evaluated, seconds (re-evaluation included), test
-accuracy (TEST is an ImageFolder of the held-out images), and from the mount's statistics
+Per epoch: samples trained, samples re-evaluated, seconds (re-evaluation included), the CPU
+time of all cores used and left idle meanwhile (/proc/stat), test accuracy (TEST is an
+ImageFolder of the held-out images), and from the mount's statistics
 the backend bytes and samples fetched in the epoch and the share of reads served from the
 cache. --drop-caches empties the whole page cache before each epoch (the backend's, and the
 program code's too); --evict PATH (repeatable) only evicts the files under PATH from it
@@ -57,6 +58,14 @@ def evict(paths: list[str]) -> None:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
+
+
+def cpu_times() -> tuple[float, float]:
+    """(busy, idle) seconds of all CPUs since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        user, nice, system, idle, iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq + steal) / tick, (idle + iowait) / tick
 
 
 def stats_of(root: str) -> dict:
@@ -127,6 +136,7 @@ def main():
                 f.write("3\n")
         evict(a.evict)
         s0 = stats_of(a.root)
+        c0 = cpu_times()
         t0 = time.perf_counter()
         sampler.set_epoch(epoch)
         n_re = 0
@@ -145,10 +155,12 @@ def main():
         tracker.end_epoch()
         sched.step()
         seconds = time.perf_counter() - t0
+        c1 = cpu_times()
         s1 = stats_of(a.root)
         row = {"epoch": epoch, "mode": a.mode, "order": a.order, "trained": trained, "reevaluated": n_re,
                "seconds": round(seconds, 3), "split_s": round(t_split - t0, 3),
                "reeval_s": round(t_re - t_split, 3), "samples_per_s": round((trained + n_re) / seconds, 1),
+               "cpu_busy_s": round(c1[0] - c0[0], 2), "cpu_idle_s": round(c1[1] - c0[1], 2),
                "test_acc": round(accuracy(model, test), 4)}
         if s1:
             served = lambda s: s["hits"] + s["read_waits"] + s["misses"]  # noqa: E731
