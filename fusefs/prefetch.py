@@ -58,7 +58,10 @@ class Fetcher:
         self.max_gap = max_gap
         self.retries = retries
         self.backoff = backoff
-        self.limiters = [trio.CapacityLimiter(per_node) for _ in self.node_names]
+        # a node's own slots are per_node; the read-ahead may lend it idle ones of other
+        # nodes up to max_per_node (Prefetcher.dispatch)
+        self.max_per_node = 2 * per_node
+        self.limiters = [trio.CapacityLimiter(self.max_per_node) for _ in self.node_names]
         self.inflight: dict[int, Pending] = {}
         self.busy = [0] * len(self.node_names)  # batches started and not finished, per node
         self.node_stats = [dict(requests=0, reads=0, samples=0, bytes=0, errors=0, retries=0,
@@ -194,6 +197,12 @@ class Prefetcher:
 
     A batch reads its samples in the order's order and delivers each as its read is done
     (Fetcher.fetch), so the reader of an order's first sample waits for one read, not k.
+
+    Each node has per_node request slots of its own. A node with queued work may also use
+    slots that nodes without queued work leave idle, up to max_per_node (2 x per_node): the
+    chunks are rarely spread evenly, and the most loaded node sets an epoch's pace. A node
+    that falls behind cannot take the others' own slots: those are theirs whenever they
+    have work.
     """
 
     MAX_BATCH_BYTES = 16 << 20
@@ -292,7 +301,7 @@ class Prefetcher:
         fetcher = self.core.fetcher
         chunk, sizes = self.core.index.chunk, self.core.index.size
         for node, q in enumerate(self.queues):
-            while q and self.running[node] < fetcher.per_node:
+            while q and self.running[node] < self.slots(node):
                 end = min(len(q), fetcher.batch)
                 nbytes = int(sizes[q[:end]].sum())
                 while (end < len(q) and chunk[q[end]] == chunk[q[end - 1]]
@@ -306,6 +315,16 @@ class Prefetcher:
                 self.running[node] += 1
                 self.batches += 1
                 self.nursery.start_soon(self._run_batch, node, batch)
+
+    def slots(self, node: int) -> int:
+        """Batches the node may have running now: its own per_node, plus the own slots
+        left idle by nodes with nothing queued (shared among the nodes with work), at
+        most max_per_node."""
+        fetcher = self.core.fetcher
+        idle = sum(max(0, fetcher.per_node - self.running[n])
+                   for n, q in enumerate(self.queues) if not q)
+        busy = sum(1 for q in self.queues if q)
+        return min(fetcher.max_per_node, fetcher.per_node + idle // max(1, busy))
 
     def take_queued(self, sid: int) -> list[int]:
         """For a reader that missed sid: sid if it is queued, plus samples queued next on

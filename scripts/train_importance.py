@@ -6,9 +6,10 @@ Runs under Debian's /usr/bin/python3 (torch 1.13, torchvision, scikit-learn) wit
 repository on PYTHONPATH: torchvision's ImageFolder + DataLoader read the mount unchanged.
 Per epoch: samples trained, samples re-evaluated, seconds (re-evaluation included), the CPU
 time of all cores used and left idle meanwhile (/proc/stat), test accuracy (TEST is an
-ImageFolder of the held-out images), and from the mount's statistics
-the backend bytes and samples fetched in the epoch and the share of reads served from the
-cache. --drop-caches empties the whole page cache before each epoch (the backend's, and the
+ImageFolder of the held-out images), and from the mount's statistics the backend bytes,
+samples, reads and requests of the epoch, the samples fetched from each storage node, and
+the share of reads served from the cache. --drop-caches empties the whole page cache
+before each epoch (the backend's, and the
 program code's too); --evict PATH (repeatable) only evicts the files under PATH from it
 (posix_fadvise DONTNEED): the backend's copy of the data set, the way a remote one is not
 in this machine's page cache.
@@ -166,6 +167,10 @@ def main():
             served = lambda s: s["hits"] + s["read_waits"] + s["misses"]  # noqa: E731
             row.update(backend_bytes=s1["backend_bytes"] - s0["backend_bytes"],
                        backend_samples=s1["backend_samples"] - s0["backend_samples"],
+                       backend_reads=s1["backend_reads"] - s0["backend_reads"],
+                       backend_requests=s1["backend_requests"] - s0["backend_requests"],
+                       node_samples=[n1["samples"] - n0["samples"] for n0, n1
+                                     in zip(s0["nodes"].values(), s1["nodes"].values())],
                        hit_ratio=round((s1["hits"] - s0["hits"]) / max(1, served(s1) - served(s0)), 4),
                        pinned_samples=s1.get("pinned_samples", 0))
         if a.mode == "importance":

@@ -2,6 +2,7 @@
 (no mount): readers run as trio tasks against Core with its prefetcher running."""
 import os
 import random
+import threading
 import time
 
 import numpy as np
@@ -173,6 +174,54 @@ def test_each_sample_reaches_its_reader_when_its_own_read_is_done(three_nodes):
     # (a read may hold two neighbours, and one more may finish before the reader wakes)
     assert all(r <= i + 2 for i, r in enumerate(reads_done)), reads_done
     assert reads_done[0] >= 1 and reads_done[-1] >= 6  # (8 reads, or fewer coalesced)
+
+
+class PeakStore(SlowStore):
+    """SlowStore that records the most reads in flight at once per node."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.lock, self.now, self.peak, self.node_of_chunk = threading.Lock(), {}, {}, None
+
+    def read_range(self, k, offset, length):
+        node = int(self.node_of_chunk[k])
+        with self.lock:
+            self.now[node] = self.now.get(node, 0) + 1
+            self.peak[node] = max(self.peak.get(node, 0), self.now[node])
+        try:
+            return super().read_range(k, offset, length)
+        finally:
+            with self.lock:
+                self.now[node] -= 1
+
+
+def test_a_node_with_all_the_work_borrows_the_idle_nodes_slots(three_nodes):
+    """An order whose samples all lie on one node: that node runs up to 2 x per_node
+    requests at once (its own slots and the idle ones of the others), never more; an
+    order over every node keeps each within that bound too."""
+    dst, _ = three_nodes
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    for order_nodes, want in (({0}, 4), ({0, 1, 2}, None)):
+        store = PeakStore(dst, ix, delay=0.02)
+        core = Core(ix, store, cache_bytes=ix.total_bytes, per_node=2, batch=2)
+        store.node_of_chunk = core.fetcher.chunk_node
+        order = [s for s in np.random.default_rng(5).permutation(ix.n_files).tolist()
+                 if core.fetcher.node_of(s) in order_nodes][:60]
+
+        async def read_ahead():
+            async with trio.open_nursery() as n:
+                await n.start(core.run)
+                core.set_order(0, orderfmt.encode(order))
+                with trio.fail_after(20):
+                    await trio.sleep(0.01)
+                    while core.fetcher.inflight or any(core.prefetcher.queues):
+                        await trio.sleep(0.01)
+                n.cancel_scope.cancel()
+        trio.run(read_ahead)
+        assert core.statistics()["backend_samples"] == len(order)
+        assert max(store.peak.values()) <= 4
+        if want is not None:
+            assert store.peak == {0: want}
 
 
 def test_duplicates_survive_until_their_last_use(three_nodes):
