@@ -109,7 +109,10 @@ class Fetcher:
         def arrived(got: dict) -> None:  # in the trio thread, while the batch goes on
             for sid, r in got.items():
                 if sid in pendings and not isinstance(r, Exception):
-                    finish(sid, r)
+                    try:  # (an error here would end trio's run: leave it to the batch's end)
+                        finish(sid, r)
+                    except Exception:
+                        log.exception("delivering sample %d on arrival failed", sid)
 
         def on_read(got: dict) -> None:  # in the worker thread
             try:
