@@ -150,7 +150,6 @@ class ChunkStore:
         out, nreads, nbytes = {}, 0, 0
         ix = self.index
         for k, off, length, members in self.coalesce(sids, max_gap):
-            got = {}
             try:
                 raw = self.read_range(k, off, length)
             except OSError as e:
@@ -158,12 +157,17 @@ class ChunkStore:
             else:
                 nreads += 1
                 nbytes += len(raw)
-                buf = raw if len(members) == 1 else memoryview(raw)  # (one: no copy)
-                for sid in members:
-                    rel = int(ix.offset[sid]) - off
+                if len(members) == 1:  # the read is the sample: no copy
+                    parts = {members[0]: raw}
+                else:
+                    buf, parts = memoryview(raw), {}
+                    for sid in members:
+                        rel = int(ix.offset[sid]) - off
+                        parts[sid] = buf[rel:rel + int(ix.size[sid])]
+                got = {}
+                for sid, data in parts.items():
                     try:
-                        got[sid] = self.verify(sid, buf if len(members) == 1 else
-                                               buf[rel:rel + int(ix.size[sid])])
+                        got[sid] = self.verify(sid, data)
                     except CorruptSample as e:
                         got[sid] = e
             out.update(got)

@@ -142,7 +142,7 @@ def summarize(res: dict, warmup: int) -> dict:
             # CPU time left idle per second of epoch, of this machine's cores together
             # (near 0: bound by decoding and training; large: waiting for the volume)
             **{f"cpu_idle_per_s_{mode}": float(np.mean([
-                r.get("cpu_idle_s", np.nan) / r["seconds"] for rows in modes["repeats"][mode]
+                r["cpu_idle_s"] / r["seconds"] for rows in modes["repeats"][mode]
                 for r in rows[warmup:]])) for mode in ("full", "importance")},
             "trained_per_epoch_importance": float(np.mean(after(i, "trained"))),
             "reevaluated_per_epoch": float(np.mean(after(i, "reevaluated"))),
