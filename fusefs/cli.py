@@ -40,7 +40,7 @@ def cmd_pack(a) -> int:
     try:
         r = pack(a.src, a.dst, chunk_bytes=None if a.chunk_count else parse_size(a.chunk_size),
                  chunk_count=a.chunk_count, nodes=a.nodes, workers=a.workers, strict=a.strict,
-                 force=a.force, progress=False if a.quiet else None)
+                 force=a.force, progress=False if a.quiet else None, mix_classes=a.mix_classes)
     except PackError as e:
         print(f"fusefs pack: {e}", file=sys.stderr)
         return 2
@@ -215,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--chunk-size", default="64MiB", help="target bytes per chunk (default 64MiB)")
     s.add_argument("--chunk-count", type=int, help="samples per chunk (instead of --chunk-size)")
     s.add_argument("--nodes", type=int, help="spread chunks over N node folders (chunk i on node i mod N)")
+    s.add_argument("--mix-classes", action="store_true",
+                   help="interleave the classes so that every chunk holds each in its share of the "
+                        "tree (default: class by class, in the tree's order)")
     s.add_argument("--workers", type=int, default=16, help="parallel source reads (default 16)")
     s.add_argument("--strict", action="store_true", help="stop at the first unreadable source entry")
     s.add_argument("--force", action="store_true", help="replace a packed dataset already in DST")

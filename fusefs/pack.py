@@ -125,8 +125,22 @@ def scan(src: bytes, skipped: list) -> _Tree:
     return t
 
 
+def mixed_order(labels) -> np.ndarray:
+    """File ids in an order that interleaves the classes in proportion: a file's key is its
+    place within its class as a fraction of the class (files outside any class folder make
+    one group of their own), so any run of this order, and so any chunk, holds each class
+    in the share it has of the whole tree. Deterministic, and each class keeps its own order."""
+    labels = np.asarray(labels, dtype=np.int64)
+    by_class = np.argsort(labels, kind="stable")
+    _, first, counts = np.unique(labels[by_class], return_index=True, return_counts=True)
+    group = np.repeat(np.arange(len(counts)), counts)
+    key = np.empty(len(labels))
+    key[by_class] = (np.arange(len(labels)) - first[group] + 0.5) / counts[group]
+    return np.lexsort((labels, key))
+
+
 def plan_chunks(sizes, chunk_bytes: int | None, chunk_count: int | None) -> list[tuple[int, int]]:
-    """Split files 0..n-1, in order, into runs [start, end) by a byte target or a count."""
+    """Split a list of file sizes, in order, into runs [start, end) by a byte target or a count."""
     runs, start, acc = [], 0, 0
     for i, size in enumerate(sizes):
         acc += size
@@ -170,8 +184,10 @@ def _read_file(path: bytes) -> bytes:
 
 def pack(src: str, dst: str, *, chunk_bytes: int | None = DEFAULT_CHUNK_BYTES,
          chunk_count: int | None = None, nodes: int | None = None, workers: int = 16,
-         strict: bool = False, force: bool = False, progress: bool | None = None) -> PackResult:
-    """Pack the tree at src into dst. See the module docstring."""
+         strict: bool = False, force: bool = False, progress: bool | None = None,
+         mix_classes: bool = False) -> PackResult:
+    """Pack the tree at src into dst. See the module docstring. Files go into chunks in
+    the tree's order (class by class), or with mix_classes in `mixed_order`."""
     if not os.path.isdir(src):
         raise PackError(f"{src} is not a folder")
     if nodes is not None and nodes < 1:
@@ -186,15 +202,16 @@ def pack(src: str, dst: str, *, chunk_bytes: int | None = DEFAULT_CHUNK_BYTES,
         raise PackError(f"{skipped[0][0]}: {skipped[0][1]} (--strict)")
     _prepare_dst(dst, force)
 
-    runs = plan_chunks(tree.f_size, chunk_bytes, chunk_count)
+    labels_all = np.asarray(tree.d_class, dtype=np.int32)[np.asarray(tree.f_dir, dtype=np.int64)] \
+        if len(tree.f_dir) else np.zeros(0, np.int32)
+    order = mixed_order(labels_all) if mix_classes else np.arange(len(tree.f_size))
+    runs = plan_chunks(np.asarray(tree.f_size, dtype=np.uint64)[order].tolist(), chunk_bytes, chunk_count)
     total = sum(tree.f_size)
     kept = np.ones(len(tree.f_size), dtype=bool)
     sizes = np.zeros(len(tree.f_size), dtype=np.uint64)
     sums = np.zeros(len(tree.f_size), dtype=np.uint64)
     chunk_of = np.zeros(len(tree.f_size), dtype=np.uint32)
     offsets = np.zeros(len(tree.f_size), dtype=np.uint64)
-    labels_all = np.asarray(tree.d_class, dtype=np.int32)[np.asarray(tree.f_dir, dtype=np.int64)] \
-        if len(tree.f_dir) else np.zeros(0, np.int32)
     chunk_paths: list[str] = []
     chunk_meta: list[tuple[int, int]] = []  # (size, count)
 
@@ -237,10 +254,11 @@ def pack(src: str, dst: str, *, chunk_bytes: int | None = DEFAULT_CHUNK_BYTES,
     try:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fusefs-pack") as pool:
             for start, end in runs:
-                paths = [os.path.join(srcb, tree.file_path(i)) for i in range(start, end)]
+                ids = order[start:end].tolist()
+                paths = [os.path.join(srcb, tree.file_path(i)) for i in ids]
                 futures = [pool.submit(_read_file, p) for p in paths]
                 members = []
-                for i, fut in zip(range(start, end), futures):
+                for i, fut in zip(ids, futures):
                     try:
                         data = fut.result()
                     except OSError as e:

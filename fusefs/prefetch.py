@@ -298,26 +298,47 @@ class Prefetcher:
                 self.heads[rank] = pos + 1
 
     def dispatch(self) -> None:
-        """Start queued batches of up to k samples on every node with a free slot. A batch
-        that ends inside a run of queued samples of one chunk (a chunk-block order) takes
-        the rest of that run too, up to 16 MiB: the chunk is then read in one request."""
-        fetcher = self.core.fetcher
-        chunk, sizes = self.core.index.chunk, self.core.index.size
+        """Start queued batches on every node with free slots. A node's queue is spread over
+        its slots: a batch takes about len(queue) / slots samples (at most k), so a short
+        queue still keeps every slot reading; and when several slots are free at once (an
+        order's start), the samples at the queue's head are dealt round robin over the new
+        batches, so the i-th queued sample waits for about i / free reads, not i (each
+        batch reads its samples one after the other). Queued samples of one chunk that
+        follow each other (a chunk-block order) stay together as one run of up to 16 MiB:
+        the chunk is then read in one request."""
+        batch = self.core.fetcher.batch
         for node, q in enumerate(self.queues):
             while q and self.running[node] < self.slots(node):
-                end = min(len(q), fetcher.batch)
-                nbytes = int(sizes[q[:end]].sum())
-                while (end < len(q) and chunk[q[end]] == chunk[q[end - 1]]
-                       and nbytes + int(sizes[q[end]]) <= self.MAX_BATCH_BYTES):
-                    nbytes += int(sizes[q[end]])
-                    end += 1
-                batch = q[:end]
-                del q[:len(batch)]
-                for sid in batch:
-                    del self.queued[sid]
-                self.running[node] += 1
-                self.batches += 1
-                self.nursery.start_soon(self._run_batch, node, batch)
+                slots = self.slots(node)
+                free = slots - self.running[node]
+                size = max(1, min(batch, -(-len(q) // slots)))
+                runs = self._runs(q, free * size)
+                batches = [[] for _ in range(min(free, len(runs)))]
+                for i, run in enumerate(runs):
+                    batches[i % len(batches)] += run
+                del q[:sum(map(len, runs))]
+                for b in batches:
+                    for sid in b:
+                        del self.queued[sid]
+                    self.running[node] += 1
+                    self.batches += 1
+                    self.nursery.start_soon(self._run_batch, node, b)
+
+    def _runs(self, q: list[int], want: int) -> list[list[int]]:
+        """The head of a queue as runs holding at least want samples in all (at least one
+        run): a run is one sample, or queued samples of one chunk that follow each other,
+        up to MAX_BATCH_BYTES."""
+        chunk, sizes = self.core.index.chunk, self.core.index.size
+        runs, i = [], 0
+        while i < len(q) and i < want:
+            end, nbytes = i + 1, int(sizes[q[i]])
+            while (end < len(q) and chunk[q[end]] == chunk[q[end - 1]]
+                   and nbytes + int(sizes[q[end]]) <= self.MAX_BATCH_BYTES):
+                nbytes += int(sizes[q[end]])
+                end += 1
+            runs.append(q[i:end])
+            i = end
+        return runs
 
     def slots(self, node: int) -> int:
         """Batches the node may have running now: its own per_node, plus the own slots

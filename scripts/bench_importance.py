@@ -20,12 +20,18 @@ full, ...) so that the drift of a noisy machine hits both alike.
 
 The summary also gives the CPU time left idle per second of epoch (all cores together):
 near 0, the epoch is bound by decoding and training; large, by the volume (e.g. at
---delay-ms 40).
+--delay-ms 40); and per storage node, the samples an importance epoch fetched from it
+against a full epoch (the busiest node sets a storage-bound epoch's pace). --layout mixed
+(the default) packs with `fusefs pack --mix-classes`, so that every chunk, and so every
+node, holds each class in its share; sorted packs class by class. --profile also counts
+the READ operations of the bricks per epoch (gluster volume profile; each is one delay),
+against the reads fusefs made (about: an epoch's count is taken when its row arrives).
 
 usage: .venv/bin/python scripts/bench_importance.py [--epochs 15] [--synth 3000]
            [--synth-epochs 9] [--keep 0.7] [--delay-ms 2] [--repeats 3]
-           [--cache-size 10%] [--static-cache 30%]
-           [--datasets digits,synth] [--page-cache dataset|all] [--out out/bench_importance]
+           [--cache-size 10%] [--static-cache 30%] [--layout mixed|sorted]
+           [--datasets digits,synth] [--page-cache dataset|all] [--profile]
+           [--out out/bench_importance]
 """
 from __future__ import annotations
 
@@ -46,6 +52,7 @@ from fusefs.pack import pack  # noqa: E402
 from fusefs.synth import make_imagefolder  # noqa: E402
 
 GMNT = "/mnt/fusefs-gluster"
+VOL = os.environ.get("FUSEFS_GLUSTER_VOL", "fusefsvol")  # as gluster.sh
 BRICKS = os.environ.get("FUSEFS_GLUSTER_BRICKS", "/srv/fusefs-gluster")  # as gluster.sh
 
 
@@ -84,8 +91,18 @@ def run_trainer(script: str, args: list[str], show=None) -> list[dict]:
     return rows
 
 
+def brick_reads() -> int:
+    """READ operations the volume's bricks served since the last call (gluster volume
+    profile, which --profile starts)."""
+    out = subprocess.run(["gluster", "volume", "profile", VOL, "info", "incremental"],
+                         capture_output=True, text=True, check=True).stdout
+    return sum(int(line.split()[-2]) for line in out.splitlines() if line.split()[-1:] == ["READ"])
+
+
 def train(mnt: str, test: str, mode: str, a, epochs: int, packed: str) -> list[dict]:
     def show(row):
+        if a.profile:  # (when the row arrives: the next epoch may have begun its first reads)
+            row["brick_reads"] = brick_reads()
         print(f"  {mode:<10} epoch {row['epoch']:2d}: trained {row['trained']:5d} "
               f"re-evaluated {row['reevaluated']:5d}  {row['seconds']:6.2f} s "
               f"(split {row['split_s']:.2f}, re-eval {row['reeval_s']:.2f})  "
@@ -96,6 +113,8 @@ def train(mnt: str, test: str, mode: str, a, epochs: int, packed: str) -> list[d
     else:  # the packed folder through the volume's mount and on each brick
         name = os.path.relpath(packed, GMNT)
         flush = [f"--evict={p}" for p in [packed, *sorted(glob.glob(os.path.join(BRICKS, "*", name)))]]
+    if a.profile:
+        brick_reads()  # from here on
     return run_trainer("train_importance.py", [mnt, test, "--mode", mode, "--epochs", str(epochs),
                                                "--keep", str(a.keep), "--seed", str(a.seed),
                                                *flush], show)
@@ -105,10 +124,10 @@ def run_dataset(root: str, a, epochs: int) -> dict:
     """Full and importance runs on ROOT/train (packed onto the volume), tested on ROOT/test."""
     name = os.path.basename(root)
     src, test = os.path.join(root, "train"), os.path.join(root, "test")
-    packed = os.path.join(GMNT, f"importance-{name}")
+    packed = os.path.join(GMNT, f"importance-{name}-{a.layout}")
     if not os.path.exists(os.path.join(packed, "index.fusefs")):
         pack(src, packed, chunk_bytes=(1 << 20) if name == "digits" else (16 << 20), force=True,
-             progress=False)
+             progress=False, mix_classes=a.layout == "mixed")
     out = {"repeats": {"full": [], "importance": []}}
     for rep in range(a.repeats):  # alternated, so drift of the machine hits both modes
         for mode in ("full", "importance"):
@@ -144,8 +163,15 @@ def summarize(res: dict, warmup: int) -> dict:
             **{f"cpu_idle_per_s_{mode}": float(np.mean([
                 r["cpu_idle_s"] / r["seconds"] for rows in modes["repeats"][mode]
                 for r in rows[warmup:]])) for mode in ("full", "importance")},
+            **({f"brick_reads_per_read_{mode}": float(np.mean([
+                r["brick_reads"] / r["backend_reads"] for rows in modes["repeats"][mode]
+                for r in rows[warmup:]])) for mode in ("full", "importance")} if "brick_reads" in f[-1] else {}),
             "trained_per_epoch_importance": float(np.mean(after(i, "trained"))),
             "reevaluated_per_epoch": float(np.mean(after(i, "reevaluated"))),
+            # per storage node: samples fetched in an importance epoch / in a full one (the
+            # busiest node sets the pace of a storage-bound epoch)
+            "node_fetched_ratio": (np.mean(after(i, "node_samples"), axis=0)
+                                   / np.maximum(1, np.mean(after(f, "node_samples"), axis=0))).round(3).tolist(),
         }
         s[name]["backend_ratio"] = (s[name]["backend_mb_per_epoch_importance"]
                                     / max(1e-9, s[name]["backend_mb_per_epoch_full"]))
@@ -185,6 +211,10 @@ def main() -> int:
     p.add_argument("--delay-ms", type=int, default=2)
     p.add_argument("--cache-size", default="10%", help="the mounts' --cache-size")
     p.add_argument("--static-cache", default="30%", help="the mounts' --static-cache")
+    p.add_argument("--layout", choices=("mixed", "sorted"), default="mixed",
+                   help="pack with --mix-classes (every chunk holds every class) or class by class")
+    p.add_argument("--profile", action="store_true",
+                   help="count the bricks' READ operations per epoch (gluster volume profile)")
     p.add_argument("--datasets", default="digits,synth", help="comma-separated subset to run")
     p.add_argument("--repeats", type=int, default=3,
                    help="runs per mode, alternated (full, importance, full, ...); epoch times "
@@ -197,6 +227,8 @@ def main() -> int:
     os.makedirs(a.out, exist_ok=True)
     subprocess.run(["bash", os.path.join(REPO, "scripts", "gluster.sh"), "up", "--delay-ms",
                     str(a.delay_ms)], check=True)
+    if a.profile:  # (an error if it is on already: fine)
+        subprocess.run(["gluster", "volume", "profile", VOL, "start"], capture_output=True)
     digits = os.path.join(a.out, "digits")
     make_digits(digits, a.seed)
     synth = os.path.join(a.out, f"synth-{a.synth}-learnable")
@@ -206,8 +238,12 @@ def main() -> int:
         make_imagefolder(os.path.join(synth, "test"), 300, n_classes=10, mean_bytes=100_000, seed=1,
                          learnable=True)
     sets = {"digits": (digits, a.epochs), "synth": (synth, a.synth_epochs)}
-    res = {name: run_dataset(root, a, epochs)
-           for name, (root, epochs) in sets.items() if name in a.datasets.split(",")}
+    try:
+        res = {name: run_dataset(root, a, epochs)
+               for name, (root, epochs) in sets.items() if name in a.datasets.split(",")}
+    finally:
+        if a.profile:
+            subprocess.run(["gluster", "volume", "profile", VOL, "stop"], capture_output=True)
     summary = summarize(res, warmup)
     for name, s in summary.items():
         print(f"{name}: final test acc full {100 * s['final_acc_full']:.2f}% / importance "
@@ -217,7 +253,10 @@ def main() -> int:
               f"({s['backend_ratio']:.2f}x), epoch {s['epoch_s_full']:.2f} -> "
               f"{s['epoch_s_importance']:.2f} s ({s['epoch_time_ratio']:.2f}x; per run "
               f"{', '.join(f'{x:.2f}x' for x in s['epoch_time_ratio_per_run'])}); idle CPU "
-              f"{s['cpu_idle_per_s_full']:.2f} / {s['cpu_idle_per_s_importance']:.2f} s per s")
+              f"{s['cpu_idle_per_s_full']:.2f} / {s['cpu_idle_per_s_importance']:.2f} s per s; "
+              f"fetched per storage node {', '.join(f'{x:.2f}x' for x in s['node_fetched_ratio'])}"
+              + (f"; brick READs per backend read {s['brick_reads_per_read_full']:.2f} / "
+                 f"{s['brick_reads_per_read_importance']:.2f}" if a.profile else ""))
     with open(os.path.join(a.out, "bench_importance.json"), "w") as f:
         json.dump({"settings": vars(a), "epochs": res, "summary": summary}, f, indent=1)
     if {"digits", "synth"} <= res.keys():

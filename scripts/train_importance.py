@@ -8,7 +8,10 @@ Per epoch: samples trained, samples re-evaluated, seconds (re-evaluation include
 time of all cores used and left idle meanwhile (/proc/stat), test accuracy (TEST is an
 ImageFolder of the held-out images), and from the mount's statistics the backend bytes,
 samples, reads and requests of the epoch, the samples fetched from each storage node, and
-the share of reads served from the cache. --drop-caches empties the whole page cache
+the share of reads served from the cache; the seconds from the start of the training loop
+to its first batch (first_batch_s: how long the loader takes to start), and the mount's
+counters over the re-evaluation alone (reeval_served: hits, read_waits, misses,
+backend_samples, backend_reads). --drop-caches empties the whole page cache
 before each epoch (the backend's, and the
 program code's too); --evict PATH (repeatable) only evicts the files under PATH from it
 (posix_fadvise DONTNEED): the backend's copy of the data set, the way a remote one is not
@@ -145,8 +148,12 @@ def main():
         if a.mode == "importance":
             n_re = sampler.reevaluate(model, reloader, criterion)
         t_re = time.perf_counter()
+        s_mid = stats_of(a.root) if n_re else {}
         trained = 0
+        t_first = None
         for x, y, idx in (sampler.batches(loader) if a.mode == "importance" else loader):
+            if t_first is None:
+                t_first = time.perf_counter()
             losses = criterion(model(x), y)
             tracker.record(idx, losses)
             opt.zero_grad()
@@ -173,6 +180,9 @@ def main():
                                      in zip(s0["nodes"].values(), s1["nodes"].values())],
                        hit_ratio=round((s1["hits"] - s0["hits"]) / max(1, served(s1) - served(s0)), 4),
                        pinned_samples=s1.get("pinned_samples", 0))
+        if s_mid:
+            row["reeval_served"] = {k: s_mid[k] - s0[k] for k in ("hits", "read_waits", "misses", "backend_samples", "backend_reads")}
+        row["first_batch_s"] = round(t_first - t_re, 3)
         if a.mode == "importance":
             row["fluctuating"] = int(sampler.fluctuating.sum())
             row["reused"] = sampler.reused

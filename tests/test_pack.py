@@ -1,11 +1,12 @@
 import hashlib
 import os
 
+import numpy as np
 import pytest
 
 from fusefs import chunk, pack as packmod
 from fusefs.index import INDEX_NAME, Index, IndexFormatError
-from fusefs.mount import MountError, open_dataset
+from fusefs.mount import MountError, open_dataset, running_mount
 from fusefs.pack import PackError, pack, plan_chunks
 
 from conftest import tricky_tree, write_tree
@@ -168,3 +169,36 @@ def test_index_damage_is_named(tmp_path, tricky):
         with pytest.raises(IndexFormatError, match=why) as e:
             Index.load(str(p))
         assert str(p) in str(e.value)
+
+
+def test_mixed_order_interleaves_classes_in_proportion():
+    labels = np.array([-1] * 3 + [0] * 10 + [1] * 20 + [2] * 30)
+    order = packmod.mixed_order(labels)
+    assert sorted(order.tolist()) == list(range(len(labels)))
+    for c in (-1, 0, 1, 2):  # each class keeps its own order
+        mine = order[labels[order] == c]
+        assert (np.diff(mine) > 0).all()
+    share = np.array([(labels == c).mean() for c in (-1, 0, 1, 2)])
+    for start in range(0, len(order) - 12):
+        run = labels[order[start:start + 12]]
+        counts = np.array([(run == c).sum() for c in (-1, 0, 1, 2)])
+        assert (np.abs(counts - 12 * share) <= 1.5).all(), (start, counts)
+
+
+def test_mix_classes_puts_every_class_in_every_chunk_and_reads_back(tmp_path):
+    import random
+    rng = random.Random(3)
+    files = {f"class {c}/f{i:03d}.jpg": rng.randbytes(rng.randrange(10, 5000))
+             for c in range(4) for i in range(15)}
+    write_tree(tmp_path / "src", files)
+    for name, mix in (("sorted", False), ("mixed", True), ("mixed2", True)):
+        pack(str(tmp_path / "src"), str(tmp_path / name), chunk_count=8, progress=False, mix_classes=mix)
+    per_chunk = {}
+    for name in ("sorted", "mixed"):
+        ix = Index.load(str(tmp_path / name / INDEX_NAME))
+        per_chunk[name] = [len(set(ix.label[ix.chunk == k].tolist())) for k in range(len(ix.chunks))]
+    assert per_chunk["sorted"][0] == 1  # class by class
+    assert per_chunk["mixed"] == [4] * len(per_chunk["mixed"])  # 8 = 2 of each class
+    assert _digest_tree(tmp_path / "mixed") == _digest_tree(tmp_path / "mixed2")  # deterministic
+    with running_mount(str(tmp_path / "mixed"), tmp_path / "mnt"):
+        assert _digest_tree(tmp_path / "mnt") == _digest_tree(tmp_path / "src")

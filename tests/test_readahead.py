@@ -176,6 +176,20 @@ def test_each_sample_reaches_its_reader_when_its_own_read_is_done(three_nodes):
     assert reads_done[0] >= 1 and reads_done[-1] >= 6  # (8 reads, or fewer coalesced)
 
 
+def read_ahead_all(core, order):
+    """Run the daemon core with this order until its read-ahead has fetched everything."""
+    async def main():
+        async with trio.open_nursery() as n:
+            await n.start(core.run)
+            core.set_order(0, orderfmt.encode(order))
+            with trio.fail_after(20):
+                await trio.sleep(0.01)
+                while core.fetcher.inflight or any(core.prefetcher.queues):
+                    await trio.sleep(0.01)
+            n.cancel_scope.cancel()
+    trio.run(main)
+
+
 class PeakStore(SlowStore):
     """SlowStore that records the most reads in flight at once per node."""
 
@@ -207,21 +221,56 @@ def test_a_node_with_all_the_work_borrows_the_idle_nodes_slots(three_nodes):
         store.node_of_chunk = core.fetcher.chunk_node
         order = [s for s in np.random.default_rng(5).permutation(ix.n_files).tolist()
                  if core.fetcher.node_of(s) in order_nodes][:60]
-
-        async def read_ahead():
-            async with trio.open_nursery() as n:
-                await n.start(core.run)
-                core.set_order(0, orderfmt.encode(order))
-                with trio.fail_after(20):
-                    await trio.sleep(0.01)
-                    while core.fetcher.inflight or any(core.prefetcher.queues):
-                        await trio.sleep(0.01)
-                n.cancel_scope.cancel()
-        trio.run(read_ahead)
+        read_ahead_all(core, order)
         assert core.statistics()["backend_samples"] == len(order)
         assert max(store.peak.values()) <= 4
         if want is not None:
             assert store.peak == {0: want}
+
+
+class PositionStore(ChunkStore):
+    """Records each sample's read position within its request: 0 for the request's first
+    read, 1 for its second... (a request reads one after the other)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.position = {}
+
+    def read_batch(self, sids, max_gap=256 << 10, on_read=None):
+        count = [0]
+
+        def seen(got):
+            for sid in got:
+                self.position[sid] = count[0]
+            count[0] += 1
+            if on_read is not None:
+                on_read(got)
+        return super().read_batch(sids, max_gap, seen)
+
+
+def test_an_order_start_is_dealt_over_the_free_slots(three_nodes):
+    """At an order's start every slot is free: the head of each node's queue is dealt
+    round robin over them, so its i-th sample is about the (i / per_node)-th read of its
+    request, not the i-th; and a queue shorter than the slots' batches is spread thin, so
+    every slot reads (here 8 samples on one node: a request each, with 8 slots as
+    the other nodes lend theirs)."""
+    dst, _ = three_nodes
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    store = PositionStore(dst, ix)
+    core = Core(ix, store, cache_bytes=ix.total_bytes, per_node=4, batch=16)
+    order = np.random.default_rng(7).permutation(ix.n_files).tolist()
+    read_ahead_all(core, order)
+    for node in range(3):
+        head = [s for s in order if core.fetcher.node_of(s) == node][:16]
+        assert all(store.position[s] <= i // 4 for i, s in enumerate(head)), [store.position[s] for s in head]
+    store = PositionStore(dst, ix)
+    core = Core(ix, store, cache_bytes=ix.total_bytes, per_node=4, batch=16)
+    order = [s for s in order if core.fetcher.node_of(s) == 0][:8]
+    read_ahead_all(core, order)
+    assert core.statistics()["backend_samples"] == 8
+    assert [store.position[s] for s in order] == [0] * 8
+    runs = 1 + sum(ix.chunk[a] != ix.chunk[b] for a, b in zip(order, order[1:]))  # (one
+    assert core.fetcher.node_stats[0]["requests"] == runs >= 6  # chunk's neighbours: one run)
 
 
 def test_duplicates_survive_until_their_last_use(three_nodes):
