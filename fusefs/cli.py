@@ -115,7 +115,7 @@ def cmd_mount(a) -> int:
         log_path = a.log or os.path.join("/tmp", f"fusefs-{os.getuid()}-{os.path.basename(os.path.abspath(a.mnt))}.log")
         return start_background(argv, a.mnt, log_path)
     try:
-        index, store = open_dataset(a.dst, a.retries)  # refuses a broken dataset before mounting
+        index, store = open_dataset(a.dst, a.retries, willneed=a.willneed)  # refuses a broken dataset before mounting
         cache = parse_size(a.cache_size, whole=index.total_bytes)
         static = parse_size(a.static_cache, whole=cache)
         if static > cache:
@@ -250,6 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kernel-cache", action=argparse.BooleanOptionalAction, default=True,
                    help="push cached samples into the kernel page cache at open (notify_store), "
                         "so their reads never reach the daemon (default on)")
+    s.add_argument("--willneed", action=argparse.BooleanOptionalAction, default=True,
+                   help="ask the backend's client for all of a request's reads at once "
+                        "(posix_fadvise WILLNEED), so it fetches them concurrently while the "
+                        "request reads them in order (default on)")
     s.add_argument("--log", help="log file with --background (default /tmp/fusefs-UID-NAME.log)")
     s.set_defaults(func=cmd_mount)
 

@@ -27,11 +27,11 @@ class MountError(RuntimeError):
     """The mount cannot start; the message names the file or the reason."""
 
 
-def open_dataset(dst: str, retries: int = 4) -> tuple[Index, ChunkStore]:
+def open_dataset(dst: str, retries: int = 4, willneed: bool = True) -> tuple[Index, ChunkStore]:
     """Load the index and check every chunk file, or raise naming what is wrong."""
     try:
         index = Index.load(os.path.join(dst, INDEX_NAME), retries=retries)
-        store = ChunkStore(dst, index)
+        store = ChunkStore(dst, index, willneed=willneed)
         store.check()
     except (IndexFormatError, StoreError) as e:
         raise MountError(str(e)) from None

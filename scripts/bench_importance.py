@@ -31,6 +31,7 @@ usage: .venv/bin/python scripts/bench_importance.py [--epochs 15] [--synth 3000]
            [--synth-epochs 9] [--keep 0.7] [--delay-ms 2] [--repeats 3]
            [--cache-size 10%] [--static-cache 30%] [--layout mixed|sorted]
            [--datasets digits,synth] [--page-cache dataset|all] [--profile]
+           [--mount-option ARG ...]
            [--out out/bench_importance]
 """
 from __future__ import annotations
@@ -132,7 +133,8 @@ def run_dataset(root: str, a, epochs: int) -> dict:
     for rep in range(a.repeats):  # alternated, so drift of the machine hits both modes
         for mode in ("full", "importance"):
             mnt = os.path.join(a.out, f"mnt-{name}")
-            with running_mount(packed, mnt, "--cache-size", a.cache_size, "--static-cache", a.static_cache):
+            with running_mount(packed, mnt, "--cache-size", a.cache_size, "--static-cache", a.static_cache,
+                               *a.mount_option):
                 print(f"{name}: {mode} (run {rep + 1} of {a.repeats})", flush=True)
                 out["repeats"][mode].append(train(mnt, test, mode, a, epochs, packed))
     for mode in ("full", "importance"):
@@ -213,6 +215,8 @@ def main() -> int:
     p.add_argument("--static-cache", default="30%", help="the mounts' --static-cache")
     p.add_argument("--layout", choices=("mixed", "sorted"), default="mixed",
                    help="pack with --mix-classes (every chunk holds every class) or class by class")
+    p.add_argument("--mount-option", action="append", default=[], metavar="ARG",
+                   help="one more argument for fusefs mount, e.g. --mount-option=--no-willneed")
     p.add_argument("--profile", action="store_true",
                    help="count the bricks' READ operations per epoch (gluster volume profile)")
     p.add_argument("--datasets", default="digits,synth", help="comma-separated subset to run")

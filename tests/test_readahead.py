@@ -132,6 +132,38 @@ def test_batches_are_per_node_and_coalesced(three_nodes):
     assert sum(s["samples"] for s in nodes.values()) == len(ids)
 
 
+def test_a_batch_asks_for_all_its_reads_before_it_makes_them(three_nodes, monkeypatch):
+    """willneed: read_batch hands the kernel every read but the first (posix_fadvise
+    WILLNEED, exact ranges) before it reads them one after the other, so the backend's
+    client can fetch them concurrently; the bytes are the same either way."""
+    dst, files = three_nodes
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    events = []
+    real = os.posix_fadvise
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, off, length, advice: (
+        events.append(("advise", off, length, advice)), real(fd, off, length, advice))[1])
+
+    class Recording(ChunkStore):
+        def read_range(self, k, offset, length):
+            events.append(("read", offset, length, None))
+            return super().read_range(k, offset, length)
+
+    sids = [int(np.flatnonzero(ix.chunk == k)[3]) for k in (7, 2, 11, 5, 20)]  # one per chunk
+    for willneed in (True, False):
+        events.clear()
+        got, nreads, _ = Recording(dst, ix, willneed=willneed).read_batch(sids)
+        assert nreads == len(sids)
+        assert all(got[s] == files[os.fsdecode(ix.file_path(s))] for s in sids)
+        reads = [(off, length) for kind, off, length, _ in events if kind == "read"]
+        assert reads == [(int(ix.offset[s]), int(ix.size[s])) for s in sids]  # in the order asked
+        if willneed:
+            assert events[:len(sids) - 1] == [("advise", off, length, os.POSIX_FADV_WILLNEED)
+                                              for off, length in reads[1:]]
+            assert len(events) == 2 * len(sids) - 1
+        else:
+            assert all(kind == "read" for kind, *_ in events)
+
+
 class SlowStore(ChunkStore):
     """Each read takes `delay` seconds; `done` lists the chunks of the reads finished."""
 
