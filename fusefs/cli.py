@@ -239,7 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="budget of --local-cache: bytes or %% of the dataset (default: the dataset, "
                         "at most 90%% of the free space there)")
     s.add_argument("--per-node", type=int, default=4,
-                   help="backend requests in flight per storage node (default 4)")
+                   help="backend requests in flight per storage node (default 4; a request's "
+                        "reads are advised at once, see --willneed)")
     s.add_argument("--batch", type=int, default=16, help="samples per backend request (default 16)")
     s.add_argument("--control-group", metavar="GROUP",
                    help="a group whose members may write the control files (the order) too; "

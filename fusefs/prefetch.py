@@ -2,7 +2,7 @@
 
 The Fetcher runs batches of samples on one node as one blocking call in a worker thread
 (the store coalesces samples that are adjacent or near each other in a chunk into one
-read). Each node has its own bound on requests in flight, so one slow node cannot take
+read, and asks the kernel for all of a batch's reads at once: ChunkStore's willneed). Each node has its own bound on requests in flight, so one slow node cannot take
 every thread. A sample being fetched is registered, and a second reader waits for that
 fetch instead of fetching again.
 
