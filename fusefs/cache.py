@@ -13,9 +13,11 @@ Two kinds of entries share the budget:
   last use, across epochs, and are never evicted for other entries; a new order re-picks
   them (`set_pins`), and those no longer picked become ordinary entries.
 
-When a new entry does not fit, unplanned entries go first (oldest first), then planned
-entries needed later than the new one (latest first); if it still does not fit it is
-not kept. Bytes reserved for fetches under way count against the budget too, so the
+When a new entry does not fit, unplanned entries go (oldest first); if it still does not
+fit it is not kept. Planned entries are never pushed out: the read-ahead reserved their
+room before fetching them, and a sample a reader missed (fetched without a reservation
+when the budget was full) is not worth a refetch of one planned: its reader holds its
+bytes anyway. Bytes reserved for fetches under way count against the budget too, so the
 budget is never exceeded.
 """
 from __future__ import annotations
@@ -68,7 +70,6 @@ class SampleCache:
         self.used = 0
         self.reserved = 0
         self.evictions = 0
-        self.planned_evictions = 0  # planned entries pushed out by ones needed sooner
         self.peak = 0
         self._planned: dict[int, bytes] = {}
         self._lru = _SizedLRU()
@@ -120,24 +121,13 @@ class SampleCache:
     def unreserve(self, nbytes: int) -> None:
         self.reserved -= nbytes
 
-    def put(self, sid: int, data: bytes, next_use: int | None = None,
-            next_use_of: Callable[[int], int | None] | None = None) -> bool:
-        """Keep data; next_use is its position in the order (None: unplanned).
-
-        next_use_of(sid) gives other planned entries' positions, to evict the latest
-        needed first. Returns whether the data was kept.
-        """
+    def put(self, sid: int, data: bytes, next_use: int | None = None) -> bool:
+        """Keep data, if it fits once unplanned entries are evicted; next_use is its
+        position in the order (None: unplanned). Returns whether the data was kept."""
         self.drop(sid)
         need = len(data)
         while need > self.free and self._lru:
             self._evict(self._lru.popitem(last=False)[1])
-        if need > self.free and next_use is not None and next_use_of is not None and self._planned:
-            later = sorted(((next_use_of(s) or 0, s) for s in self._planned), reverse=True)
-            for pos, victim in later:
-                if need <= self.free or pos <= next_use:
-                    break
-                self._evict(self._planned.pop(victim))
-                self.planned_evictions += 1
         if need > self.free:
             return False
         if sid in self.pin_set:

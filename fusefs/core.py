@@ -440,10 +440,7 @@ class Core:
         nxt = self.next_use(sid)
         if nxt is None and prefetched:
             return  # read ahead for an order that has since been replaced
-        pushed_out = self.cache.planned_evictions
-        self.cache.put(sid, result, next_use=nxt, next_use_of=self.next_use)
-        if self.cache.planned_evictions != pushed_out:
-            self.prefetcher.rewind()  # read-ahead behind the heads was dropped: look again
+        self.cache.put(sid, result, next_use=nxt)
 
     def statistics(self) -> dict:
         out = self.stats.snapshot()

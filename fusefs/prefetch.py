@@ -252,11 +252,6 @@ class Prefetcher:
         self.queued.clear()
         self.heads.clear()
 
-    def rewind(self) -> None:
-        """Look at the plans again from the readers' cursors (after the cache had to drop
-        samples read ahead, so that they are fetched again in time)."""
-        self.heads.clear()
-
     def schedule(self) -> None:
         if self.nursery is None:
             return
