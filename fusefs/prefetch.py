@@ -317,7 +317,10 @@ class Prefetcher:
                         del self.queued[sid]
                     self.running[node] += 1
                     self.batches += 1
-                    self.nursery.start_soon(self._run_batch, node, b)
+                    # claimed now, not when the task first runs: a reader of one of these
+                    # meanwhile waits for this fetch instead of missing
+                    claimed = self.core.fetcher.claim(b)
+                    self.nursery.start_soon(self._run_batch, node, b, claimed)
 
     def _runs(self, q: list[int], want: int) -> list[list[int]]:
         """The head of a queue as runs holding at least want samples in all (at least one
@@ -361,9 +364,9 @@ class Prefetcher:
             del self.queued[s]
         return taken
 
-    async def _run_batch(self, node: int, batch: list[int]) -> None:
+    async def _run_batch(self, node: int, batch: list[int], claimed: dict) -> None:
         try:
-            await self.core.fetch_batch(batch, set(batch))
+            await self.core.fetch_batch(batch, set(batch), claimed=claimed)
         finally:
             self.running[node] -= 1
             self.wake()

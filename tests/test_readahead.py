@@ -309,6 +309,26 @@ def test_an_order_start_is_dealt_over_the_free_slots(three_nodes):
     assert core.fetcher.node_stats[0]["requests"] == runs >= 6
 
 
+def test_a_dispatched_sample_is_in_flight_before_its_batch_task_runs(three_nodes):
+    """Samples leave the queue and are claimed in one step, so a reader that comes before
+    the batch's task has run waits for that fetch instead of missing (and fetching the
+    sample again in a request of its own)."""
+    dst, _ = three_nodes
+    core = make_core(dst, cache_bytes=make_core(dst).index.total_bytes, batch=8)
+    order = np.random.default_rng(4).permutation(core.index.n_files).tolist()
+
+    async def main():
+        async with trio.open_nursery() as n:
+            await n.start(core.run)
+            core.set_order(0, orderfmt.encode(order))
+            core.prefetcher.schedule()  # queue and dispatch, with no checkpoint after it
+            started = sum(core.prefetcher.running)
+            assert started >= 3 and all(s in core.prefetcher.queued or s in core.fetcher.inflight
+                                        for s in order)
+            n.cancel_scope.cancel()
+    trio.run(main)
+
+
 def test_duplicates_survive_until_their_last_use(three_nodes):
     dst, files = three_nodes
     probe = make_core(dst)
