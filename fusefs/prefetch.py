@@ -2,8 +2,9 @@
 
 The Fetcher runs batches of samples on one node as one blocking call in a worker thread
 (the store coalesces samples that are adjacent or near each other in a chunk into one
-read, and asks the kernel for all of a batch's reads at once: ChunkStore's willneed). Each node has its own bound on requests in flight, so one slow node cannot take
-every thread. A sample being fetched is registered, and a second reader waits for that
+read, and asks the kernel for all of a batch's reads at once: ChunkStore's willneed).
+Each node has its own bound on requests in flight, so one slow node cannot take every
+thread. A sample being fetched is registered, and a second reader waits for that
 fetch instead of fetching again.
 
 The Prefetcher walks the current plans ahead of the readers: it queues the samples that
@@ -73,7 +74,9 @@ class Fetcher:
     def claim(self, sids: list[int]) -> dict[int, Pending]:
         """Register those of sids no one is fetching as in flight (readers of them then wait
         for this fetch instead of fetching again); their Pendings, for fetch()."""
-        return {s: self.inflight.setdefault(s, Pending()) for s in sids if s not in self.inflight}
+        new = {s: Pending() for s in sids if s not in self.inflight}
+        self.inflight.update(new)
+        return new
 
     async def fetch(self, sids: list[int], deliver, claimed: dict[int, Pending] | None = None) -> None:
         """Fetch sids (one node) in one batch; deliver(sid, bytes | Exception) for each,
@@ -81,7 +84,7 @@ class Fetcher:
         sids is made earlier). `claimed`: sids already claimed (the others are claimed now;
         any someone else fetches are left out)."""
         pendings = dict(claimed or {})
-        pendings.update(self.claim([s for s in sids if s not in pendings]))
+        pendings.update(self.claim(sids))  # (those in claimed are in flight already)
         if not pendings:
             return
         sids = [s for s in sids if s in pendings]
@@ -303,9 +306,11 @@ class Prefetcher:
         the chunk is then read in one request."""
         batch = self.core.fetcher.batch
         for node, q in enumerate(self.queues):
-            while q and self.running[node] < self.slots(node):
+            while q:
                 slots = self.slots(node)
                 free = slots - self.running[node]
+                if free <= 0:
+                    break
                 size = max(1, min(batch, -(-len(q) // slots)))
                 runs = self._runs(q, free * size)
                 batches = [[] for _ in range(min(free, len(runs)))]

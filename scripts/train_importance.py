@@ -182,7 +182,7 @@ def main():
                        pinned_samples=s1.get("pinned_samples", 0))
         if s_mid:
             row["reeval_served"] = {k: s_mid[k] - s0[k] for k in ("hits", "read_waits", "misses", "backend_samples", "backend_reads")}
-        row["first_batch_s"] = round(t_first - t_re, 3)
+        row["first_batch_s"] = None if t_first is None else round(t_first - t_re, 3)
         if a.mode == "importance":
             row["fluctuating"] = int(sampler.fluctuating.sum())
             row["reused"] = sampler.reused
