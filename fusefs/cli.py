@@ -247,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "by default only the user who mounted (and root) may")
     s.add_argument("--retries", type=int, default=4,
                    help="retries of a failed backend read, with doubling backoff from 0.1 s "
-                        "(default 4: a read gives up after about 1.5 s)")
+                        "(default 4: a read gives up after about 1.5 s; the index, read once at "
+                        "start, gets at least 16)")
     s.add_argument("--kernel-cache", action=argparse.BooleanOptionalAction, default=True,
                    help="push cached samples into the kernel page cache at open (notify_store), "
                         "so their reads never reach the daemon (default on)")

@@ -239,9 +239,10 @@ class Index:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: str, retries: int = 0, backoff: float = 0.1) -> "Index":
+    def load(cls, path: str, retries: int = 0, backoff: float = 0.1, max_wait: float = 2.0) -> "Index":
         """Load and check an index file; IndexFormatError names what is wrong. A failed read
-        is tried again `retries` times, the wait doubling from `backoff` seconds."""
+        is tried again `retries` times, the wait doubling from `backoff` seconds up to
+        `max_wait`."""
         for attempt in range(retries + 1):
             try:
                 with open(path, "rb") as f:
@@ -251,9 +252,9 @@ class Index:
                 raise IndexFormatError(f"{path}: no index (not a packed dataset, or the pack did not finish)") from None
             except OSError as e:
                 if attempt == retries:
-                    raise IndexFormatError(f"{path}: cannot read index: {e.strerror}") from None
+                    raise IndexFormatError(f"{path}: cannot read index ({retries} retries): {e.strerror}") from None
                 log.warning("%s: read failed (%s), retry %d of %d", path, e.strerror, attempt + 1, retries)
-                time.sleep(backoff * 2 ** attempt)
+                time.sleep(min(backoff * 2 ** attempt, max_wait))
         try:
             return cls.from_bytes(data)
         except IndexFormatError as e:

@@ -27,10 +27,17 @@ class MountError(RuntimeError):
     """The mount cannot start; the message names the file or the reason."""
 
 
+# The index is read once, at start, and nothing can be served without it: its read is retried
+# at least this often (waits of 0.1 s doubling up to 2 s, about 25 s in all), whatever the
+# per-sample `retries`. Seen on GlusterFS with error-gen failing half the brick reads: one
+# index read in 20 failed 5 times in a row, and the longest run of failures was 10, in 800.
+INDEX_RETRIES = 16
+
+
 def open_dataset(dst: str, retries: int = 4, willneed: bool = True) -> tuple[Index, ChunkStore]:
     """Load the index and check every chunk file, or raise naming what is wrong."""
     try:
-        index = Index.load(os.path.join(dst, INDEX_NAME), retries=retries)
+        index = Index.load(os.path.join(dst, INDEX_NAME), retries=max(retries, INDEX_RETRIES))
         store = ChunkStore(dst, index, willneed=willneed)
         store.check()
     except (IndexFormatError, StoreError) as e:

@@ -171,6 +171,34 @@ def test_index_damage_is_named(tmp_path, tricky):
         assert str(p) in str(e.value)
 
 
+def test_a_failing_index_read_is_retried_longer_at_start_then_named(tricky, monkeypatch, caplog):
+    """The index is read once, at start: open_dataset retries it INDEX_RETRIES times even
+    when the per-sample retries are fewer, waiting at most 2 s between tries, and a read
+    that keeps failing is refused with the path and the error."""
+    from fusefs import index as indexmod
+    from fusefs.mount import INDEX_RETRIES
+    dst = tricky[1]
+    real_open, waits, fails = open, [], {"left": INDEX_RETRIES}
+
+    def flaky(path, *a, **kw):
+        if str(path).endswith(INDEX_NAME) and fails["left"] > 0:
+            fails["left"] -= 1
+            raise OSError(5, "Input/output error")
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr(indexmod, "open", flaky, raising=False)
+    monkeypatch.setattr(indexmod.time, "sleep", waits.append)
+    index, _ = open_dataset(dst, retries=1)  # fails INDEX_RETRIES times, then reads
+    assert index.n_files == sum(v is not None for v in tricky[2].values()) and fails["left"] == 0
+    assert len(waits) == INDEX_RETRIES and max(waits) == 2.0 and waits[0] == 0.1
+    assert caplog.text.count("read failed (Input/output error)") == INDEX_RETRIES
+
+    fails["left"] = INDEX_RETRIES + 1
+    with pytest.raises(MountError, match=rf"{INDEX_NAME}: cannot read index \({INDEX_RETRIES} "
+                                         r"retries\): Input/output error"):
+        open_dataset(dst, retries=1)
+
+
 def test_mixed_order_interleaves_classes_in_proportion():
     labels = np.array([-1] * 3 + [0] * 10 + [1] * 20 + [2] * 30)
     order = packmod.mixed_order(labels)
