@@ -84,11 +84,21 @@ def error_gen(percent: float) -> dict:
             "performance.quick-read": "off"}
 
 
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:  # gone
+        return True
+
+
 def brick_pid(brick: str) -> int:
+    """The live glusterfsd of brick (a killed one lingers as a zombie until it is reaped)."""
     out = sh("pgrep", "-f", f"glusterfsd.*{brick.replace('/', '-').lstrip('-')}", check=False).stdout.split()
-    if not out:
+    live = [int(p) for p in out if not _zombie(int(p))]
+    if not live:
         raise RuntimeError(f"no glusterfsd for {brick}")
-    return int(out[0])
+    return live[0]
 
 
 def restart_brick(brick: str, old_pid: int, timeout: float = 60.0) -> None:

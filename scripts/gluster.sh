@@ -17,8 +17,12 @@ MNT=${FUSEFS_GLUSTER_MNT:-/mnt/fusefs-gluster}
 HOST=$(hostname)
 G="gluster --mode=script"
 
+# A process of that name that is not a zombie. A killed daemon stays a zombie until PID 1
+# reaps it, which in a container can take seconds: seen here, right after `pkill -9`.
+running() { ps -C "$1" -o stat= | grep -v '^Z' >/dev/null; }
+
 ensure_glusterd() {
-    if ! pgrep -x glusterd >/dev/null; then
+    if ! running glusterd; then
         glusterd --log-level=WARNING
         for _ in $(seq 50); do $G pool list >/dev/null 2>&1 && return 0; sleep 0.2; done
         echo "gluster.sh: glusterd did not start" >&2; exit 1
@@ -110,7 +114,7 @@ down() {
         pkill -x glusterfsd 2>/dev/null || true
         pkill -x glusterfs 2>/dev/null || true
         pkill -x glusterd 2>/dev/null || true
-        for _ in $(seq 100); do pgrep -x glusterd || pgrep -x glusterfsd || pgrep -x glusterfs || break; sleep 0.1; done >/dev/null
+        for _ in $(seq 100); do running glusterd || running glusterfsd || running glusterfs || break; sleep 0.1; done
     fi
     rm -rf "$BRICKS"
     echo "gluster.sh: $VOL removed"

@@ -42,8 +42,12 @@ def test_up_recovers_from_a_killed_run(volume):
         f.write(b"survives")
     for name in ("glusterfs", "glusterfsd", "glusterd"):
         subprocess.run(["pkill", "-9", "-x", name])
+    # Killed processes linger as zombies until PID 1 reaps them (seconds, here): `up` runs
+    # as soon as none is alive, so it must not take a zombie glusterd for a running one.
     for _ in range(50):
-        if subprocess.run(["pgrep", "-x", "glusterfs"], capture_output=True).returncode:
+        states = subprocess.run(["ps", "-C", "glusterfs,glusterfsd,glusterd", "-o", "stat="],
+                                capture_output=True, text=True).stdout.split()
+        if all(st.startswith("Z") for st in states):
             break
         time.sleep(0.1)
     with pytest.raises(OSError) as e:
