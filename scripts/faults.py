@@ -54,7 +54,8 @@ def sh(*cmd, check=True):
 
 
 def restart_volume(options: dict | None) -> None:
-    """Stop the volume, set (or, with None, reset) the error-gen options, start, remount."""
+    """Stop the volume, set (or, with None, reset) the error-gen options, then start and
+    remount it with `gluster.sh up` (which waits for the bricks to listen)."""
     sh("umount", GMNT, check=False)
     sh(*G, "volume", "stop", VOL, "force", check=False)
     if options:
@@ -64,8 +65,9 @@ def restart_volume(options: dict | None) -> None:
         for k in ("debug.error-gen", "debug.error-failure", "debug.error-number",
                   "debug.random-failure", "debug.error-fops", "performance.quick-read"):
             sh(*G, "volume", "reset", VOL, k, check=False)
-    sh(*G, "volume", "start", VOL, "force")
-    sh("mount", "-t", "glusterfs", f"{os.uname().nodename}:/{VOL}", GMNT)
+    r = sh("bash", os.path.join(REPO, "scripts", "gluster.sh"), "up", check=False)
+    if r.returncode:
+        raise RuntimeError(f"gluster.sh up failed: {r.stdout}{r.stderr}")
 
 
 def injected_errors() -> int:

@@ -44,6 +44,26 @@ bricks_present() {
         getfattr -n trusted.glusterfs.volume-id "$BRICKS/$b" >/dev/null 2>&1 || return 1
     done
 }
+# All three bricks online with a port: glusterd answers `volume start` as soon as it has
+# spawned the brick processes, and a client mounted before they listen fails its first
+# lookup (seen here right after the bricks were killed and restarted).
+bricks_online() {
+    [ "$($G volume status "$VOL" 2>/dev/null | awk '$1 == "Brick" && $3 ~ /^[1-9][0-9]*$/ && $5 == "Y"' | wc -l)" -eq 3 ]
+}
+wait_bricks_online() {
+    for _ in $(seq 150); do bricks_online && return 0; sleep 0.2; done
+    echo "gluster.sh: the bricks of $VOL did not come online within 30 s" >&2; exit 1
+}
+# Mount, and try again (up to 5 times) if the client gives up before it reaches the bricks.
+mount_volume() {
+    local i
+    for i in 1 2 3 4 5; do
+        mount -t glusterfs "$HOST:/$VOL" "$MNT" && mount_alive && return 0
+        drop_mount
+        sleep 1
+    done
+    echo "gluster.sh: cannot mount $HOST:/$VOL at $MNT (see /var/log/glusterfs/)" >&2; exit 1
+}
 vol_started() { $G volume info "$VOL" 2>/dev/null | grep -q '^Status: Started'; }
 current_delay_us() {
     $G volume info "$VOL" 2>/dev/null | awk '/^debug.delay-gen:/ {on=1} /^delay-gen.delay-duration:/ {d=$2} END {print (on ? d : 0)}'
@@ -91,10 +111,11 @@ up() {
     fi
     # `start force` is a no-op for running bricks and restarts dead ones.
     $G volume start "$VOL" force >/dev/null
+    wait_bricks_online
     mkdir -p "$MNT"
     if ! mount_alive; then
         drop_mount
-        mount -t glusterfs "$HOST:/$VOL" "$MNT"
+        mount_volume
     fi
     # Large sequential reads (chunk files) need more than the default 128 KiB readahead.
     local bdi="/sys/class/bdi/$(mountpoint -d "$MNT")/read_ahead_kb"
