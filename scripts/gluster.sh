@@ -50,9 +50,17 @@ bricks_present() {
 bricks_online() {
     [ "$($G volume status "$VOL" 2>/dev/null | awk '$1 == "Brick" && $3 ~ /^[1-9][0-9]*$/ && $5 == "Y"' | wc -l)" -eq 3 ]
 }
-wait_bricks_online() {
-    for _ in $(seq 150); do bricks_online && return 0; sleep 0.2; done
-    echo "gluster.sh: the bricks of $VOL did not come online within 30 s" >&2; exit 1
+# `start force` until the bricks are online. It is a no-op for running bricks and restarts
+# dead ones, but a brick killed a moment ago is a zombie until PID 1 reaps it, and glusterd
+# takes its pid for a running brick: so ask again every 2 s (seen here: bricks stayed down
+# after one `start force`).
+start_bricks() {
+    local err=""
+    for _ in $(seq 60); do
+        err=$($G volume start "$VOL" force 2>&1 >/dev/null) || true
+        for _ in $(seq 10); do bricks_online && return 0; sleep 0.2; done
+    done
+    echo "gluster.sh: the bricks of $VOL did not come online within 2 min ${err}" >&2; exit 1
 }
 # Mount, and try again (up to 5 times) if the client gives up before it reaches the bricks.
 mount_volume() {
@@ -109,9 +117,7 @@ up() {
             $G volume reset "$VOL" delay-gen.enable >/dev/null 2>&1 || true
         fi
     fi
-    # `start force` is a no-op for running bricks and restarts dead ones.
-    $G volume start "$VOL" force >/dev/null
-    wait_bricks_online
+    start_bricks
     mkdir -p "$MNT"
     if ! mount_alive; then
         drop_mount
