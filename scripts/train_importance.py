@@ -15,7 +15,8 @@ backend_samples, backend_reads). --drop-caches empties the whole page cache
 before each epoch (the backend's, and the
 program code's too); --evict PATH (repeatable) only evicts the files under PATH from it
 (posix_fadvise DONTNEED): the backend's copy of the data set, the way a remote one is not
-in this machine's page cache.
+in this machine's page cache. ROOT may also be a plain folder (no mount): the same
+training without hints or mount statistics, to time the training side alone.
 
 usage: train_importance.py ROOT TEST --mode full|importance [--epochs 15] [--keep 0.7]
                            [--warmup 3] [--seed 0] [--workers 2] [--batch 64] [--drop-caches]
@@ -120,8 +121,9 @@ def main():
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=a.epochs)
     criterion = nn.CrossEntropyLoss(reduction="none")
     tracker = LossTracker(len(train), window=a.warmup)
-    if a.mode == "full":
-        sampler = HintedSampler(train, seed=a.seed, mode=a.order, group=a.group, batch_size=a.batch)
+    if a.mode == "full":  # off any mount (a plain folder) it only shuffles, as ImportanceSampler
+        sampler = HintedSampler(train, seed=a.seed, mode=a.order, group=a.group, batch_size=a.batch,
+                                write=bool(stats_of(a.root)))
     else:
         sampler = ImportanceSampler(train, tracker, keep=a.keep, warmup=a.warmup, seed=a.seed,
                                     reuse_bytes=int(a.reuse_mb * 2**20))

@@ -485,3 +485,13 @@ def test_importance_training_through_a_mount_with_torchvision(tmp_path):
     assert [row["trained"] for row in rows] == [n, n, n, round(0.7 * n)]
     assert rows[-1]["test_acc"] > 0.5  # it learned
     assert rows[-1]["backend_bytes"] < 0.9 * rows[0]["backend_bytes"]
+
+    # The same script on the plain folder (no mount): training alone, no hints, no stats.
+    r = subprocess.run(["/usr/bin/python3", os.path.join(REPO, "scripts", "train_importance.py"),
+                        str(tmp_path / "digits" / "train"), str(tmp_path / "digits" / "test"),
+                        "--mode", "full", "--epochs", "1"],
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO),
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    row = json.loads(r.stdout.splitlines()[0])
+    assert row["trained"] == n and "backend_bytes" not in row
