@@ -15,7 +15,7 @@ source's. Scenarios:
                           ("injected" counts those, from the brick logs).
   brick-kill              the glusterfsd of one brick is killed (SIGKILL) halfway through
                           the epoch; after the epoch the brick is restarted with
-                          `gluster volume start VOL force` and the failed samples re-read
+                          `gluster.sh up` and the failed samples re-read
 
 Every volume change is undone at the end. usage:
   .venv/bin/python scripts/faults.py [--files 2000] [--out out/faults]
@@ -65,6 +65,12 @@ def restart_volume(options: dict | None) -> None:
         for k in ("debug.error-gen", "debug.error-failure", "debug.error-number",
                   "debug.random-failure", "debug.error-fops", "performance.quick-read"):
             sh(*G, "volume", "reset", VOL, k, check=False)
+    gluster_up()
+
+
+def gluster_up() -> None:
+    """`gluster.sh up`: start what is down (asking until every brick listens), mount if
+    need be."""
     r = sh("bash", os.path.join(REPO, "scripts", "gluster.sh"), "up", check=False)
     if r.returncode:
         raise RuntimeError(f"gluster.sh up failed: {r.stdout}{r.stderr}")
@@ -101,23 +107,6 @@ def brick_pid(brick: str) -> int:
     if not live:
         raise RuntimeError(f"no glusterfsd for {brick}")
     return live[0]
-
-
-def restart_brick(brick: str, old_pid: int, timeout: float = 60.0) -> None:
-    """`volume start force` until a new glusterfsd serves brick. Right after a SIGKILL,
-    glusterd may not have noticed the death yet and then takes `start force` for a no-op
-    (seen here: the brick stayed down for minutes), so ask again until it is back."""
-    deadline = time.monotonic() + timeout
-    while True:
-        sh(*G, "volume", "start", VOL, "force", check=False)
-        try:
-            if brick_pid(brick) != old_pid:
-                return
-        except RuntimeError:  # no process yet
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"brick {brick} did not come back within {timeout:.0f} s")
-        time.sleep(1.0)
 
 
 def read_epoch(mnt: str, rels: list[str], digests: dict, readers: int = 4,
@@ -192,17 +181,14 @@ def scenario_errors(packed, mnt, rels, digests, percent) -> dict:
 
 
 def scenario_brick_kill(packed, mnt, rels, digests, brick="b2") -> dict:
-    killed = {}
-
     def kill():
         pid = brick_pid(f"{BRICKS}/{brick}")
         os.kill(pid, signal.SIGKILL)
-        killed["at"], killed["pid"] = time.perf_counter(), pid
 
     try:
         with running_mount(packed, mnt, "--cache-size", "10%"):
             res = read_epoch(mnt, rels, digests, halfway=kill)
-            restart_brick(f"{BRICKS}/{brick}", killed["pid"])
+            gluster_up()  # restarts the killed brick
             t0 = time.perf_counter()
             recovered = None
             probe = res["failed"][0] if res["failed"] else None
@@ -223,7 +209,7 @@ def scenario_brick_kill(packed, mnt, rels, digests, brick="b2") -> dict:
             res["failed_then_served"] = again
             res.update(stats_of(mnt))
     finally:
-        sh(*G, "volume", "start", VOL, "force", check=False)
+        sh("bash", os.path.join(REPO, "scripts", "gluster.sh"), "up", check=False)
     return res
 
 
