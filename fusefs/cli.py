@@ -165,20 +165,22 @@ def _watch(mnt: str, interval: float) -> int:
     """One line per interval: rates since the last line and the cache state."""
     import time
     prev, t_prev = _read_stats(mnt), time.monotonic()
-    print(f"{'reads/s':>8} {'MB/s':>7} {'hit%':>6} {'waits':>6} {'miss':>6} {'backend MB/s':>12} "
-          f"{'cache MB':>9} {'ahead':>6} {'evict':>6}")
+    print(f"{'opens/s':>8} {'MB/s':>7} {'hit%':>6} {'waits':>6} {'miss':>6} {'backend MB/s':>12} "
+          f"{'cache MB':>9} {'ahead':>6} {'evict':>6} {'cpu us/smp':>10} {'req/smp':>7}")
     while True:
         time.sleep(interval)
         cur, now = _read_stats(mnt), time.monotonic()
         dt = now - t_prev
-        d = {k: cur[k] - prev[k] for k in ("reads", "bytes_served", "hits", "read_waits", "misses",
-                                          "backend_bytes", "evicted_after_use")}
+        d = {k: cur[k] - prev[k] for k in ("opens", "bytes_served", "hits", "read_waits", "misses",
+                                          "backend_bytes", "evictions", "cpu_s")}
+        reqs = sum(cur["requests"].values()) - sum(prev["requests"].values())
         served = d["hits"] + d["read_waits"] + d["misses"]
         ahead = sum(p["ahead_ready"] for p in cur["plans"].values())
-        print(f"{d['reads'] / dt:8.0f} {d['bytes_served'] / dt / 1e6:7.1f} "
+        per = max(1, d["opens"])
+        print(f"{d['opens'] / dt:8.0f} {d['bytes_served'] / dt / 1e6:7.1f} "
               f"{100 * d['hits'] / served if served else 0:6.1f} {d['read_waits']:6d} {d['misses']:6d} "
               f"{d['backend_bytes'] / dt / 1e6:12.1f} {cur['cache_bytes'] / 1e6:9.1f} {ahead:6d} "
-              f"{d['evicted_after_use']:6d}", flush=True)
+              f"{d['evictions']:6d} {1e6 * d['cpu_s'] / per:10.0f} {reqs / per:7.2f}", flush=True)
         prev, t_prev = cur, now
 
 

@@ -8,9 +8,12 @@ Inode numbers:
 
 Lookups, attributes and listings come from the in-memory index (no backend I/O). Reads
 fetch a whole sample once (batched with the samples the order needs next on the same
-storage node), verify it and serve any offset and size from it. Closing a file is a use
-of its sample; after its last use in the current order the sample leaves the cache.
-Errors are FsError(errno); the FUSE adapter (fs.py) turns them into FUSEError.
+storage node), verify it and serve any offset and size from it. A fetched sample's bytes
+are also pushed into the kernel page cache as they arrive (from the fetch's worker
+thread), so a reader's read() of it never reaches the daemon: a cached sample costs an
+open and a release. Closing a file is a use of its sample; the cache keeps it until its
+room is needed (policy.py, cache.py). Errors are FsError(errno); the FUSE adapter
+(fs.py) turns them into FUSEError.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import errno
 import functools
 import logging
 import os
+import resource
 import stat
 import time
 
@@ -27,10 +31,10 @@ import trio
 
 from . import order as orderfmt
 from .cache import SampleCache
-from .control import ControlNamespace
+from .control import FH_BASE, ControlNamespace
 from .entries import Attr, FsError, OpenResult
 from .index import CONTROL_NAME, Index
-from .plan import Plan
+from .policy import Policy
 from .prefetch import Fetcher, Prefetcher
 from .store import ChunkStore, CorruptSample
 
@@ -38,26 +42,43 @@ log = logging.getLogger("fusefs")
 
 ROOT = 1
 CTRL_SLOTS = 128
+SID_BITS = 32  # a data file's handle is (serial << SID_BITS) | sample id
+SID_MASK = (1 << SID_BITS) - 1
+SERIAL_WRAP = 1 << 29  # serials wrap far below control handles (control.FH_BASE = 1 << 62)
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
 
 class Stats:
     """Counters of the daemon; a snapshot goes to `.fusefs/stats`."""
 
-    FIELDS = ("opens", "reads", "bytes_served", "hits", "pushed", "misses", "read_waits", "eio",
-              "evicted_after_use", "orders_accepted", "orders_refused")
+    FIELDS = ("opens", "opens_pushed", "releases", "reads", "bytes_served", "hits", "pushed",
+              "push_skipped",
+              "misses", "read_waits", "eio", "orders_accepted", "orders_refused")
 
     def __init__(self):
         for f in self.FIELDS:
             setattr(self, f, 0)
         self.wait_s = 0.0
         self.started = time.time()
+        self.requests: dict[str, int] = {}  # FUSE requests answered, by type (fs.Operations)
+        self.cpu_start = cpu_seconds()
 
     def snapshot(self) -> dict:
         out = {f: getattr(self, f) for f in self.FIELDS}
         out["read_wait_s"] = round(self.wait_s, 4)
         out["uptime_s"] = round(time.time() - self.started, 3)
+        out["cpu_s"] = round(cpu_seconds() - self.cpu_start, 4)
+        out["requests"] = dict(sorted(self.requests.items()))
+        opens = max(1, self.opens)
+        out["cpu_us_per_sample"] = round(1e6 * out["cpu_s"] / opens, 1)
+        out["requests_per_sample"] = round(sum(self.requests.values()) / opens, 3)
         return out
+
+
+def cpu_seconds() -> float:
+    """CPU time of the whole daemon (every thread), user and system."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 class Core:
@@ -67,28 +88,35 @@ class Core:
                  control_gid: int | None = None):
         self.index = index
         self.store = store
+        self.policy = Policy(index.size)
         self.cache = SampleCache(cache_bytes, static_bytes)
         self.stats = Stats()
         self.local = local  # the local cache tier (local.LocalTier) or None
-        self.fetcher = Fetcher(store, per_node=per_node, batch=batch, retries=retries, local=local)
+        self.fetcher = Fetcher(store, per_node=per_node, batch=batch, retries=retries, local=local,
+                               push=self._push)
         self.prefetcher = Prefetcher(self)
-        self.plans: dict[int, Plan] = {}
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
         self.control_gid = control_gid  # a group that may write the control files too
         self.ctrl_dir = index.n_dirs + 1
         self.file_base = self.ctrl_dir + CTRL_SLOTS
         self.control = ControlNamespace(self, self.ctrl_dir)
-        self._handles: dict[int, int] = {}  # open file handle -> sample id
+        self._open = 0                       # data files open
+        self._serial = 0
         self._held: dict[int, bytes] = {}   # open file handle -> its sample's bytes, once read
-        self._next_fh = 1
         self._recent = collections.deque(maxlen=32)  # recently read samples (scan detection)
         self._ids_table: bytes | None = None
         self.corrupt: dict[int, str] = {}  # samples whose stored bytes fail their checksum
         # The kernel page cache, when the FUSE adapter offers it (KernelCache.push(ino,
-        # data)): a sample cached here at open time is pushed to the kernel with the open,
-        # so its reads never reach the daemon (README: "kernel page cache").
+        # data)): fetched samples are pushed to it as they arrive, so their reads never
+        # reach the daemon (README: "kernel page cache"). in_kernel: pushed and not
+        # forgotten since (the kernel drops an inode's pages when it forgets the inode).
         self.kernel = None
+        self.in_kernel = np.zeros(index.n_files, dtype=bool)
+
+    @property
+    def plans(self):
+        return self.policy.plans
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Background work (the read-ahead); start it in the mount's nursery."""
@@ -167,6 +195,13 @@ class Core:
         return {"bsize": 131072, "blocks": (ix.total_bytes + 131071) // 131072,
                 "files": ix.n_files + ix.n_dirs, "namemax": 255}
 
+    def forget(self, inodes) -> None:
+        """The kernel dropped these inodes, and with them their pages."""
+        for ino in inodes:
+            sid = self.sid_of(ino)
+            if sid is not None:
+                self.in_kernel[sid] = False
+
     # ---- data ------------------------------------------------------------------------
     def may_control(self, uid: int | None) -> bool:
         """Whether the user uid may write the control files: root or the user who mounted
@@ -176,40 +211,45 @@ class Core:
         return uid is None or uid in (0, self.uid) or self.control_gid is not None
 
     def open(self, ino: int, flags: int, uid: int | None = None) -> OpenResult:
-        sid = self.sid_of(ino)
-        if sid is None:
+        """The hot path: no I/O, no thread, no table entry; the handle carries the sample."""
+        sid = ino - self.file_base
+        if not 0 <= sid < self.index.n_files:
             if self._dir_of(ino) is not None:
                 raise FsError(errno.EISDIR)
             return self.control.open(ino, flags, uid)
         if flags & WRITE_FLAGS:
             raise FsError(errno.EROFS)
         self.stats.opens += 1
-        fh = self._next_fh
-        self._next_fh += 1
-        self._handles[fh] = sid
-        push = self.cache.get(sid) if self.kernel is not None else None
-        return OpenResult(fh=fh, push=push or None)
+        if self.in_kernel[sid]:  # (its reads are served by the kernel, unless it dropped them)
+            self.stats.opens_pushed += 1
+        self._open += 1
+        self._serial = (self._serial + 1) % SERIAL_WRAP
+        return OpenResult(fh=(self._serial << SID_BITS) | sid)
 
-    async def push(self, ino: int, data: bytes) -> None:
-        """Hand a cached sample's bytes to the kernel page cache (the open's `push`, before
-        its reply). In a worker thread: the store waits for the locks of the file's pages,
-        and a read of the same file by another opener holds one until the daemon answers
-        that read; on the event loop, the store and the read waited for each other
-        (a test with 3 readers of the same files hung so)."""
+    def _sid_of_fh(self, fh: int) -> int | None:
+        return fh & SID_MASK if fh < FH_BASE else None
+
+    def _push(self, sid: int, data: bytes) -> None:
+        """Hand a fetched sample's bytes to the kernel page cache (in the fetch's worker
+        thread, after the event loop has them: a push waits for the locks of the file's
+        pages, and a reader's read of that file holds one until the loop answers it)."""
         kernel = self.kernel
-        if kernel is None:
+        if kernel is None or self.in_kernel[sid]:
+            self.stats.push_skipped += kernel is not None
             return
         try:
-            await trio.to_thread.run_sync(kernel.push, ino, data)
+            kernel.push(self.file_base + sid, data)
         except OSError as e:
-            log.warning("the kernel refused a page cache push (%s): serving reads from the daemon", e)
-            self.kernel = None
+            if e.errno != errno.ENOENT:  # ENOENT: the kernel does not know the inode yet
+                log.warning("the kernel refused a page cache push (%s): serving reads from "
+                            "the daemon", e)
+                self.kernel = None
             return
+        self.in_kernel[sid] = True
         self.stats.pushed += 1
-        self.stats.hits += 1
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        sid = self._handles.get(fh)
+        sid = self._sid_of_fh(fh)
         if sid is None:
             return self.control.read(fh, off, size)
         self.stats.reads += 1
@@ -218,8 +258,7 @@ class Core:
         data = self._held.get(fh)
         if data is None:  # an open file keeps its bytes, whatever the cache does meanwhile
             data = await self.fetch(sid)
-            if fh in self._handles:
-                self._held[fh] = data
+            self._held[fh] = data
         else:
             self.stats.hits += 1
         out = data[off:off + size]
@@ -227,21 +266,24 @@ class Core:
         return out
 
     def write(self, fh: int, off: int, data: bytes) -> int:
-        if fh in self._handles:
+        if fh < FH_BASE:
             raise FsError(errno.EROFS)
         return self.control.write(fh, off, data)
 
-    def flush(self, fh: int) -> None:
-        if fh not in self._handles:
-            self.control.flush(fh)
+    def fsync(self, fh: int) -> None:
+        """Commit what a writer wrote to a control file; a bad order fails the fsync."""
+        if fh >= FH_BASE:
+            self.control.commit(fh)
 
     def release(self, fh: int) -> None:
-        sid = self._handles.pop(fh, None)
-        self._held.pop(fh, None)
-        if sid is None:
+        if fh >= FH_BASE:
             self.control.release(fh)
-        else:
-            self.use(sid)
+            return
+        self.stats.releases += 1
+        self._open -= 1
+        if self._held:
+            self._held.pop(fh, None)
+        self.use(fh & SID_MASK)
 
     def setattr(self, ino: int, size: int | None, other: bool = False,
                 uid: int | None = None) -> Attr:
@@ -255,7 +297,7 @@ class Core:
 
     @property
     def open_handles(self) -> int:
-        return len(self._handles) + self.control.open_handles
+        return self._open + self.control.open_handles
 
     # ---- the order -------------------------------------------------------------------
     def set_order(self, rank: int, data: bytes) -> None:
@@ -266,82 +308,36 @@ class Core:
             self.stats.orders_refused += 1
             log.warning("order for rank %d refused, the previous one stays: %s", rank, e)
             raise FsError(errno.EINVAL, str(e)) from None
-        self.plans[rank] = Plan(order, self.index.size)
+        self.policy.set_order(rank, order)
         self.prefetcher.reset()
         self.stats.orders_accepted += 1
         if self.cache.static:
-            self._pick_pins()
+            self.cache.set_pins(*self.policy.pin_candidates(), self.index.size)
         if self.local is not None:
-            self.local.set_priorities(self._tier_priorities())
-        self.cache.replan(self._near_set().__contains__)
-        log.info("rank %d: order of %d samples for epoch %d", rank, len(order), order.epoch)
-        self.prefetcher.wake()
-
-    def _near_set(self) -> set:
-        """The samples the orders need before a budget's worth of others (each plan from
-        its cursor): what a new order keeps as planned in the cache."""
-        room = self.cache.budget - self.cache.static
-        near: set = set()
-        for plan in self.plans.values():
-            near.update(plan.window(room).tolist())
-        return near
-
-    def _pick_pins(self) -> None:
-        """Pin the samples of highest importance over all ranks' orders (none if no order
-        carries importance values: then the cache works exactly as without pins)."""
-        plans = self._importance_plans()
-        if plans:
-            ids = np.concatenate([p.ids for p in plans])
-            imp = np.concatenate([p.importance for p in plans])
-        else:
-            ids, imp = np.zeros(0, np.int64), np.zeros(0, np.float32)
-        self.cache.set_pins(ids, imp, self.index.size)
-
-    def _tier_priorities(self) -> np.ndarray:
-        """What the local tier keeps when full (higher stays): the orders' importance values
-        where some order carries them, else how soon the orders need a sample (minus its
-        position); -inf for samples no such order names (and, without importance, once
-        used for the last time, see use())."""
-        prio = np.full(self.index.n_files, -np.inf)
-        plans = self._importance_plans() or list(self.plans.values())
-        for plan in plans:
-            val = (plan.importance.astype(np.float64) if plan.importance is not None
-                   else -np.arange(len(plan.ids), dtype=np.float64))
-            cur = np.full(self.index.n_files, -np.inf)
-            cur[plan.ids[::-1]] = val[::-1]  # reversed: the first occurrence wins
-            np.maximum(prio, cur, out=prio)
-        return prio
-
-    def _importance_plans(self) -> list:
-        return [p for p in self.plans.values() if p.importance is not None]
-
-    def _tier_priority_after_use(self, sid: int) -> float:
-        """The priority sid has once the use it is being fetched for is over."""
-        if self._importance_plans() or any(p.remaining(sid) > 1 for p in self.plans.values()):
-            return float(self.local.priority[sid])
-        return -np.inf
+            self.local.set_priorities(self.policy.tier_priorities())
+        self.cache.rekey_all(self.policy.keys)
+        log.info("rank %d: order of %d samples for epoch %d%s", rank, len(order), order.epoch,
+                 f" (and {len(order.next)} of the next)" if order.next is not None else "")
+        # the order's first samples are in flight before any reader can ask for them
+        self.prefetcher.schedule_now()
 
     def next_use(self, sid: int) -> int | None:
         """How many positions ahead of its plan's cursor sid is needed next (None: never)."""
-        best = None
-        for plan in self.plans.values():
-            pos = plan.next_position(sid)
-            if pos is not None and (best is None or pos - plan.cursor < best):
-                best = pos - plan.cursor
-        return best
+        return self.policy.next_use(sid)
 
     def use(self, sid: int) -> None:
-        """A reader closed sample sid: count the use; drop what was used for the last time."""
-        for plan in self.plans.values():
-            if plan.remaining(sid) > 0:
-                for done in plan.use(sid):
-                    if self.next_use(done) is None:
-                        if self.cache.release(done):
-                            self.stats.evicted_after_use += 1
-                        if self.local is not None and plan.importance is None:
-                            self.local.priority[done] = -np.inf
-                self.prefetcher.wake()
-                return
+        """A reader closed sample sid: count the use in the plan that needs it."""
+        used = self.policy.use(sid)
+        if used is None:
+            return
+        plan, done = used
+        if sid in self.cache:  # its next use moved on (to a later occurrence, or never)
+            self.cache.rekey(sid, self.policy.key(sid))
+        self.prefetcher.used(int(self.index.size[sid]))
+        if done and self.local is not None and plan.importance is None:
+            for s in done:
+                if self.policy.next_use(s) is None:
+                    self.local.priority[s] = -np.inf
 
     def ids_table(self) -> bytes:
         """Every sample's relative path, NUL-terminated, in id order (`.fusefs/ids`)."""
@@ -381,8 +377,6 @@ class Core:
         soon as its read is done; the companions' reads go on in the background."""
         k = self.fetcher.batch - 1
         reserved = set(self.prefetcher.take_queued(sid))
-        if sid not in reserved and self.cache.reserve(int(self.index.size[sid])):
-            reserved.add(sid)
         batch = [sid] + [s for s in reserved if s != sid]
         if not self.plans and sid - 1 in self._recent:
             chunk = self.index.chunk
@@ -404,8 +398,8 @@ class Core:
                           claimed=None) -> dict:
         """Fetch sids (one node) as one batch; return what arrived for each. Reservations
         (of the sids in `reserved`) are released as their samples arrive, or at once for
-        one someone else is already fetching. Read-ahead (reserved, other than `keep`, the
-        sample a reader is waiting for) is kept only if an order still needs it.
+        one someone else is already fetching. `keep`: the sample a reader missed (cached
+        only where entries no order needs make room: its reader holds its bytes).
         `claimed`: the fetcher's claim on sids, made by the caller (see Fetcher.fetch)."""
         sizes, inflight = self.index.size, self.fetcher.inflight
         for sid in sids:
@@ -417,13 +411,14 @@ class Core:
             if s in reserved:
                 self.cache.unreserve(int(sizes[s]))
             results[s] = r
-            self.deliver(s, r, prefetched=s in reserved and s != keep)
+            self.deliver(s, r, missed=s == keep)
 
         await self.fetcher.fetch(sids, deliver, claimed)
         return results
 
-    def deliver(self, sid: int, result, prefetched: bool = False) -> None:
-        """A fetch finished: keep the bytes if some order or the LRU part wants them."""
+    def deliver(self, sid: int, result, missed: bool = False) -> None:
+        """A fetch finished: keep the bytes if the orders need them before something cached
+        (a missed sample: its next use after its reader's; that reader holds its bytes)."""
         if isinstance(result, Exception):
             if isinstance(result, CorruptSample):
                 if sid not in self.corrupt:
@@ -436,11 +431,13 @@ class Core:
                           self.store.chunk_path(chunk), os.fsdecode(self.index.file_path(sid)), result)
             return
         if self.local is not None and sid not in self.local:  # (cheap test first)
-            self.local.offer(sid, result, self._tier_priority_after_use(sid))
-        nxt = self.next_use(sid)
-        if nxt is None and prefetched:
-            return  # read ahead for an order that has since been replaced
-        self.cache.put(sid, result, next_use=nxt)
+            self.local.offer(sid, result, float(self.local.priority[sid])
+                             if self.policy.keeps_after_use(sid) else -np.inf)
+        key = self.policy.key_after_use(sid) if missed else self.policy.key(sid)
+        if not self.cache.put(sid, result, key) and key != float("inf"):
+            # the budget is reserved for read-ahead needed later: take some back
+            if self.prefetcher.yield_room(len(result), key):
+                self.cache.put(sid, result, key)
 
     def statistics(self) -> dict:
         out = self.stats.snapshot()
@@ -458,6 +455,7 @@ class Core:
                    corrupt_samples=len(self.corrupt), cache_static=self.cache.static,
                    pinned_samples=self.cache.pinned_samples, pinned_bytes=self.cache.pinned_bytes,
                    pins_picked=len(self.cache.pin_set),
+                   in_kernel=int(np.count_nonzero(self.in_kernel)),
                    local_hits=self.local.hits if self.local is not None else 0,
                    local=self.local.statistics() if self.local is not None else None,
                    nodes=self.fetcher.statistics())
@@ -466,6 +464,7 @@ class Core:
             window = plan.window(self.cache.budget)
             cached = [s in self.cache for s in window.tolist()]
             plans[str(rank)] = {"epoch": plan.epoch, "length": len(plan), "cursor": plan.cursor,
+                                "next_length": len(plan.next_ids),
                                 "skipped": plan.skipped, "ahead_ready": sum(cached),
                                 "ahead_planned": len(window),
                                 # samples from the cursor on that are all ready, in a row

@@ -29,4 +29,3 @@ class OpenResult:
     fh: int
     direct_io: bool = False
     keep_cache: bool = True
-    push: bytes | None = None  # bytes to hand to the kernel page cache before the reply

@@ -19,16 +19,21 @@ log = logging.getLogger("fusefs")
 
 
 def _translate(fn):
+    """Count the request by type (stats "requests") and turn errors into FUSEError."""
+    name = fn.__name__
+
     @functools.wraps(fn)
-    async def wrapper(*args, **kwargs):
+    async def wrapper(self, *args, **kwargs):
+        counts = self.requests
+        counts[name] = counts.get(name, 0) + 1
         try:
-            return await fn(*args, **kwargs)
+            return await fn(self, *args, **kwargs)
         except pyfuse3.FUSEError:
             raise
         except FsError as e:
             raise pyfuse3.FUSEError(e.errno) from None
         except Exception:
-            log.exception("unexpected error in %s", fn.__name__)
+            log.exception("unexpected error in %s", name)
             raise pyfuse3.FUSEError(errno.EIO) from None
     return wrapper
 
@@ -52,6 +57,7 @@ class Operations(pyfuse3.Operations):
     def __init__(self, core: Core):
         super().__init__()
         self.core = core
+        self.requests = core.stats.requests
 
     def _entry(self, a: Attr) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()
@@ -95,14 +101,13 @@ class Operations(pyfuse3.Operations):
             if not pyfuse3.readdir_reply(token, name, self._entry(attr), nxt):
                 break
 
+    @_translate
     async def releasedir(self, fh):
         pass
 
     @_translate
     async def open(self, inode, flags, ctx):
         r = self.core.open(inode, flags, ctx.uid)
-        if r.push is not None:
-            await self.core.push(inode, r.push)
         return pyfuse3.FileInfo(fh=r.fh, direct_io=r.direct_io, keep_cache=r.keep_cache)
 
     @_translate
@@ -113,9 +118,8 @@ class Operations(pyfuse3.Operations):
     async def write(self, fh, off, buf):
         return self.core.write(fh, off, buf)
 
-    @_translate
-    async def flush(self, fh):
-        self.core.flush(fh)
+    # No flush: pyfuse3's default answers ENOSYS, and the kernel then sends no more flush
+    # requests at all (one round trip less per sample read); control files commit on fsync.
 
     @_translate
     async def release(self, fh):
@@ -133,18 +137,26 @@ class Operations(pyfuse3.Operations):
         s.f_namemax = info["namemax"]
         return s
 
+    @_translate
     async def getxattr(self, inode, name, ctx):
         raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
 
+    @_translate
     async def listxattr(self, inode, ctx):
         return []
 
-    async def forget(self, inode_list):
-        pass  # nothing is kept per inode
+    async def forget(self, inode_list):  # (must not raise: it answers no request)
+        self.requests["forget"] = self.requests.get("forget", 0) + 1
+        try:
+            self.core.forget(ino for ino, _ in inode_list)
+        except Exception:
+            log.exception("unexpected error in forget")
 
+    @_translate
     async def fsync(self, fh, datasync):
-        pass
+        self.core.fsync(fh)
 
+    @_translate
     async def fsyncdir(self, fh, datasync):
         pass
 
@@ -155,4 +167,4 @@ for _name in ("create", "mknod", "mkdir", "unlink", "rmdir", "symlink", "rename"
     async def _erofs(self, *args, **kwargs):
         raise pyfuse3.FUSEError(errno.EROFS)
     _erofs.__name__ = _name
-    setattr(Operations, _name, _erofs)
+    setattr(Operations, _name, _translate(_erofs))

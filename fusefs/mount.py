@@ -56,12 +56,16 @@ def fuse_options(extra: list[str]) -> set[str]:
 def tune_malloc() -> None:
     """Samples are ~100 KB objects allocated in worker threads and freed on the event loop:
     with glibc's defaults they land in per-thread heap arenas whose holes keep RSS far above
-    what is live. Allocations from 64 KiB up get their own mapping instead (returned to the
-    system when freed), and few arenas are used. A no-op where glibc is not the allocator."""
+    what is live, so few arenas are used; samples are allocated from the heap (not each in a
+    mapping of its own) and freed heap pages are kept for the next ones: a fresh page costs
+    a fault and a clearing, and an mmap per sample cost ~150 us of system time per sample
+    (page faults and unmaps; scripts/bench_hotpath.py). A no-op where glibc is not the
+    allocator."""
     try:
         libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 64 << 10)  # M_MMAP_THRESHOLD
-        libc.mallopt(-8, 2)         # M_ARENA_MAX
+        libc.mallopt(-8, 2)          # M_ARENA_MAX
+        libc.mallopt(-3, 4 << 20)    # M_MMAP_THRESHOLD: samples come from the heap ...
+        libc.mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD: ... which keeps its freed pages
     except (OSError, AttributeError):
         pass
 

@@ -13,7 +13,12 @@ Binary, little-endian:
 
 A sample id is its line number (from 0) in `MNT/.fusefs/ids`, which lists every sample's
 relative path, NUL-terminated. An id may occur more than once (its bytes are then kept
-until its last occurrence). This module imports only numpy, so training code running in
+until its last occurrence).
+
+A second record of the same layout may follow the first: the order of the next epoch
+(HintedSampler knows it: an order is a function of seed and epoch). The cache then keeps
+what the next epoch needs first across the epoch boundary, and the read-ahead goes on into
+it before the next epoch's order file is written. This module imports only numpy, so training code running in
 another Python can write orders without fusefs's FUSE dependencies.
 """
 from __future__ import annotations
@@ -39,6 +44,7 @@ class Order:
     ids: np.ndarray  # u32
     epoch: int = 0
     importance: np.ndarray | None = None  # f32, same length as ids
+    next: "Order | None" = None  # the next epoch's order, if the file carries it
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -64,7 +70,31 @@ def encode(ids, epoch: int = 0, importance=None) -> bytes:
 
 
 def parse(data: bytes, n_samples: int, max_entries: int | None = None) -> Order:
-    """Parse and validate an order for a dataset of n_samples; OrderError says why not."""
+    """Parse and validate an order (and the next epoch's, if a second record follows) for
+    a dataset of n_samples; OrderError says why not."""
+    first = _record_size(data, 0)
+    if len(data) > first:
+        try:
+            nxt = _parse_one(memoryview(data)[first:], n_samples, max_entries)
+        except OrderError as e:
+            raise OrderError(f"trailing bytes after the order are not a next-epoch order: {e}") from None
+        cur = _parse_one(memoryview(data)[:first], n_samples, max_entries)
+        return Order(cur.ids, cur.epoch, cur.importance, nxt)
+    return _parse_one(data, n_samples, max_entries)
+
+
+def _record_size(data, start: int) -> int:
+    """The size of the record at start as its header says (or all of data if unreadable:
+    _parse_one then names the problem)."""
+    if len(data) - start < HEAD_SIZE:
+        return len(data)
+    magic, _, flags, _, n = _HEAD.unpack_from(data, start)
+    if magic != MAGIC:
+        return len(data)
+    return HEAD_SIZE + (8 if flags & FLAG_IMPORTANCE else 4) * n
+
+
+def _parse_one(data, n_samples: int, max_entries: int | None = None) -> Order:
     if max_entries is None:
         max_entries = max(16 * n_samples, 1 << 20)
     if len(data) < HEAD_SIZE:

@@ -8,6 +8,11 @@ Readers do not consume the order exactly in sequence: DataLoader worker processe
 their prefetching interleave batches, and a reader may skip samples. The cursor is the
 first occurrence not yet used; occurrences more than `skip_window` positions behind the
 furthest use are taken as skipped (so a skipped sample cannot hold the cursor back).
+
+With the next epoch's order (Order.next), a sample's next use may lie beyond this order's
+end: `distance` counts positions from the cursor through the rest of this order into the
+next one, which is what the cache's eviction (furthest next use first) and the read-ahead
+past the epoch's end go by.
 """
 from __future__ import annotations
 
@@ -32,6 +37,12 @@ class Plan:
         self.cursor = 0
         self.frontier = 0  # one past the furthest position used
         self.skipped = 0
+        nxt = order.next
+        self.next_ids = (np.zeros(0, np.int64) if nxt is None
+                         else np.ascontiguousarray(nxt.ids, dtype=np.int64))
+        # the first position of each sample in the next order (-1: not in it)
+        self.next_first = np.full(n_files, -1, dtype=np.int64)
+        self.next_first[self.next_ids[::-1]] = np.arange(len(self.next_ids))[::-1]
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -48,6 +59,37 @@ class Plan:
         if self.uses[sid] >= self.total[sid]:
             return None
         return int(self._by_sample[self._first[sid] + self.uses[sid]])
+
+    def distance(self, sids: np.ndarray) -> np.ndarray:
+        """For each of sids, how many positions after the cursor it is needed next, in this
+        order or, after its last use here, in the next one (inf: never)."""
+        sids = np.asarray(sids, dtype=np.int64)
+        uses = self.uses[sids]
+        here = uses < self.total[sids]
+        out = np.full(len(sids), np.inf)
+        at = self._first[sids[here]] + uses[here]
+        out[here] = self._by_sample[at] - self.cursor
+        nxt = self.next_first[sids[~here]]
+        later = np.where(nxt >= 0, (len(self.ids) - self.cursor) + nxt, np.inf)
+        out[~here] = later
+        return out
+
+    def distance_of(self, sid: int) -> float:
+        pos = self.next_position(sid)
+        if pos is not None:
+            return pos - self.cursor
+        nxt = int(self.next_first[sid])
+        return (len(self.ids) - self.cursor) + nxt if nxt >= 0 else float("inf")
+
+    def distance_after_use(self, sid: int) -> float:
+        """distance_of(sid) once the use a reader is making of it now is counted."""
+        left = self.remaining(sid)
+        if left >= 2:
+            return int(self._by_sample[self._first[sid] + self.uses[sid] + 1]) - self.cursor
+        if left == 1:
+            nxt = int(self.next_first[sid])
+            return (len(self.ids) - self.cursor) + nxt if nxt >= 0 else float("inf")
+        return self.distance_of(sid)
 
     def use(self, sid: int) -> list[int]:
         """Record one use of sid; return the samples whose last use this completed."""

@@ -13,8 +13,10 @@ in the cache, and starts batches of up to k samples per node (see Prefetcher).
 """
 from __future__ import annotations
 
+import collections
 import errno
 import logging
+import threading
 
 import numpy as np
 import trio
@@ -33,6 +35,42 @@ class Pending:
         self.error = None
 
 
+class Inbox:
+    """Results from worker threads to the event loop, many per wakeup: a thread posts
+    (fn, arg) and wakes the loop only if no wakeup is pending; the loop then runs every
+    posted call in one go. Under load a wakeup carries many reads' results."""
+
+    def __init__(self, token):
+        self._token = token
+        self._items = collections.deque()
+        self._lock = threading.Lock()
+        self._scheduled = False
+        self.wakeups = 0
+
+    def post(self, fn, arg) -> None:  # any thread
+        self._items.append((fn, arg))
+        with self._lock:
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self._token.run_sync_soon(self._drain)
+        except trio.RunFinishedError:
+            pass
+
+    def _drain(self) -> None:  # the event loop
+        with self._lock:
+            self._scheduled = False
+        self.wakeups += 1
+        items = self._items
+        while items:
+            fn, arg = items.popleft()
+            try:  # (an error here would end trio's run)
+                fn(arg)
+            except Exception:
+                log.exception("delivering results from a worker thread failed")
+
+
 class Fetcher:
     """Batched, deduplicated backend reads with per-node bounds and retries.
 
@@ -48,9 +86,13 @@ class Fetcher:
     """
 
     def __init__(self, store, *, per_node: int = 4, batch: int = 16, max_gap: int = 256 << 10,
-                 retries: int = 4, backoff: float = 0.1, local=None):
+                 retries: int = 4, backoff: float = 0.1, local=None, push=None):
         self.store = store
         self.local = local  # a LocalTier looked in before the backend, or None
+        # push(sid, bytes), called in the worker thread for each sample read, after the
+        # event loop has been handed it (the kernel page cache push, see Core._push)
+        self.push = push
+        self._inbox: Inbox | None = None
         index = store.index
         self.chunk_node = np.array([c.node for c in index.chunks], dtype=np.int32)
         self.node_names = list(index.nodes)
@@ -107,9 +149,14 @@ class Fetcher:
             p.event.set()
             deliver(sid, r)
 
-        token = trio.lowlevel.current_trio_token()
+        if self._inbox is None:
+            self._inbox = Inbox(trio.lowlevel.current_trio_token())
+        inbox, push = self._inbox, self.push
 
-        def arrived(got: dict) -> None:  # in the trio thread, while the batch goes on
+        def arrived(item) -> None:  # in the trio thread, while the batch goes on
+            got, local = item
+            if local:
+                from_local.update(got)
             for sid, r in got.items():
                 if sid in pendings and not isinstance(r, Exception):
                     try:  # (an error here would end trio's run: leave it to the batch's end)
@@ -117,11 +164,12 @@ class Fetcher:
                     except Exception:
                         log.exception("delivering sample %d on arrival failed", sid)
 
-        def on_read(got: dict) -> None:  # in the worker thread
-            try:
-                token.run_sync_soon(arrived, got)
-            except trio.RunFinishedError:
-                pass
+        def on_read(got: dict, local: bool = False) -> None:  # in the worker thread
+            inbox.post(arrived, (got, local))
+            if push is not None:
+                for sid, r in got.items():
+                    if not isinstance(r, Exception):
+                        push(sid, r)
 
         try:
             todo, attempt = sids, 0
@@ -167,6 +215,8 @@ class Fetcher:
         """(results, backend reads, backend bytes, sids served by the local tier); blocking.
         on_read(results of one backend read) after each."""
         got = self.local.read_many(sids) if self.local is not None else {}
+        if got:
+            on_read(got, True)
         rest = [s for s in sids if s not in got]
         results, nreads, nbytes = (self.store.read_batch(rest, self.max_gap, on_read) if rest
                                    else ({}, 0, 0))
@@ -193,13 +243,14 @@ class Prefetcher:
     """Keeps the cache filled along the plans. `wake()` after anything that may let it
     start more work (a new order, a use, a finished fetch).
 
-    Work is incremental: each plan has a head, the next order position to look at, and
-    samples between the readers' cursor and the head are cached, in flight or queued.
-    Queued samples have their bytes reserved in the cache and wait in a per-node queue
-    until the node has a free request slot. The head moves on only when at least
-    `low_water` bytes of the budget are free or held by LRU entries (hysteresis), so each
-    refill is large enough to give every node full batches instead of a trickle of
-    one-sample requests.
+    Work is incremental: each plan has a head, the next order position to look at (past
+    the order's end it walks the next epoch's order, if the plan has one), and samples
+    between the readers' cursor and the head are cached, in flight or queued. Queued
+    samples have their bytes reserved in the cache (evicting only entries needed later)
+    and wait in a per-node queue until the node has a free request slot. The head moves
+    on only after a new order, or once readers have used `low_water` bytes since it last
+    moved or that much of the budget is free (hysteresis), so each refill is large enough
+    to give every node full batches instead of a trickle of one-sample requests.
 
     A batch reads its samples in the order's order and delivers each as its read is done
     (Fetcher.fetch), so the reader of an order's first sample waits for one read, not k.
@@ -227,9 +278,17 @@ class Prefetcher:
         mean_size = core.index.total_bytes / max(1, core.index.n_files)
         refill = fetcher.per_node * nodes * fetcher.batch * mean_size
         self.low_water = int(max(1, min(core.cache.budget // 4, refill)))
+        self._used = 0        # bytes used by readers since the heads last moved
+        self._fresh = False   # a new order since the heads last moved
 
     def wake(self) -> None:
         self._wake.set()
+
+    def used(self, nbytes: int) -> None:
+        """A reader used a sample of nbytes: wake once a refill's worth was used."""
+        self._used += nbytes
+        if self._used >= self.low_water:
+            self._wake.set()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -254,42 +313,57 @@ class Prefetcher:
                 q.clear()
         self.queued.clear()
         self.heads.clear()
+        self._fresh = True
+
+    def schedule_now(self) -> None:
+        """Plan and dispatch at once (a new order), not at the read-ahead task's next turn."""
+        try:
+            self.schedule()
+        except Exception:  # never let the read-ahead take the daemon down
+            log.exception("prefetch scheduling failed")
+        self.wake()
 
     def schedule(self) -> None:
         if self.nursery is None:
             return
-        if self.core.cache.available >= self.low_water:
+        if self._fresh or self._used >= self.low_water or self.core.cache.free >= self.low_water:
+            self._fresh, self._used = False, 0
             self.advance()
         self.dispatch()
 
     def advance(self) -> None:
-        """Move the plans' heads forward, queueing what is neither cached nor in flight,
-        until the budget is used up or every plan is fully covered (round robin over ranks)."""
+        """Move the plans' heads forward (through each order, then its next one), queueing
+        what is neither cached nor in flight, until the budget holds nothing needed later
+        than the head's sample or every plan is fully covered (round robin over ranks)."""
         core = self.core
         cache, inflight, queued = core.cache, core.fetcher.inflight, self.queued
-        sizes, node_of = core.index.size, core.fetcher.node_of
-        active = [(rank, plan) for rank, plan in core.plans.items() if not plan.done]
+        sizes, node_of, key = core.index.size, core.fetcher.node_of, core.policy.key
+        active = [(rank, plan) for rank, plan in core.plans.items()
+                  if self.heads.get(rank, 0) < len(plan.ids) + len(plan.next_ids)]
         while active:
             for item in list(active):
                 rank, plan = item
                 ids, consumed, n = plan.ids, plan.consumed, len(plan.ids)
+                nxt, end = plan.next_ids, n + len(plan.next_ids)
                 pos = max(self.heads.get(rank, 0), plan.cursor)
-                while pos < n:
-                    sid = int(ids[pos])
-                    if consumed[pos] or sid in inflight or sid in queued:
-                        pos += 1
-                        continue
-                    if sid in cache:
-                        cache.promote(sid)  # needed now: no longer evictable as LRU
+                while pos < end:
+                    if pos < n:
+                        sid = int(ids[pos])
+                        if consumed[pos]:
+                            pos += 1
+                            continue
+                    else:
+                        sid = int(nxt[pos - n])
+                    if sid in cache or sid in inflight or sid in queued:
                         pos += 1
                         continue
                     break
                 self.heads[rank] = pos
-                if pos >= n:
+                if pos >= end:
                     active.remove(item)
                     continue
-                if not cache.reserve(int(sizes[sid])):
-                    return  # the budget is full
+                if not cache.reserve(int(sizes[sid]), key(sid)):
+                    return  # the budget holds nothing needed later than this
                 node = node_of(sid)
                 self.queues[node].append(sid)
                 queued[sid] = node
@@ -352,6 +426,29 @@ class Prefetcher:
                    for n, q in enumerate(self.queues) if not q)
         busy = sum(1 for q in self.queues if q)
         return min(fetcher.max_per_node, fetcher.per_node + idle // max(1, busy))
+
+    def yield_room(self, nbytes: int, key: float) -> int:
+        """Take back the reservations of queued samples needed later than key (from each
+        node's queue tail, latest first) until nbytes are freed; the heads go back to the
+        cursors so those samples are queued again when room allows. Returns bytes freed."""
+        core = self.core
+        sizes, key_of = core.index.size, core.policy.key
+        freed = 0
+        while freed < nbytes:
+            tails = [(key_of(q[-1]), node) for node, q in enumerate(self.queues) if q]
+            if not tails:
+                break
+            latest, node = max(tails)
+            if latest <= key:
+                break
+            sid = self.queues[node].pop()
+            del self.queued[sid]
+            size = int(sizes[sid])
+            core.cache.unreserve(size)
+            freed += size
+        if freed:
+            self.heads.clear()
+        return freed
 
     def take_queued(self, sid: int) -> list[int]:
         """For a reader that missed sid: sid if it is queued, plus samples queued next on

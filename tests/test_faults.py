@@ -199,7 +199,8 @@ def _as_user(uid, gid, code, groups=()):
     return subprocess.run(cmd + ["/usr/bin/python3", "-c", code], capture_output=True, text=True)
 
 
-WRITE_ORDER = ("try:\n    with open({p!r}, 'wb') as f:\n        f.write(b'x')\n    print('written')\n"
+WRITE_ORDER = ("import os\ntry:\n    with open({p!r}, 'wb') as f:\n        f.write(b'x')\n"
+               "        f.flush()\n        os.fsync(f.fileno())\n    print('written')\n"
                "except PermissionError:\n    print('EACCES')\nexcept OSError as e:\n    print(e.errno)\n")
 
 

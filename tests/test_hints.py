@@ -85,20 +85,47 @@ def test_four_readers_with_the_order_set_get_every_byte(tricky, tmp_path):
         assert stats["open_handles"] == 0
 
 
-def test_bad_order_fails_close_with_einval_and_the_old_one_stays(tricky, tmp_path):
+def test_bad_order_fails_fsync_with_einval_and_the_old_one_stays(tricky, tmp_path):
     mnt = str(tmp_path / "mnt")
     with running_mount(tricky[1], mnt) as (_, log):
         write_order(mnt, [0, 1, 2], epoch=3)
-        for bad in (b"garbage", orderfmt.encode([0, 99999]), orderfmt.encode([0, 1])[:-1]):
-            f = open(os.path.join(mnt, ".fusefs", "order"), "wb")
-            f.write(bad)
-            with pytest.raises(OSError) as e:
-                f.close()
-            assert e.value.errno == errno.EINVAL
-        current = orderfmt.parse(open(os.path.join(mnt, ".fusefs", "order"), "rb").read(), 10**6)
+        path = os.path.join(mnt, ".fusefs", "order")
+        for bad in (b"garbage", orderfmt.encode([0, 99999]), orderfmt.encode([0, 1])[:-1],
+                    orderfmt.encode([0, 1]) + b"next"):
+            with open(path, "wb") as f:
+                f.write(bad)
+                f.flush()
+                with pytest.raises(OSError) as e:
+                    os.fsync(f.fileno())
+                assert e.value.errno == errno.EINVAL
+        with pytest.raises(OSError) as e:  # write_order commits with fsync: it raises too
+            write_order(mnt, [0, 99999])
+        assert e.value.errno == errno.EINVAL
+        # a writer that only closes commits at release: a bad order is refused in the log
+        with open(path, "wb") as f:
+            f.write(orderfmt.encode([7, 99998]))
+        deadline = time.monotonic() + 10
+        while "unknown sample id 99998" not in open(log).read() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        current = orderfmt.parse(open(path, "rb").read(), 10**6)
         assert current.ids.tolist() == [0, 1, 2] and current.epoch == 3
-        assert "unknown sample id 99999" in open(log).read()
+        log_text = open(log).read()
+        assert "unknown sample id 99999" in log_text and "unknown sample id 99998" in log_text
+        assert mount_stats(mnt)["orders_refused"] == 6
         assert read_tree(mnt) == read_tree(tricky[0])  # still serving
+
+
+def test_an_order_committed_by_close_alone_takes_effect(tricky, tmp_path):
+    """A plain writer (no fsync) commits at release, shortly after its close()."""
+    mnt = str(tmp_path / "mnt")
+    with running_mount(tricky[1], mnt):
+        with open(os.path.join(mnt, ".fusefs", "order"), "wb") as f:
+            f.write(orderfmt.encode([2, 1], epoch=5) + orderfmt.encode([1, 2, 0], epoch=6))
+        deadline = time.monotonic() + 10
+        while mount_stats(mnt)["orders_accepted"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        plan = mount_stats(mnt)["plans"]["0"]
+        assert plan["epoch"] == 5 and plan["length"] == 2 and plan["next_length"] == 3
 
 
 def test_a_reader_killed_mid_read_leaves_the_daemon_serving(tricky, tmp_path):
@@ -146,29 +173,44 @@ def test_readers_of_the_same_files_get_their_bytes_with_the_kernel_cache(tricky,
 
 @pytest.mark.parametrize("kernel_cache", [True, False])
 def test_read_ahead_bytes_pushed_to_the_kernel_page_cache(tricky, tmp_path, kernel_cache):
-    """With --kernel-cache a sample read ahead is handed to the kernel at open, so its reads
-    never reach the daemon; without, every read is served by the daemon."""
+    """With --kernel-cache a sample read ahead is pushed to the kernel as it arrives (the
+    tree was listed first, as ImageFolder does, so the kernel knows its inode): a reader
+    then costs exactly an open and a release, no read, no flush, no lookup or getattr; and
+    the next epoch reads nothing from the backend. Without, every read reaches the daemon."""
     src, dst, files = tricky
     rels = sorted(k for k, v in files.items() if not k.endswith("/") and v)
     mnt = str(tmp_path / "mnt")
     flag = "--kernel-cache" if kernel_cache else "--no-kernel-cache"
     with running_mount(dst, mnt, "--cache-size", "200%", flag):
         stats = lambda: mount_stats(mnt)  # noqa: E731
+        listed = [os.path.join(d, f) for d, _, fs in os.walk(mnt) for f in fs]
+        assert len(listed) == len([k for k in files if not k.endswith("/")])
         ids = mount_ids(mnt)
-        write_order(mnt, [ids[os.fsencode(r)] for r in rels])
-        deadline = time.monotonic() + 30
-        while stats()["cache_samples"] < len(rels) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert stats()["cache_samples"] == len(rels)
-        for r in rels:
-            with open(os.path.join(mnt, r), "rb") as f:
-                assert f.read() == files[r], r
-        s = stats()
-        if kernel_cache:
-            assert s["pushed"] == len(rels) and s["reads"] == 0, s
-        else:
-            assert s["pushed"] == 0 and s["reads"] >= len(rels), s
-        assert s["cache_samples"] == 0  # used for the last time: gone from the daemon's cache
+        for epoch in range(2):
+            write_order(mnt, [ids[os.fsencode(r)] for r in rels], epoch=epoch)
+            deadline = time.monotonic() + 30
+            while stats()["cache_samples"] < len(rels) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            before = stats()
+            assert before["cache_samples"] == len(rels)
+            for r in rels:
+                with open(os.path.join(mnt, r), "rb") as f:
+                    assert f.read() == files[r], r
+            s = stats()
+            again = stats()  # what reading the stats costs, to take off
+            asked = {k: v - before["requests"].get(k, 0) - (again["requests"][k] - s["requests"][k])
+                     for k, v in s["requests"].items()}
+            asked = {k: v for k, v in asked.items() if v}
+            if kernel_cache:
+                assert asked == {"open": len(rels), "release": len(rels)}, asked
+                assert s["pushed"] == len(rels), s
+            else:
+                assert asked["open"] == asked["release"] == len(rels) and "flush" not in asked, asked
+                assert s["pushed"] == 0
+                if epoch == 0:  # (then the kernel keeps what the reads brought: keep_cache)
+                    assert asked["read"] >= len(rels), asked
+            assert s["backend_samples"] == len(rels)  # fetched once, in the first epoch
+            assert s["cache_samples"] == len(rels)  # kept: room is not needed
 
 
 def _rank_reads(args):

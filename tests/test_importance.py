@@ -314,7 +314,8 @@ def test_pinned_samples_survive_epochs_and_serve_the_next_one(three_nodes):
         assert all(sid in core.cache for sid in pinned)  # kept after their last use
         assert s["pinned_bytes"] <= core.cache.static
         fetched = s["backend_samples"] - before
-        assert fetched == (n if epoch == 0 else n - len(pinned)), s  # pinned: no refetch
+        # pinned: no refetch (and samples kept because room was not needed: fewer still)
+        assert fetched == n if epoch == 0 else fetched <= n - len(pinned), s
 
 
 @given(data=st.data())
@@ -341,7 +342,7 @@ def test_an_order_without_importance_behaves_as_before(three_nodes):
     budget = int(probe.index.total_bytes * 0.1)
     ids = np.random.default_rng(4).permutation(probe.index.n_files).tolist()
     # (hits against read waits depends on thread timing, so their sum is compared)
-    keys = ("backend_samples", "evicted_after_use", "cache_bytes", "served", "pins_picked")
+    keys = ("backend_samples", "evictions", "cache_bytes", "served", "pins_picked")
     results = []
     for static in (0, budget // 2):
         core = make_core(dst, cache_bytes=budget, static_bytes=static, batch=8)
@@ -446,8 +447,7 @@ def test_held_reevaluation_through_a_mount_reads_each_sample_once(tricky, tmp_pa
         assert 0 < sampler.reused == len(todo & chosen) < len(todo)
         assert s2["plans"]["0"]["length"] == len(chosen) - sampler.reused  # held: not in the order
         assert s2["backend_samples"] == len(todo | chosen), s2
-        opened = s2["hits"] + s2["read_waits"] + s2["misses"]
-        assert opened - (s["hits"] + s["read_waits"] + s["misses"]) == len(chosen - todo)
+        assert s2["opens"] - s["opens"] == len(chosen - todo)  # training opened only those
 
 
 def test_random_sampler_state_is_independent_of_global_rng():

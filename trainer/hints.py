@@ -84,19 +84,31 @@ def paths_to_ids(paths, mount: str | None = None) -> np.ndarray:
     return out
 
 
-def write_order(mount: str, paths_or_ids, importance=None, epoch: int = 0, rank: int = 0) -> None:
+def write_order(mount: str, paths_or_ids, importance=None, epoch: int = 0, rank: int = 0,
+                next_ids=None, next_importance=None) -> None:
     """Write an epoch's read order to `MNT/.fusefs/order.<rank>`.
 
     paths_or_ids: absolute paths under the mount, or the mount's sample ids. The mount
-    refuses a bad order (OSError EINVAL on close; the previous order stays in force)."""
+    refuses a bad order (OSError EINVAL from the fsync that commits it; the previous order
+    stays in force). next_ids (and next_importance): the next epoch's order, written
+    with it (the cache then keeps what that epoch needs first across the boundary)."""
     items = list(paths_or_ids)
     if items and isinstance(items[0], (str, bytes, os.PathLike)):
         ids = paths_to_ids(items, mount)
     else:
         ids = np.asarray(items, dtype=np.int64)
     data = orderfmt.encode(ids, epoch=epoch, importance=importance)
-    with open(os.path.join(mount, CONTROL, f"order.{rank}"), "wb") as f:
-        f.write(data)
+    if next_ids is not None:
+        data += orderfmt.encode(np.asarray(next_ids, dtype=np.int64), epoch=epoch + 1,
+                                importance=next_importance)
+    fd = os.open(os.path.join(mount, CONTROL, f"order.{rank}"), os.O_WRONLY | os.O_TRUNC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)  # commits the order: a refusal is raised here
+    finally:
+        os.close(fd)
 
 
 def dataset_paths(dataset) -> list[str]:

@@ -1,0 +1,226 @@
+"""The daemon's hot path: CPU and FUSE requests per sample (the regression guard for fusefs/).
+
+A local packed set of random files (~110 KB each, like ImageNet JPEGs) is mounted with a
+cache larger than the set; 4 reader processes read whole files in an epoch order written
+to the mount (as HintedSampler writes it), each taking every 4th position (as DataLoader
+workers do). Three regimes, each one epoch in a fresh order:
+
+  chunks_cold  fresh daemon, page cache dropped: every sample is fetched from the local
+           chunk files on disk (read, checksummed, pushed to the kernel, delivered)
+  chunks   as chunks_cold with the chunk files in the page cache (a fresh daemon): the
+           daemon's own cost of a fetched sample, without the disk's
+  kernel   the next epoch: the kernel page cache holds every sample
+  daemon   the kernel page cache dropped (echo 1 > drop_caches), the daemon's cache holds
+           every sample
+
+The tree is listed first, as ImageFolder does (the kernel then knows every inode, so
+fetched samples can be pushed into its page cache). Side by side in the same run: the same
+readers on the loose source files (page cache cold and warm), and a minimal pyfuse3 daemon
+serving the files from RAM (scripts/minimal_daemon.py: its first epoch reads through the
+daemon, its second is served from the kernel page cache), the floor of the binding on this
+machine. One JSON line per row: samples/s, daemon CPU us per sample (the daemon's own
+getrusage) and FUSE requests per sample by type.
+
+usage: .venv/bin/python scripts/bench_hotpath.py [--quick] [--files N] [--readers 4] [--out DIR]
+       (--quick: 2,000 files, under a minute; run it before every commit that touches fusefs/)
+Each fusefs regime runs --rounds times (3), each round with fresh daemons; the round of
+median CPU per sample is printed, with every round's figure beside it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from fusefs import order as orderfmt  # noqa: E402
+from fusefs.mount import running_mount  # noqa: E402
+from fusefs.pack import pack  # noqa: E402
+
+
+def drop_caches(level: int = 3) -> None:
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write(f"{level}\n")
+
+
+def make_files(root: str, n: int, classes: int = 20, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(60_000, 160_000, n)
+    for c in range(classes):
+        os.makedirs(os.path.join(root, f"class{c:03d}"), exist_ok=True)
+    for i, size in enumerate(sizes.tolist()):
+        with open(os.path.join(root, f"class{i % classes:03d}", f"img{i:07d}.jpg"), "wb") as f:
+            f.write(rng.bytes(size))
+
+
+def _read_share(paths: list[str]) -> int:
+    n = 0
+    for p in paths:
+        with open(p, "rb") as f:
+            n += len(f.read())
+    return n
+
+
+def read_epoch(pool, paths: list[str], readers: int) -> float:
+    """Wall seconds for readers processes to read paths, reader i taking positions i::readers."""
+    t = time.perf_counter()
+    pool.map(_read_share, [paths[i::readers] for i in range(readers)], chunksize=1)
+    return time.perf_counter() - t
+
+
+def stats(mnt: str, name: str = ".fusefs/stats") -> dict:
+    with open(os.path.join(mnt, name)) as f:
+        return json.load(f)
+
+
+def list_tree(root: str) -> int:
+    """os.walk with a stat of every entry, as ImageFolder's scan does (readdirplus)."""
+    return sum(len(files) for _, _, files in os.walk(root))
+
+
+def minimal_peer(src: str, mnt: str, pool, rels, orders, readers: int):
+    """Two epochs through scripts/minimal_daemon.py over the loose files."""
+    import signal
+    os.makedirs(mnt, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "scripts", "minimal_daemon.py"), src, mnt])
+    try:
+        deadline = time.monotonic() + 120
+        while not os.path.ismount(mnt):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("minimal daemon did not mount")
+            time.sleep(0.05)
+        list_tree(mnt)
+        out = []
+        for epoch, name in enumerate(("minimal_read", "minimal_kernel")):
+            before = stats(mnt, ".minimal-stats")
+            dt = read_epoch(pool, [os.path.join(mnt, rels[i]) for i in orders[epoch]], readers)
+            out.append(row(name, len(rels), dt, before, stats(mnt, ".minimal-stats")))
+        return out
+    finally:
+        subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def write_order(mnt: str, ids, epoch: int) -> None:
+    fd = os.open(os.path.join(mnt, ".fusefs", "order"), os.O_WRONLY | os.O_TRUNC)
+    try:
+        os.write(fd, orderfmt.encode(ids, epoch=epoch))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def row(name: str, n: int, seconds: float, before: dict | None = None, after: dict | None = None) -> dict:
+    out = {"regime": name, "samples": n, "samples_per_s": round(n / seconds, 1)}
+    if before is not None:
+        cpu = after["cpu_s"] - before["cpu_s"]
+        reqs = {k: v - before["requests"].get(k, 0) for k, v in after["requests"].items()}
+        reqs = {k: round(v / n, 3) for k, v in sorted(reqs.items()) if v}
+        out.update(daemon_cpu_us_per_sample=round(1e6 * cpu / n, 1),
+                   requests_per_sample=round(sum(reqs.values()), 3), requests=reqs)
+        for k in ("backend_samples", "pushed"):
+            if k in after:
+                out[k] = after[k] - before[k]
+    return out
+
+
+def fusefs_round(dst, mnt, pool, rels, orders, a) -> dict:
+    """One round of the fusefs regimes: chunks_cold (page cache dropped), then a fresh
+    daemon over chunk files warm in the page cache: chunks, kernel, daemon."""
+    out = {}
+    n = len(rels)
+    drop_caches()
+    with running_mount(dst, mnt, "--cache-size", "120%", *a.mount_option):
+        list_tree(mnt)
+        write_order(mnt, orders[0], 0)
+        before = stats(mnt)
+        dt = read_epoch(pool, [os.path.join(mnt, rels[i]) for i in orders[0]], a.readers)
+        out["chunks_cold"] = row("chunks_cold", n, dt, before, stats(mnt))
+    for k in range(len(os.listdir(os.path.join(dst, "chunks")))):  # chunk files into the page cache
+        with open(os.path.join(dst, "chunks", sorted(os.listdir(os.path.join(dst, "chunks")))[k]), "rb") as f:
+            while f.read(16 << 20):
+                pass
+    with running_mount(dst, mnt, "--cache-size", "120%", *a.mount_option):
+        list_tree(mnt)
+        for epoch, name in enumerate(("chunks", "kernel", "daemon")):
+            if name == "daemon":
+                drop_caches(1)
+            write_order(mnt, orders[epoch], epoch)
+            before = stats(mnt)
+            dt = read_epoch(pool, [os.path.join(mnt, rels[i]) for i in orders[epoch]], a.readers)
+            out[name] = row(name, n, dt, before, stats(mnt))
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="2,000 files (under a minute)")
+    p.add_argument("--files", type=int, help="number of files (default 20,000; 2,000 with --quick)")
+    p.add_argument("--readers", type=int, default=4)
+    p.add_argument("--out", default=os.path.join(REPO, "out", "bench_hotpath"))
+    p.add_argument("--rounds", type=int, default=3, help="fresh daemons per regime (median reported)")
+    p.add_argument("--no-peer", action="store_true", help="skip the minimal pyfuse3 daemon")
+    p.add_argument("--mount-option", action="append", default=[], metavar="OPT",
+                   help="an extra `fusefs mount` argument (repeat), e.g. --mount-option=--no-kernel-cache")
+    a = p.parse_args()
+    n = a.files or (2_000 if a.quick else 20_000)
+    os.makedirs(a.out, exist_ok=True)
+    src, dst, mnt = (os.path.join(a.out, f"{x}-{n}") for x in ("src", "packed", "mnt"))
+    if not os.path.isdir(src):
+        make_files(src, n)
+    if not os.path.exists(os.path.join(dst, "index.fusefs")):
+        pack(src, dst, force=True, progress=False)
+    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "fusefs"], capture_output=True,
+                           text=True).stdout.strip()
+    rows = []
+
+    def emit(r):
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+
+    with mp.get_context("fork").Pool(a.readers) as pool:
+        from fusefs.index import INDEX_NAME, Index
+        ix = Index.load(os.path.join(dst, INDEX_NAME))
+        rels = [os.fsdecode(ix.file_path(i)) for i in range(ix.n_files)]
+        rng = np.random.default_rng(1)
+        orders = [rng.permutation(n) for _ in range(3)]
+
+        paths = [os.path.join(src, rels[i]) for i in orders[0]]
+        drop_caches()
+        emit(row("loose_cold", n, read_epoch(pool, paths, a.readers)))
+        emit(row("loose_warm", n, read_epoch(pool, paths, a.readers)))
+
+        trials: dict[str, list] = {}
+        for _ in range(a.rounds):  # a fresh daemon each round; the median round is reported
+            for name, r in fusefs_round(dst, mnt, pool, rels, orders, a).items():
+                trials.setdefault(name, []).append(r)
+        for name, rs in trials.items():
+            r = sorted(rs, key=lambda r: r["daemon_cpu_us_per_sample"])[len(rs) // 2]
+            r["cpu_us_per_sample_all_rounds"] = [x["daemon_cpu_us_per_sample"] for x in rs]
+            emit(r)
+        if not a.no_peer:
+            drop_caches()
+            for r in minimal_peer(src, mnt + "-minimal", pool, rels, orders, a.readers):
+                emit(r)
+    result = {"files": n, "readers": a.readers, "commit": commit + ("+dirty" if dirty else ""),
+              "mount_options": a.mount_option, "rows": rows}
+    with open(os.path.join(a.out, "bench_hotpath.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"saved {a.out}/bench_hotpath.json (commit {result['commit']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
