@@ -118,6 +118,7 @@ def cmd_mount(a) -> int:
         index, store = open_dataset(a.dst, a.retries, willneed=a.willneed)  # refuses a broken dataset before mounting
         cache = parse_size(a.cache_size, whole=index.total_bytes)
         static = parse_size(a.static_cache, whole=cache)
+        readahead = None if a.readahead is None else parse_size(a.readahead, whole=cache)
         if static > cache:
             raise MountError(f"--static-cache {a.static_cache} is more than the cache budget")
         local_bytes = 0
@@ -129,7 +130,7 @@ def cmd_mount(a) -> int:
         serve(index, store, a.mnt, options=a.o or [], cache_bytes=cache, static_bytes=static,
               per_node=a.per_node, local_dir=a.local_cache, local_bytes=local_bytes,
               batch=a.batch, kernel_cache=a.kernel_cache, retries=a.retries,
-              control_gid=parse_group(a.control_group))
+              control_gid=parse_group(a.control_group), readahead=readahead)
     except (MountError, argparse.ArgumentTypeError) as e:
         print(f"fusefs mount: {e}", file=sys.stderr)
         return 2
@@ -244,6 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="backend requests in flight per storage node (default 4; a request's "
                         "reads are advised at once, see --willneed)")
     s.add_argument("--batch", type=int, default=16, help="samples per backend request (default 16)")
+    s.add_argument("--readahead", metavar="SIZE",
+                   help="how far ahead of the readers the order is read: bytes or %% of the cache "
+                        "budget (default 1/16 of the budget, at least a full batch per request slot of "
+                        "every node); "
+                        "the rest of the budget keeps what the orders need again")
     s.add_argument("--control-group", metavar="GROUP",
                    help="a group whose members may write the control files (the order) too; "
                         "by default only the user who mounted (and root) may")

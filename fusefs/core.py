@@ -35,7 +35,7 @@ from .control import FH_BASE, ControlNamespace
 from .entries import Attr, FsError, OpenResult
 from .index import CONTROL_NAME, Index
 from .policy import Policy
-from .prefetch import Fetcher, Prefetcher
+from .prefetch import FetchCancelled, Fetcher, Prefetcher
 from .store import ChunkStore, CorruptSample
 
 log = logging.getLogger("fusefs")
@@ -85,7 +85,7 @@ class Core:
     def __init__(self, index: Index, store: ChunkStore, *, cache_bytes: int = 256 << 20,
                  static_bytes: int = 0, per_node: int = 4, batch: int = 16, retries: int = 4,
                  local=None, uid: int | None = None, gid: int | None = None,
-                 control_gid: int | None = None):
+                 control_gid: int | None = None, readahead: int | None = None):
         self.index = index
         self.store = store
         self.policy = Policy(index.size)
@@ -94,7 +94,7 @@ class Core:
         self.local = local  # the local cache tier (local.LocalTier) or None
         self.fetcher = Fetcher(store, per_node=per_node, batch=batch, retries=retries, local=local,
                                push=self._push)
-        self.prefetcher = Prefetcher(self)
+        self.prefetcher = Prefetcher(self, readahead)
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
         self.control_gid = control_gid  # a group that may write the control files too
@@ -420,6 +420,8 @@ class Core:
         """A fetch finished: keep the bytes if the orders need them before something cached
         (a missed sample: its next use after its reader's; that reader holds its bytes)."""
         if isinstance(result, Exception):
+            if isinstance(result, FetchCancelled):
+                return
             if isinstance(result, CorruptSample):
                 if sid not in self.corrupt:
                     self.corrupt[sid] = str(result)
@@ -446,6 +448,7 @@ class Core:
                    cache_samples=len(self.cache), evictions=self.cache.evictions,
                    samples=self.index.n_files, dataset_bytes=self.index.total_bytes,
                    open_handles=self.open_handles, prefetch_batches=self.prefetcher.batches,
+                   readahead_bytes=self.prefetcher.readahead,
                    backend_requests=sum(n["requests"] for n in self.fetcher.node_stats),
                    backend_reads=sum(n["reads"] for n in self.fetcher.node_stats),
                    backend_bytes=sum(n["bytes"] for n in self.fetcher.node_stats),

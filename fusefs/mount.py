@@ -73,7 +73,7 @@ def tune_malloc() -> None:
 def serve(index: Index, store: ChunkStore, mnt: str, *, options: list[str] = (),
           cache_bytes: int = 256 << 20, static_bytes: int = 0, per_node: int = 4, batch: int = 16,
           kernel_cache: bool = True, retries: int = 4, control_gid: int | None = None,
-          local_dir: str | None = None, local_bytes: int = 0) -> None:
+          local_dir: str | None = None, local_bytes: int = 0, readahead: int | None = None) -> None:
     """Mount the dataset at mnt and serve until unmounted or SIGINT/SIGTERM (foreground).
     local_dir: a folder for the local cache tier of local_bytes (see local.py)."""
     if clear_dead_mount(mnt):
@@ -91,7 +91,7 @@ def serve(index: Index, store: ChunkStore, mnt: str, *, options: list[str] = (),
             raise MountError(str(e)) from None
     core = Core(index, store, cache_bytes=cache_bytes, static_bytes=static_bytes,
                 per_node=per_node, batch=batch, local=local,
-                retries=retries, control_gid=control_gid)
+                retries=retries, control_gid=control_gid, readahead=readahead)
     if kernel_cache:
         core.kernel = KernelCache()
     ops = Operations(core)

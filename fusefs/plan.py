@@ -43,6 +43,9 @@ class Plan:
         # the first position of each sample in the next order (-1: not in it)
         self.next_first = np.full(n_files, -1, dtype=np.int64)
         self.next_first[self.next_ids[::-1]] = np.arange(len(self.next_ids))[::-1]
+        # bytes of the positions before each position, through this order and the next
+        self._cum = np.concatenate([[0], np.cumsum(sizes[np.concatenate([self.ids, self.next_ids])],
+                                                   dtype=np.int64)])
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -59,6 +62,10 @@ class Plan:
         if self.uses[sid] >= self.total[sid]:
             return None
         return int(self._by_sample[self._first[sid] + self.uses[sid]])
+
+    def bytes_between(self, start: int, end: int) -> int:
+        """Bytes of the samples at positions start..end-1 (through this order and the next)."""
+        return int(self._cum[end] - self._cum[start])
 
     def distance(self, sids: np.ndarray) -> np.ndarray:
         """For each of sids, how many positions after the cursor it is needed next, in this

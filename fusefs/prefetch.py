@@ -26,6 +26,14 @@ from .store import CorruptSample
 log = logging.getLogger("fusefs")
 
 
+class FetchCancelled(OSError):
+    """A fetch stopped before its sample arrived (a shutdown): EIO for its waiters, not a
+    backend failure."""
+
+    def __init__(self):
+        super().__init__(errno.EIO, "fetch cancelled")
+
+
 class Pending:
     __slots__ = ("event", "data", "error")
 
@@ -209,7 +217,7 @@ class Fetcher:
         finally:  # also when cancelled: waiters must never hang
             self.busy[node] -= 1
             for sid in list(pendings):
-                finish(sid, OSError(errno.EIO, "fetch cancelled"))
+                finish(sid, FetchCancelled())
 
     def _read(self, sids: list[int], on_read):
         """(results, backend reads, backend bytes, sids served by the local tier); blocking.
@@ -239,6 +247,12 @@ class Fetcher:
                 in enumerate(zip(self.node_names, self.node_stats))}
 
 
+def default_readahead(budget: int, samples: int, mean_size: float) -> int:
+    """A sixteenth of the cache budget, at least `samples` (a full batch for every request
+    slot of every node): what keeps the nodes busy."""
+    return int(max(budget / 16, samples * mean_size))
+
+
 class Prefetcher:
     """Keeps the cache filled along the plans. `wake()` after anything that may let it
     start more work (a new order, a use, a finished fetch).
@@ -247,7 +261,8 @@ class Prefetcher:
     the order's end it walks the next epoch's order, if the plan has one), and samples
     between the readers' cursor and the head are cached, in flight or queued. Queued
     samples have their bytes reserved in the cache (evicting only entries needed later)
-    and wait in a per-node queue until the node has a free request slot. The head moves
+    and wait in a per-node queue until the node has a free request slot. The head stays
+    within `readahead` bytes of the orders ahead of the cursor. The head moves
     on only after a new order, or once readers have used `low_water` bytes since it last
     moved or that much of the budget is free (hysteresis), so each refill is large enough
     to give every node full batches instead of a trickle of one-sample requests.
@@ -264,7 +279,7 @@ class Prefetcher:
 
     MAX_BATCH_BYTES = 16 << 20
 
-    def __init__(self, core):
+    def __init__(self, core, readahead: int | None = None):
         self.core = core
         self._wake = trio.Event()
         self.nursery = None
@@ -276,8 +291,14 @@ class Prefetcher:
         self.running = [0] * nodes        # prefetch batches started and not finished
         self.heads: dict[int, int] = {}   # rank -> next order position to look at
         mean_size = core.index.total_bytes / max(1, core.index.n_files)
+        # How far ahead of the readers the read-ahead looks, in bytes of the orders: deep
+        # enough to keep every request slot busy, shallow enough that the rest of the
+        # budget keeps what the orders need again (a read-ahead of W bytes costs about W
+        # more backend bytes per epoch than Belady's MIN, which fetches nothing early).
+        self.readahead = int(readahead if readahead is not None else default_readahead(
+            core.cache.budget, fetcher.per_node * nodes * fetcher.batch, mean_size))
         refill = fetcher.per_node * nodes * fetcher.batch * mean_size
-        self.low_water = int(max(1, min(core.cache.budget // 4, refill)))
+        self.low_water = int(max(1, min(core.cache.budget // 4, self.readahead // 2, refill)))
         self._used = 0        # bytes used by readers since the heads last moved
         self._fresh = False   # a new order since the heads last moved
 
@@ -359,8 +380,8 @@ class Prefetcher:
                         continue
                     break
                 self.heads[rank] = pos
-                if pos >= end:
-                    active.remove(item)
+                if pos >= end or plan.bytes_between(plan.cursor, pos) > self.readahead:
+                    active.remove(item)  # covered, or as far ahead as it may look
                     continue
                 if not cache.reserve(int(sizes[sid]), key(sid)):
                     return  # the budget holds nothing needed later than this

@@ -222,7 +222,7 @@ def _rank_reads(args):
     for i in sampler:
         with open(paths[i], "rb") as f:
             got.append((rels[i], xxhash.xxh3_64_intdigest(f.read())))
-    return got
+    return got, [rels[i] for i in sampler.indices(2)]  # (and this rank's next share)
 
 
 def check_two_nodes(dst, rels, digests, tmp_path):
@@ -234,13 +234,18 @@ def check_two_nodes(dst, rels, digests, tmp_path):
     with running_mount(dst, mnts[0], "--cache-size", "200%"), \
             running_mount(dst, mnts[1], "--cache-size", "200%"):
         with ProcessPoolExecutor(2) as pool:
-            shares = list(pool.map(_rank_reads, [(mnts[r], rels, r) for r in range(2)]))
+            results = list(pool.map(_rank_reads, [(mnts[r], rels, r) for r in range(2)]))
+        shares = [share for share, _ in results]
         assert sorted(r for share in shares for r, _ in share) == rels  # all, exactly once
         assert all(h == digests[r] for share in shares for r, h in share)
-        for mnt, share in zip(mnts, shares):
+        for mnt, (share, nxt) in zip(mnts, results):
             s = mount_stats(mnt)
             assert s["plans"]["0"]["length"] == len(share) == len(rels) // 2
-            assert s["backend_samples"] == len(share), s  # its own share, nothing else
+            assert s["plans"]["0"]["next_length"] == len(nxt)
+            # its own shares (this epoch's, and the next one's read ahead), nothing else
+            mine = {r for r, _ in share} | set(nxt)
+            assert len(share) <= s["backend_samples"] <= len(mine), s
+            assert len(mine) < len(rels)
 
 
 def test_two_mounts_as_two_nodes_read_the_epoch_once_each_prefetching_its_share(tricky, tmp_path):

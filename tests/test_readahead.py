@@ -252,7 +252,8 @@ def test_a_node_with_all_the_work_borrows_the_idle_nodes_slots(three_nodes):
     ix = Index.load(os.path.join(dst, INDEX_NAME))
     for order_nodes, want in (({0}, 4), ({0, 1, 2}, None)):
         store = PeakStore(dst, ix, delay=0.02)
-        core = Core(ix, store, cache_bytes=ix.total_bytes, per_node=2, batch=2)
+        core = Core(ix, store, cache_bytes=ix.total_bytes, per_node=2, batch=2,
+                    readahead=ix.total_bytes)
         store.node_of_chunk = core.fetcher.chunk_node
         order = [s for s in np.random.default_rng(5).permutation(ix.n_files).tolist()
                  if core.fetcher.node_of(s) in order_nodes][:60]
@@ -314,7 +315,8 @@ def test_a_dispatched_sample_is_in_flight_before_its_batch_task_runs(three_nodes
     the batch's task has run waits for that fetch instead of missing (and fetching the
     sample again in a request of its own)."""
     dst, _ = three_nodes
-    core = make_core(dst, cache_bytes=make_core(dst).index.total_bytes, batch=8)
+    total = make_core(dst).index.total_bytes
+    core = make_core(dst, cache_bytes=total, batch=8, readahead=total)
     order = np.random.default_rng(4).permutation(core.index.n_files).tolist()
 
     async def main():

@@ -143,6 +143,10 @@ class HintedSampler(Sampler):
                 or two batches later (`batch_size` must be the DataLoader's).
     In these modes ranks take contiguous slices of the epoch's order (padded to equal
     length as DistributedSampler pads), so each keeps its chunks and echo pairs.
+
+    lookahead (default on): the order file also carries the next epoch's order (the same
+    function of seed and epoch), so the mount's cache keeps across the epoch boundary what
+    the next epoch needs first, and reads it ahead before the next epoch starts.
     """
 
     MODES = ("random", "chunks", "echo")
@@ -151,7 +155,7 @@ class HintedSampler(Sampler):
                  rank: int | None = None, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, importance=None, write: bool = True,
                  local_rank: int | None = None, mode: str = "random", group: int = 1,
-                 batch_size: int | None = None, chunks=None):
+                 batch_size: int | None = None, chunks=None, lookahead: bool = True):
         self.paths = dataset_paths(dataset)
         self.n = len(self.paths)
         self.write = write and bool(self.paths)
@@ -167,6 +171,7 @@ class HintedSampler(Sampler):
         self.local_rank = local_rank
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.importance = importance
+        self.lookahead = lookahead
         self.epoch = 0
         if mode not in self.MODES:
             raise ValueError(f"mode must be one of {', '.join(self.MODES)}, got {mode!r}")
@@ -190,37 +195,39 @@ class HintedSampler(Sampler):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def _epoch_order(self) -> list[int]:
+    def _epoch_order(self, epoch: int) -> list[int]:
         """The whole epoch's order, before it is shared out among ranks."""
         if self.mode == "chunks":
             return chunk_block_order(self.chunk_of, self.group,
-                                     np.random.default_rng((self.seed, self.epoch))).tolist()
+                                     np.random.default_rng((self.seed, epoch))).tolist()
         if self.mode == "echo":
-            return echo_order(self.n, self.batch_size, self.epoch, self.seed).tolist()
+            return echo_order(self.n, self.batch_size, epoch, self.seed).tolist()
         if not self.shuffle:
             return list(range(self.n))
         g = torch.Generator()
-        g.manual_seed(self.seed + self.epoch)
+        g.manual_seed(self.seed + epoch)
         return torch.randperm(self.n, generator=g).tolist()
 
-    def _per_rank(self) -> int:
+    def _per_rank(self, epoch: int | None = None) -> int:
         """Indices per rank, as DistributedSampler counts them (drop_last drops the rest)."""
-        total = 2 * echo_fresh_count(self.n, self.epoch) if self.mode == "echo" else self.n
+        epoch = self.epoch if epoch is None else epoch
+        total = 2 * echo_fresh_count(self.n, epoch) if self.mode == "echo" else self.n
         if not self.distributed:
             return total
         if self.drop_last and total % self.num_replicas:
             return total // self.num_replicas
         return math.ceil(total / self.num_replicas)
 
-    def indices(self) -> list[int]:
-        """This epoch's dataset indices for this rank (what __iter__ yields): DistributedSampler's
-        padding (repeating from the start) or truncation, then a strided share for the random
-        order and a contiguous slice for the chunk and echo orders (each rank keeps its
-        chunks and echo pairs)."""
-        idx = self._epoch_order()
+    def indices(self, epoch: int | None = None) -> list[int]:
+        """An epoch's dataset indices for this rank (this epoch's: what __iter__ yields):
+        DistributedSampler's padding (repeating from the start) or truncation, then a
+        strided share for the random order and a contiguous slice for the chunk and echo
+        orders (each rank keeps its chunks and echo pairs)."""
+        epoch = self.epoch if epoch is None else epoch
+        idx = self._epoch_order(epoch)
         if not self.distributed:
             return idx
-        per = self._per_rank()
+        per = self._per_rank(epoch)
         total = per * self.num_replicas
         if len(idx) < total:
             pad = total - len(idx)
@@ -233,9 +240,12 @@ class HintedSampler(Sampler):
     def __iter__(self):
         idx = self.indices()
         if self.write:
-            imp = None if self.importance is None else np.asarray(self.importance, np.float32)[idx]
-            write_order(self.mount, self.ids[idx], importance=imp, epoch=self.epoch,
-                        rank=self.local_rank)
+            imp = None if self.importance is None else np.asarray(self.importance, np.float32)
+            nxt = self.indices(self.epoch + 1) if self.lookahead else None
+            write_order(self.mount, self.ids[idx], importance=None if imp is None else imp[idx],
+                        epoch=self.epoch, rank=self.local_rank,
+                        next_ids=None if nxt is None else self.ids[nxt],
+                        next_importance=None if imp is None or nxt is None else imp[nxt])
         return iter(idx)
 
     def __len__(self) -> int:
