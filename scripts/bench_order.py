@@ -14,9 +14,13 @@ dataset larger than memory), and every fusefs setting gets a fresh daemon:
   (d) fusefs over a local copy of the packed set, whole dataset cached (epoch 2 is the
       ceiling of this daemon on this machine)
   (e), (f) as (c) and (d) with --no-kernel-cache: every read served by the daemon instead
-      of pushing cached samples into the kernel page cache at open (issue 3, item 9)
+      of pushing fetched samples into the kernel page cache
+  (r) the peer a user would pick instead: ratarmount (PyPI) over one tar of the same loose
+      files on the same volume, read by the same loader (shuffled, no hints)
 
-usage: .venv/bin/python scripts/bench_order.py [--files N] [--delay-ms MS] [--out DIR]
+Every daemon's CPU per sample (fusefs: its own getrusage; ratarmount: /proc) is printed.
+
+usage: .venv/bin/python scripts/bench_order.py [--files N] [--delay-ms MS] [--settings acdr] [--out DIR]
 """
 from __future__ import annotations
 
@@ -81,23 +85,50 @@ def cpu_seconds(pid: int) -> float:
 
 def fusefs_setting(dst: str, mnt: str, cache: str, hinted: bool, *extra: str) -> dict:
     with running_mount(dst, mnt, "--cache-size", cache, *extra) as (proc, _):
+        before = mount_stats(mnt)
         res = run_reader(mnt, hinted)
         stats = mount_stats(mnt)
         res["daemon_peak_rss"] = peak_rss(proc.pid)
-        res["daemon_cpu_s"] = cpu_seconds(proc.pid)
+        res["daemon_cpu_s"] = stats["cpu_s"] - before["cpu_s"]
     res["final_stats"] = stats
+    return res
+
+
+def ratarmount_setting(tar: str, mnt: str, index_dir: str) -> dict:
+    """The peer: ratarmount (foreground) over one tar of the loose files."""
+    os.makedirs(mnt, exist_ok=True)
+    os.makedirs(index_dir, exist_ok=True)
+    exe = os.path.join(os.path.dirname(sys.executable), "ratarmount")
+    proc = subprocess.Popen([exe, "-f", "--index-folders", index_dir, tar, mnt],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 900  # the first mount indexes the whole tar
+        while not os.path.ismount(mnt):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"ratarmount did not mount {tar}")
+            time.sleep(0.2)
+        cpu0 = cpu_seconds(proc.pid)
+        res = run_reader(mnt, hinted=False)
+        res["daemon_cpu_s"] = cpu_seconds(proc.pid) - cpu0
+        res["daemon_peak_rss"] = peak_rss(proc.pid)
+    finally:
+        subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
+        proc.terminate()
+        proc.wait(timeout=30)
     return res
 
 
 def summarize(name: str, res: dict) -> dict:
     eps = res["epochs"]
     row = {"setting": name, "samples_per_s": [e["samples_per_s"] for e in eps]}
+    n = sum(e["samples"] for e in eps)
+    if "daemon_cpu_s" in res:
+        row["daemon_cpu_us_per_sample"] = round(1e6 * res["daemon_cpu_s"] / n, 1)
     if "final_stats" in res:
         s = res["final_stats"]
         row["cache_budget"] = s["cache_budget"]
         row["cache_peak"] = s["cache_peak"]
         row["daemon_peak_rss"] = res["daemon_peak_rss"]
-        row["daemon_cpu_s"] = res["daemon_cpu_s"]
         row["index_bytes"] = res.get("index_bytes", 0)
         hits, waits, misses = [], [], []
         for e in eps:
@@ -108,7 +139,6 @@ def summarize(name: str, res: dict) -> dict:
         row["hit_ratio_after_first_batch"] = [h / max(1, h + w + m) for h, w, m in zip(hits, waits, misses)]
         row["reads_that_waited"] = waits
         row["read_wait_s"] = s["read_wait_s"]
-        n = sum(e["samples"] for e in eps)
         row["backend_requests_per_sample"] = s["backend_requests"] / n
         row["backend_reads_per_sample"] = s["backend_reads"] / n
         row["backend_bytes_per_sample"] = s["backend_bytes"] / n
@@ -121,7 +151,7 @@ def main() -> int:
     p.add_argument("--files", type=int, default=20_000)
     p.add_argument("--delay-ms", type=float, default=2.0)
     p.add_argument("--out", default=os.path.join(REPO, "out", "bench_order"))
-    p.add_argument("--settings", default="abcdef", help="which settings to run (default abcdef)")
+    p.add_argument("--settings", default="abcdefr", help="which settings to run (default abcdefr)")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     src = os.path.join(a.out, f"src-{a.files}")
@@ -146,9 +176,21 @@ def main() -> int:
     if not os.path.exists(os.path.join(local_packed, "index.fusefs")):
         pack(src, local_packed, force=True)
     index_bytes = os.path.getsize(os.path.join(packed, "index.fusefs"))
+    tar = os.path.join(base, "loose.tar")
+    if "r" in a.settings and not os.path.exists(tar):
+        t = time.perf_counter()
+        sh("tar", "-cf", tar + ".part", "-C", src, ".")
+        os.replace(tar + ".part", tar)
+        print(f"wrote one tar of the loose files to GlusterFS in {time.perf_counter() - t:.0f} s")
 
     mnt = os.path.join(a.out, "mnt")
-    results = {"probe": probe, "files": a.files, "delay_ms": a.delay_ms}
+    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "fusefs", "trainer"],
+                           capture_output=True, text=True).stdout.strip()
+    results = {"probe": probe, "files": a.files, "delay_ms": a.delay_ms,
+               "commit": commit + ("+dirty" if dirty else "")}
+    print(f"commit {results['commit']}")
     rows = []
     settings = [
         ("a: loose files on GlusterFS", lambda: run_reader(loose, hinted=False)),
@@ -158,6 +200,8 @@ def main() -> int:
         ("e: as c, --no-kernel-cache", lambda: fusefs_setting(packed, mnt, "10%", True, "--no-kernel-cache")),
         ("f: as d, --no-kernel-cache",
          lambda: fusefs_setting(local_packed, mnt, "120%", False, "--no-kernel-cache")),
+        ("r: ratarmount, one tar on GlusterFS", lambda: ratarmount_setting(
+            tar, mnt + "-ratarmount", os.path.join(a.out, "ratarmount-index"))),
     ]
     for name, run in settings:
         if name[0] not in a.settings:
@@ -173,6 +217,8 @@ def main() -> int:
                      f"; waited {row['reads_that_waited']}; backend requests/sample "
                      f"{row['backend_requests_per_sample']:.3f}; peak RSS {row['daemon_peak_rss'] / 1e6:.0f} MB "
                      f"(budget {row['cache_budget'] / 1e6:.0f} MB, index {index_bytes / 1e6:.1f} MB)")
+        if "daemon_cpu_us_per_sample" in row:
+            extra += f"; daemon CPU {row['daemon_cpu_us_per_sample']:.0f} us/sample"
         print(f"{name:<40} samples/s epoch 1 / 2: {rates}{extra}", flush=True)
     results["rows"] = rows
     by = {r["setting"][0]: r for r in rows}
@@ -184,6 +230,10 @@ def main() -> int:
     results["c_over_d"] = best(by["c"]) / best(by["d"])
     print(f"c/a per epoch: {' / '.join(f'{x:.2f}' for x in results['c_over_a'])}; "
           f"c/d (best epochs): {results['c_over_d']:.2f}")
+    if "r" in by:
+        results["c_over_r"] = [c / x for c, x in zip(by["c"]["samples_per_s"], by["r"]["samples_per_s"])]
+        print(f"c/r (fusefs over the ratarmount peer) per epoch: "
+              f"{' / '.join(f'{x:.2f}' for x in results['c_over_r'])}")
     with open(os.path.join(a.out, "bench_order.json"), "w") as f:
         json.dump(results, f, indent=1)
     import matplotlib
