@@ -14,13 +14,27 @@ import errno
 import json
 import os
 import stat
+from dataclasses import dataclass
+from typing import Callable
 
 from .entries import Attr, FsError, OpenResult
+
 FH_BASE = 1 << 62  # control handles live far above every inode number
 MAX_WRITE = 256 << 20
+MAX_RANKS = 64     # order.0 .. order.63
+FILES = 3 + MAX_RANKS  # stats, ids, chunks and the order files: the inodes the namespace takes
 
 
-MAX_RANKS = 64
+@dataclass(frozen=True)
+class ControlHooks:
+    """What the control files need from the rest of the daemon, and nothing more."""
+    statistics: Callable[[], dict]
+    ids_table: Callable[[], bytes]
+    chunk_table: Callable[[], bytes]
+    set_order: Callable[[int, bytes], None]   # raises FsError(EINVAL) for a bad order
+    may_control: Callable[[int | None], bool]  # may this uid write the control files
+    control_gid: int | None                    # the group that may, if any
+    started: float                             # the daemon's start (the files' mtime)
 
 
 class ControlFile:
@@ -40,11 +54,11 @@ class StatsFile(ControlFile):
 
     name = b"stats"
 
-    def __init__(self, core):
-        self.core = core
+    def __init__(self, hooks: ControlHooks):
+        self.hooks = hooks
 
     def render(self) -> bytes:
-        return (json.dumps(self.core.statistics(), indent=1, sort_keys=True) + "\n").encode()
+        return (json.dumps(self.hooks.statistics(), indent=1, sort_keys=True) + "\n").encode()
 
 
 class IdsFile(ControlFile):
@@ -52,11 +66,11 @@ class IdsFile(ControlFile):
 
     name = b"ids"
 
-    def __init__(self, core):
-        self.core = core
+    def __init__(self, hooks: ControlHooks):
+        self.hooks = hooks
 
     def render(self) -> bytes:
-        return self.core.ids_table()
+        return self.hooks.ids_table()
 
 
 class ChunksFile(ControlFile):
@@ -65,11 +79,11 @@ class ChunksFile(ControlFile):
 
     name = b"chunks"
 
-    def __init__(self, core):
-        self.core = core
+    def __init__(self, hooks: ControlHooks):
+        self.hooks = hooks
 
     def render(self) -> bytes:
-        return self.core.index.chunk.astype("<u4").tobytes()
+        return self.hooks.chunk_table()
 
 
 class OrderFile(ControlFile):
@@ -79,8 +93,8 @@ class OrderFile(ControlFile):
 
     writable = True
 
-    def __init__(self, core, rank: int):
-        self.core = core
+    def __init__(self, hooks: ControlHooks, rank: int):
+        self.hooks = hooks
         self.rank = rank
         self.name = f"order.{rank}".encode()
         self.listed = False
@@ -90,7 +104,7 @@ class OrderFile(ControlFile):
         return self.current
 
     def commit(self, data: bytes) -> None:
-        self.core.set_order(self.rank, data)
+        self.hooks.set_order(self.rank, data)
         self.current = data
 
 
@@ -105,11 +119,12 @@ class _Handle:
 
 
 class ControlNamespace:
-    def __init__(self, core, base_ino: int):
-        self.core = core
+    def __init__(self, hooks: ControlHooks, base_ino: int):
+        self.hooks = hooks
         self.base = base_ino
-        self.files: list[ControlFile] = [StatsFile(core), IdsFile(core), ChunksFile(core)]
-        self.files += [OrderFile(core, rank) for rank in range(MAX_RANKS)]
+        self.files: list[ControlFile] = [StatsFile(hooks), IdsFile(hooks), ChunksFile(hooks)]
+        self.files += [OrderFile(hooks, rank) for rank in range(MAX_RANKS)]
+        assert len(self.files) == FILES
         self._slots = {f.name: slot for slot, f in enumerate(self.files)}
         self._slots[b"order"] = self._slots[b"order.0"]
         self._handles: dict[int, _Handle] = {}
@@ -123,14 +138,14 @@ class ControlNamespace:
 
     # ---- metadata ----------------------------------------------------------------------
     def dir_attr(self):
-        return Attr(self.base, stat.S_IFDIR | 0o755, 0, int(self.core.stats.started * 1e9),
+        return Attr(self.base, stat.S_IFDIR | 0o755, 0, int(self.hooks.started * 1e9),
                     nlink=2, timeout=0.0)
 
     def _attr(self, slot: int):
         f = self.files[slot]
-        group = self.core.control_gid
+        group = self.hooks.control_gid
         mode = stat.S_IFREG | ((0o644 if group is None else 0o664) if f.writable else 0o444)
-        return Attr(self.base + 1 + slot, mode, 0, int(self.core.stats.started * 1e9), timeout=0.0,
+        return Attr(self.base + 1 + slot, mode, 0, int(self.hooks.started * 1e9), timeout=0.0,
                     gid=group if f.writable else None)
 
     def _slot(self, ino: int) -> int:
@@ -161,7 +176,7 @@ class ControlNamespace:
             raise FsError(errno.EISDIR)
         f = self.files[self._slot(ino)]
         writing = bool(flags & (os.O_WRONLY | os.O_RDWR))
-        if writing and not (f.writable and self.core.may_control(uid)):
+        if writing and not (f.writable and self.hooks.may_control(uid)):
             raise FsError(errno.EACCES)
         content = b"" if writing else f.render()
         fh = self._next_fh

@@ -3,23 +3,22 @@
 Inode numbers:
     1 .. n_dirs                      directories (1 is the root, directory 0 of the index)
     CTRL_DIR = n_dirs + 1            the hidden control folder `.fusefs`
-    CTRL_DIR + 1 .. CTRL_DIR + 15    control files
+    CTRL_DIR + 1 ..                  its files (control.FILES of them, CTRL_SLOTS reserved)
     FILE_BASE + sid                  the files; sid is the sample id in the index
 
-Lookups, attributes and listings come from the in-memory index (no backend I/O). Reads
-fetch a whole sample once (batched with the samples the order needs next on the same
-storage node), verify it and serve any offset and size from it. A fetched sample's bytes
-are also pushed into the kernel page cache as they arrive (from the fetch's worker
-thread), so a reader's read() of it never reaches the daemon: a cached sample costs an
-open and a release. Closing a file is a use of its sample; the cache keeps it until its
-room is needed (policy.py, cache.py). Errors are FsError(errno); the FUSE adapter
-(fs.py) turns them into FUSEError.
+Lookups, attributes and listings come from the in-memory index (no backend I/O). A read
+of a sample gets its whole verified bytes from reads.Reads (cache, fetch under way, or
+backend, batched with the samples the order needs next on the same storage node) and
+serves any offset and size from them. A fetched sample's bytes are also pushed into the
+kernel page cache as they arrive, so a reader's read() of it never reaches the daemon: a
+cached sample costs an open and a release. Closing a file is a use of its sample in the
+order (policy.py); the cache keeps it until its room is needed (cache.py). Core wires the
+parts: policy, cache, fetcher and read-ahead (prefetch.py), reads, control namespace.
+Errors are FsError(errno); the FUSE adapter (fs.py) turns them into FUSEError.
 """
 from __future__ import annotations
 
-import collections
 import errno
-import functools
 import logging
 import os
 import resource
@@ -31,17 +30,19 @@ import trio
 
 from . import order as orderfmt
 from .cache import SampleCache
-from .control import FH_BASE, ControlNamespace
+from .control import FH_BASE, FILES, ControlHooks, ControlNamespace
 from .entries import Attr, FsError, OpenResult
 from .index import CONTROL_NAME, Index
 from .policy import Policy
-from .prefetch import FetchCancelled, Fetcher, Prefetcher
-from .store import ChunkStore, CorruptSample
+from .prefetch import Fetcher, Prefetcher
+from .reads import Reads
+from .store import ChunkStore
 
 log = logging.getLogger("fusefs")
 
 ROOT = 1
-CTRL_SLOTS = 128
+CTRL_SLOTS = 128  # inodes reserved for the control namespace: room for control.FILES to grow
+assert FILES < CTRL_SLOTS
 SID_BITS = 32  # a data file's handle is (serial << SID_BITS) | sample id
 SID_MASK = (1 << SID_BITS) - 1
 SERIAL_WRAP = 1 << 29  # serials wrap far below control handles (control.FH_BASE = 1 << 62)
@@ -92,35 +93,59 @@ class Core:
         self.cache = SampleCache(cache_bytes, static_bytes)
         self.stats = Stats()
         self.local = local  # the local cache tier (local.LocalTier) or None
+        self.reads = Reads(index, store, self.cache, self.policy, None, self.stats, local)
         self.fetcher = Fetcher(store, per_node=per_node, batch=batch, retries=retries, local=local,
-                               push=self._push)
-        self.prefetcher = Prefetcher(self, readahead)
+                               push=self.reads.push)
+        self.reads.fetcher = self.fetcher
+        self.prefetcher = Prefetcher(index, self.policy, self.cache, self.fetcher,
+                                     self.reads.fetch_batch, readahead)
+        self.reads.prefetcher = self.prefetcher
+        self.reads.ino_of = lambda sid: self.file_base + sid
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
         self.control_gid = control_gid  # a group that may write the control files too
         self.ctrl_dir = index.n_dirs + 1
         self.file_base = self.ctrl_dir + CTRL_SLOTS
-        self.control = ControlNamespace(self, self.ctrl_dir)
+        self.control = ControlNamespace(ControlHooks(
+            statistics=self.statistics, ids_table=self.ids_table,
+            chunk_table=lambda: index.chunk.astype("<u4").tobytes(), set_order=self.set_order,
+            may_control=self.may_control, control_gid=control_gid, started=self.stats.started),
+            self.ctrl_dir)
         self._open = 0                       # data files open
         self._serial = 0
         self._held: dict[int, bytes] = {}   # open file handle -> its sample's bytes, once read
-        self._recent = collections.deque(maxlen=32)  # recently read samples (scan detection)
         self._ids_table: bytes | None = None
-        self.corrupt: dict[int, str] = {}  # samples whose stored bytes fail their checksum
-        # The kernel page cache, when the FUSE adapter offers it (KernelCache.push(ino,
-        # data)): fetched samples are pushed to it as they arrive, so their reads never
-        # reach the daemon (README: "kernel page cache"). in_kernel: pushed and not
-        # forgotten since (the kernel drops an inode's pages when it forgets the inode).
-        self.kernel = None
-        self.in_kernel = np.zeros(index.n_files, dtype=bool)
+        # reads.in_kernel: pushed to the kernel and not forgotten since (the kernel drops an
+        # inode's pages when it forgets the inode)
+        self.in_kernel = self.reads.in_kernel
 
     @property
     def plans(self):
         return self.policy.plans
 
+    @property
+    def kernel(self):
+        """The kernel page cache (fs.KernelCache: push(ino, bytes)) when the FUSE adapter
+        offers it: fetched samples are pushed to it as they arrive (README: "kernel page
+        cache"); None: every read is served by the daemon."""
+        return self.reads.kernel
+
+    @kernel.setter
+    def kernel(self, kernel) -> None:
+        self.reads.kernel = kernel
+
+    @property
+    def corrupt(self) -> dict:
+        return self.reads.corrupt
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Background work (the read-ahead); start it in the mount's nursery."""
-        await self.prefetcher.run(task_status=task_status)
+        """Serve: the read-ahead and every backend fetch (read-ahead batches, and the
+        batches of samples readers missed) run as tasks of a nursery opened here, until
+        cancelled. Start it in the mount's nursery (`await nursery.start(core.run)`) before
+        the first read; tests do the same (conftest.serving)."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.reads.run, nursery)
+            await nursery.start(self.prefetcher.run, nursery)
+            task_status.started()
 
     # ---- inodes ----------------------------------------------------------------------
     def sid_of(self, ino: int) -> int | None:
@@ -229,25 +254,6 @@ class Core:
     def _sid_of_fh(self, fh: int) -> int | None:
         return fh & SID_MASK if fh < FH_BASE else None
 
-    def _push(self, sid: int, data: bytes) -> None:
-        """Hand a fetched sample's bytes to the kernel page cache (in the fetch's worker
-        thread, after the event loop has them: a push waits for the locks of the file's
-        pages, and a reader's read of that file holds one until the loop answers it)."""
-        kernel = self.kernel
-        if kernel is None or self.in_kernel[sid]:
-            self.stats.push_skipped += kernel is not None
-            return
-        try:
-            kernel.push(self.file_base + sid, data)
-        except OSError as e:
-            if e.errno != errno.ENOENT:  # ENOENT: the kernel does not know the inode yet
-                log.warning("the kernel refused a page cache push (%s): serving reads from "
-                            "the daemon", e)
-                self.kernel = None
-            return
-        self.in_kernel[sid] = True
-        self.stats.pushed += 1
-
     async def read(self, fh: int, off: int, size: int) -> bytes:
         sid = self._sid_of_fh(fh)
         if sid is None:
@@ -257,7 +263,7 @@ class Core:
             return b""
         data = self._held.get(fh)
         if data is None:  # an open file keeps its bytes, whatever the cache does meanwhile
-            data = await self.fetch(sid)
+            data = await self.reads.fetch(sid)
             self._held[fh] = data
         else:
             self.stats.hits += 1
@@ -344,102 +350,6 @@ class Core:
         if self._ids_table is None:
             self._ids_table = b"".join(self.index.file_path(i) + b"\0" for i in range(self.index.n_files))
         return self._ids_table
-
-    async def fetch(self, sid: int) -> bytes:
-        """Sample sid's verified bytes, from the cache, a fetch under way, or the backend."""
-        self._recent.append(sid)
-        if sid in self.corrupt:  # known bad: do not read it again
-            self.stats.eio += 1
-            raise FsError(errno.EIO, self.corrupt[sid])
-        data = self.cache.get(sid)
-        if data is not None:
-            self.stats.hits += 1
-            return data
-        pending = self.fetcher.inflight.get(sid)
-        if pending is not None:
-            self.stats.read_waits += 1
-            t0 = time.perf_counter()
-            await pending.event.wait()
-            self.stats.wait_s += time.perf_counter() - t0
-            result = pending.error or pending.data
-        else:
-            self.stats.misses += 1
-            result = await self._fetch_missed(sid)
-        if isinstance(result, Exception):
-            self.stats.eio += 1
-            raise FsError(errno.EIO, str(result))
-        return result
-
-    async def _fetch_missed(self, sid: int):
-        """Fetch a sample no one is fetching, with companions: the next samples queued for
-        read-ahead on its node up to a batch, or, reading without an order, the next k-1
-        samples of its chunk when the reads look like a scan. The reader has its sample as
-        soon as its read is done; the companions' reads go on in the background."""
-        k = self.fetcher.batch - 1
-        reserved = set(self.prefetcher.take_queued(sid))
-        batch = [sid] + [s for s in reserved if s != sid]
-        if not self.plans and sid - 1 in self._recent:
-            chunk = self.index.chunk
-            end = min(sid + 1 + k, self.index.n_files)
-            batch += [s for s in range(sid + 1, end) if chunk[s] == chunk[sid]
-                      and s not in self.cache and s not in self.fetcher.inflight]
-        nursery = self.prefetcher.nursery
-        if nursery is None:  # (a core without its read-ahead task: tests)
-            return (await self.fetch_batch(batch, reserved, keep=sid))[sid]
-        # the batch goes on in the background; the reader has its sample when it arrives
-        claimed = self.fetcher.claim(batch)
-        nursery.start_soon(functools.partial(self.fetch_batch, batch, reserved, keep=sid,
-                                             claimed=claimed))
-        pending = claimed[sid]
-        await pending.event.wait()
-        return pending.error or pending.data
-
-    async def fetch_batch(self, sids: list[int], reserved: set[int], keep: int | None = None,
-                          claimed=None) -> dict:
-        """Fetch sids (one node) as one batch; return what arrived for each. Reservations
-        (of the sids in `reserved`) are released as their samples arrive, or at once for
-        one someone else is already fetching. `keep`: the sample a reader missed (cached
-        only where entries no order needs make room: its reader holds its bytes).
-        `claimed`: the fetcher's claim on sids, made by the caller (see Fetcher.fetch)."""
-        sizes, inflight = self.index.size, self.fetcher.inflight
-        for sid in sids:
-            if sid in reserved and sid in inflight and not (claimed and sid in claimed):
-                self.cache.unreserve(int(sizes[sid]))
-        results = {}
-
-        def deliver(s, r):
-            if s in reserved:
-                self.cache.unreserve(int(sizes[s]))
-            results[s] = r
-            self.deliver(s, r, missed=s == keep)
-
-        await self.fetcher.fetch(sids, deliver, claimed)
-        return results
-
-    def deliver(self, sid: int, result, missed: bool = False) -> None:
-        """A fetch finished: keep the bytes if the orders need them before something cached
-        (a missed sample: its next use after its reader's; that reader holds its bytes)."""
-        if isinstance(result, Exception):
-            if isinstance(result, FetchCancelled):
-                return
-            if isinstance(result, CorruptSample):
-                if sid not in self.corrupt:
-                    self.corrupt[sid] = str(result)
-                    log.error("EIO: %s", result)
-            else:
-                chunk = int(self.index.chunk[sid])
-                log.error("EIO: node %s: %s: sample %s: backend read failed: %s",
-                          self.fetcher.node_names[self.fetcher.node_of(sid)],
-                          self.store.chunk_path(chunk), os.fsdecode(self.index.file_path(sid)), result)
-            return
-        if self.local is not None and sid not in self.local:  # (cheap test first)
-            self.local.offer(sid, result, float(self.local.priority[sid])
-                             if self.policy.keeps_after_use(sid) else -np.inf)
-        key = self.policy.key_after_use(sid) if missed else self.policy.key(sid)
-        if not self.cache.put(sid, result, key) and key != float("inf"):
-            # the budget is reserved for read-ahead needed later: take some back
-            if self.prefetcher.yield_room(len(result), key):
-                self.cache.put(sid, result, key)
 
     def statistics(self) -> dict:
         out = self.stats.snapshot()

@@ -279,26 +279,29 @@ class Prefetcher:
 
     MAX_BATCH_BYTES = 16 << 20
 
-    def __init__(self, core, readahead: int | None = None):
-        self.core = core
+    def __init__(self, index, policy, cache, fetcher, fetch_batch, readahead: int | None = None):
+        """index: sample sizes and chunks; policy: the plans and next-use keys; cache: where
+        room is reserved; fetcher: node queues' requests; fetch_batch(sids, reserved,
+        claimed=...): runs a batch and delivers its samples (Core.fetch_batch)."""
+        self.index, self.policy, self.cache, self.fetcher = index, policy, cache, fetcher
+        self.fetch_batch = fetch_batch
         self._wake = trio.Event()
         self.nursery = None
         self.batches = 0
-        fetcher = core.fetcher
         nodes = len(fetcher.node_names)
         self.queues: list[list[int]] = [[] for _ in range(nodes)]
         self.queued: dict[int, int] = {}  # sid -> node, for samples waiting in a queue
         self.running = [0] * nodes        # prefetch batches started and not finished
         self.heads: dict[int, int] = {}   # rank -> next order position to look at
-        mean_size = core.index.total_bytes / max(1, core.index.n_files)
+        mean_size = index.total_bytes / max(1, index.n_files)
         # How far ahead of the readers the read-ahead looks, in bytes of the orders: deep
         # enough to keep every request slot busy, shallow enough that the rest of the
         # budget keeps what the orders need again (a read-ahead of W bytes costs about W
         # more backend bytes per epoch than Belady's MIN, which fetches nothing early).
         self.readahead = int(readahead if readahead is not None else default_readahead(
-            core.cache.budget, fetcher.per_node * nodes * fetcher.batch, mean_size))
+            cache.budget, fetcher.per_node * nodes * fetcher.batch, mean_size))
         refill = fetcher.per_node * nodes * fetcher.batch * mean_size
-        self.low_water = int(max(1, min(core.cache.budget // 4, self.readahead // 2, refill)))
+        self.low_water = int(max(1, min(cache.budget // 4, self.readahead // 2, refill)))
         self._used = 0        # bytes used by readers since the heads last moved
         self._fresh = False   # a new order since the heads last moved
 
@@ -311,10 +314,11 @@ class Prefetcher:
         if self._used >= self.low_water:
             self._wake.set()
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self.nursery = nursery
-            task_status.started()
+    async def run(self, nursery: trio.Nursery, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Plan and dispatch whenever woken; batches run as tasks of `nursery`."""
+        self.nursery = nursery
+        task_status.started()
+        try:
             while True:
                 await self._wake.wait()
                 self._wake = trio.Event()
@@ -323,14 +327,16 @@ class Prefetcher:
                 except Exception:  # never let the read-ahead take the daemon down
                     log.exception("prefetch scheduling failed")
                 await trio.sleep(0)  # let wakes pile up: plan once per burst, not per read
+        finally:
+            self.nursery = None
 
     def reset(self) -> None:
         """A new order: forget the queued read-ahead of the old one (its reservations too);
         batches already running finish, and what they bring is kept only if still needed."""
-        sizes = self.core.index.size
+        sizes = self.index.size
         for q in self.queues:
             if q:
-                self.core.cache.unreserve(int(sizes[q].sum()))
+                self.cache.unreserve(int(sizes[q].sum()))
                 q.clear()
         self.queued.clear()
         self.heads.clear()
@@ -347,7 +353,7 @@ class Prefetcher:
     def schedule(self) -> None:
         if self.nursery is None:
             return
-        if self._fresh or self._used >= self.low_water or self.core.cache.free >= self.low_water:
+        if self._fresh or self._used >= self.low_water or self.cache.free >= self.low_water:
             self._fresh, self._used = False, 0
             self.advance()
         self.dispatch()
@@ -356,10 +362,9 @@ class Prefetcher:
         """Move the plans' heads forward (through each order, then its next one), queueing
         what is neither cached nor in flight, until the budget holds nothing needed later
         than the head's sample or every plan is fully covered (round robin over ranks)."""
-        core = self.core
-        cache, inflight, queued = core.cache, core.fetcher.inflight, self.queued
-        sizes, node_of, key = core.index.size, core.fetcher.node_of, core.policy.key
-        active = [(rank, plan) for rank, plan in core.plans.items()
+        cache, inflight, queued = self.cache, self.fetcher.inflight, self.queued
+        sizes, node_of, key = self.index.size, self.fetcher.node_of, self.policy.key
+        active = [(rank, plan) for rank, plan in self.policy.plans.items()
                   if self.heads.get(rank, 0) < len(plan.ids) + len(plan.next_ids)]
         while active:
             for item in list(active):
@@ -399,7 +404,7 @@ class Prefetcher:
         batch reads its samples one after the other). Queued samples of one chunk that
         follow each other (a chunk-block order) stay together as one run of up to 16 MiB:
         the chunk is then read in one request."""
-        batch = self.core.fetcher.batch
+        batch = self.fetcher.batch
         for node, q in enumerate(self.queues):
             while q:
                 slots = self.slots(node)
@@ -419,14 +424,14 @@ class Prefetcher:
                     self.batches += 1
                     # claimed now, not when the task first runs: a reader of one of these
                     # meanwhile waits for this fetch instead of missing
-                    claimed = self.core.fetcher.claim(b)
+                    claimed = self.fetcher.claim(b)
                     self.nursery.start_soon(self._run_batch, node, b, claimed)
 
     def _runs(self, q: list[int], want: int) -> list[list[int]]:
         """The head of a queue as runs holding at least want samples in all (at least one
         run): a run is one sample, or queued samples of one chunk that follow each other,
         up to MAX_BATCH_BYTES."""
-        chunk, sizes = self.core.index.chunk, self.core.index.size
+        chunk, sizes = self.index.chunk, self.index.size
         runs, i = [], 0
         while i < len(q) and i < want:
             end, nbytes = i + 1, int(sizes[q[i]])
@@ -442,7 +447,7 @@ class Prefetcher:
         """Batches the node may have running now: its own per_node, plus the own slots
         left idle by nodes with nothing queued (shared among the nodes with work), at
         most max_per_node."""
-        fetcher = self.core.fetcher
+        fetcher = self.fetcher
         idle = sum(max(0, fetcher.per_node - self.running[n])
                    for n, q in enumerate(self.queues) if not q)
         busy = sum(1 for q in self.queues if q)
@@ -452,8 +457,7 @@ class Prefetcher:
         """Take back the reservations of queued samples needed later than key (from each
         node's queue tail, latest first) until nbytes are freed; the heads go back to the
         cursors so those samples are queued again when room allows. Returns bytes freed."""
-        core = self.core
-        sizes, key_of = core.index.size, core.policy.key
+        sizes, key_of = self.index.size, self.policy.key
         freed = 0
         while freed < nbytes:
             tails = [(key_of(q[-1]), node) for node, q in enumerate(self.queues) if q]
@@ -465,7 +469,7 @@ class Prefetcher:
             sid = self.queues[node].pop()
             del self.queued[sid]
             size = int(sizes[sid])
-            core.cache.unreserve(size)
+            self.cache.unreserve(size)
             freed += size
         if freed:
             self.heads.clear()
@@ -476,11 +480,11 @@ class Prefetcher:
         its node up to a batch, taken out of the queue (their bytes stay reserved)."""
         node = self.queued.get(sid)
         if node is None:
-            node = self.core.fetcher.node_of(sid)
+            node = self.fetcher.node_of(sid)
         q = self.queues[node]
         taken = [sid] if sid in self.queued else []
         rest = [s for s in q if s != sid]
-        k = self.core.fetcher.batch - 1
+        k = self.fetcher.batch - 1
         taken += rest[:k]
         q[:] = rest[k:]
         for s in taken:
@@ -489,7 +493,7 @@ class Prefetcher:
 
     async def _run_batch(self, node: int, batch: list[int], claimed: dict) -> None:
         try:
-            await self.core.fetch_batch(batch, set(batch), claimed=claimed)
+            await self.fetch_batch(batch, set(batch), claimed=claimed)
         finally:
             self.running[node] -= 1
             self.wake()

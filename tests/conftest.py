@@ -6,10 +6,12 @@ then terminate, then kill. No test leaves a mount or a daemon behind.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
 import pytest
+import trio
 
 from fusefs.mount import running_mount
 from fusefs.pack import pack
@@ -24,6 +26,17 @@ def make_core(dst, **kw):
     from fusefs.store import ChunkStore
     ix = Index.load(os.path.join(dst, INDEX_NAME))
     return Core(ix, ChunkStore(dst, ix), **kw)
+
+
+@contextlib.asynccontextmanager
+async def serving(core):
+    """Run the core's tasks (read-ahead, fetches) around the block, as a mount does."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(core.run)
+        try:
+            yield core
+        finally:
+            nursery.cancel_scope.cancel()
 
 
 async def read_whole(core, sid):

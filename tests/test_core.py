@@ -10,7 +10,7 @@ from fusefs.entries import FsError
 from fusefs.index import INDEX_NAME, Index
 from fusefs.store import ChunkStore
 
-from conftest import corrupt_sample
+from conftest import corrupt_sample, serving
 
 
 def _core(dst, **kw):
@@ -46,15 +46,16 @@ def test_tree_and_reads_match_the_source(tricky):
     assert ".fusefs/" not in seen
 
     async def check():
-        for rel, attr in seen.items():
-            if rel.endswith("/"):
-                continue
-            assert attr.size == len(files[rel])
-            fh = core.open(attr.ino, os.O_RDONLY).fh
-            data = files[rel]
-            for off, size in [(0, 131072), (1, 7), (len(data) - 3, 100), (len(data) + 5, 10)]:
-                assert await core.read(fh, max(off, 0), size) == data[max(off, 0):max(off, 0) + size]
-            core.release(fh)
+        async with serving(core):
+            for rel, attr in seen.items():
+                if rel.endswith("/"):
+                    continue
+                assert attr.size == len(files[rel])
+                fh = core.open(attr.ino, os.O_RDONLY).fh
+                data = files[rel]
+                for off, size in [(0, 131072), (1, 7), (len(data) - 3, 100), (len(data) + 5, 10)]:
+                    assert await core.read(fh, max(off, 0), size) == data[max(off, 0):max(off, 0) + size]
+                core.release(fh)
     trio.run(check)
     s = core.statistics()
     regular = [v for k, v in files.items() if not k.endswith("/")]
@@ -104,11 +105,12 @@ def test_corrupt_sample_is_eio_and_the_rest_is_served(tricky, tmp_path, caplog):
     core = _core(str(copy))
 
     async def go():
-        with pytest.raises(FsError) as e:
-            await read_sample(core, victim, 0, 4096)
-        assert e.value.errno == errno.EIO
-        other = ix.resolve("dog/img 005.jpg")[1]
-        assert await read_sample(core, other) == files["dog/img 005.jpg"]
+        async with serving(core):
+            with pytest.raises(FsError) as e:
+                await read_sample(core, victim, 0, 4096)
+            assert e.value.errno == errno.EIO
+            other = ix.resolve("dog/img 005.jpg")[1]
+            assert await read_sample(core, other) == files["dog/img 005.jpg"]
     trio.run(go)
     assert core.statistics()["eio"] == 1
     line = [r.getMessage() for r in caplog.records if "EIO" in r.getMessage()]
@@ -120,9 +122,10 @@ def test_concurrent_readers_of_one_sample_share_one_fetch(tricky):
     sid = core.index.resolve("cat/img 004.jpg")[1]
 
     async def go():
-        async with trio.open_nursery() as n:
-            for _ in range(8):
-                n.start_soon(read_sample, core, sid, 0, 10)
+        async with serving(core):
+            async with trio.open_nursery() as n:
+                for _ in range(8):
+                    n.start_soon(read_sample, core, sid, 0, 10)
     trio.run(go)
     s = core.statistics()
     assert s["backend_samples"] == 1 and s["read_waits"] == 7

@@ -22,7 +22,7 @@ from fusefs.mount import is_dead_mount, is_mounted, running_mount, stop_mount
 from fusefs.store import ChunkStore
 from trainer.hints import mount_stats
 
-from conftest import corrupt_sample, fusefs_cmd, make_core, read_tree, read_whole
+from conftest import corrupt_sample, fusefs_cmd, make_core, read_tree, read_whole, serving
 
 
 class FlakyStore(ChunkStore):
@@ -57,23 +57,24 @@ def test_failed_backend_reads_are_retried_then_eio_for_those_samples_only(tricky
     alive = [i for i in nonempty if ix.chunk[i] != dead_chunk][:10]
 
     async def go():
-        store.flaky = 2  # transient: the first two reads fail, the retry succeeds
-        assert await read_whole(core, alive[0]) == files[os.fsdecode(ix.file_path(alive[0]))]
-        store.down.add(dead_chunk)  # a node goes away
-        calls = []
-        for sid in on_dead[:2]:
-            before = store.calls
-            with pytest.raises(FsError) as e:
-                await read_whole(core, sid)
-            assert e.value.errno == errno.EIO
-            calls.append(store.calls - before)
-        # the first read waits out the retries and marks the node down; the next fails fast
-        assert calls == [1 + 3, 1]
-        assert core.statistics()["nodes"][ix.nodes[0]]["down"]
-        for sid in alive:  # everything else is served
-            assert await read_whole(core, sid) == files[os.fsdecode(ix.file_path(sid))]
-        store.down.clear()  # the node comes back: served again, no remount
-        assert await read_whole(core, on_dead[0]) == files[os.fsdecode(ix.file_path(on_dead[0]))]
+        async with serving(core):
+            store.flaky = 2  # transient: the first two reads fail, the retry succeeds
+            assert await read_whole(core, alive[0]) == files[os.fsdecode(ix.file_path(alive[0]))]
+            store.down.add(dead_chunk)  # a node goes away
+            calls = []
+            for sid in on_dead[:2]:
+                before = store.calls
+                with pytest.raises(FsError) as e:
+                    await read_whole(core, sid)
+                assert e.value.errno == errno.EIO
+                calls.append(store.calls - before)
+            # the first read waits out the retries and marks the node down; the next fails fast
+            assert calls == [1 + 3, 1]
+            assert core.statistics()["nodes"][ix.nodes[0]]["down"]
+            for sid in alive:  # everything else is served
+                assert await read_whole(core, sid) == files[os.fsdecode(ix.file_path(sid))]
+            store.down.clear()  # the node comes back: served again, no remount
+            assert await read_whole(core, on_dead[0]) == files[os.fsdecode(ix.file_path(on_dead[0]))]
     trio.run(go)
     s = core.statistics()
     node = s["nodes"][ix.nodes[0]]
@@ -88,9 +89,10 @@ def test_corrupt_sample_is_remembered_not_reread(tricky, tmp_path, caplog):
     core = make_core(str(tmp_path / "dst"))
 
     async def go():
-        for _ in range(3):
-            with pytest.raises(FsError):
-                await read_whole(core, victim)
+        async with serving(core):
+            for _ in range(3):
+                with pytest.raises(FsError):
+                    await read_whole(core, victim)
     trio.run(go)
     s = core.statistics()
     assert s["eio"] == 3 and s["corrupt_samples"] == 1

@@ -1,0 +1,167 @@
+"""A sample's bytes for a reader, and what happens when a fetch brings them.
+
+The read path, top to bottom: `Reads.fetch(sid)` answers from the cache, from a fetch
+under way (the reader waits for it), or starts a fetch of its own with companions (the
+samples queued next on its node, or a scan's next samples of its chunk). Every fetch runs
+as a task of the nursery `run` is given (Core.run opens it), in a batch on one node
+(prefetch.Fetcher: worker threads, retries, per-node bounds). As each sample arrives,
+`deliver` keeps it where the orders need it before something cached (cache.py, by
+policy.py's keys), offers it to the local tier, and the worker thread pushes it into the
+kernel page cache (`push`), after the event loop has it.
+"""
+from __future__ import annotations
+
+import collections
+import errno
+import functools
+import logging
+import os
+import time
+
+import numpy as np
+import trio
+
+from .entries import FsError
+from .prefetch import FetchCancelled
+from .store import CorruptSample
+
+log = logging.getLogger("fusefs")
+
+
+class Reads:
+    def __init__(self, index, store, cache, policy, fetcher, stats, local=None):
+        """index: sizes, chunks and paths (for log lines); store: chunk paths (for log
+        lines); cache, policy: where bytes are kept and by what rule; fetcher: batches,
+        in-flight fetches; stats: the daemon's counters; local: the local tier or None.
+        The read-ahead (`prefetcher`, for the queued samples a miss takes along) and the
+        kernel page cache (`kernel`, with push(ino, bytes); `ino_of(sid)`) are set after."""
+        self.index, self.store, self.cache, self.policy = index, store, cache, policy
+        self.fetcher, self.stats, self.local = fetcher, stats, local
+        self.prefetcher = None
+        self.kernel = None
+        self.ino_of = None
+        self.in_kernel = np.zeros(index.n_files, dtype=bool)  # pushed, not forgotten since
+        self.corrupt: dict[int, str] = {}  # samples whose stored bytes fail their checksum
+        self._recent = collections.deque(maxlen=32)  # recently read samples (scan detection)
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, nursery: trio.Nursery, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Fetches of missed samples run in `nursery` while this runs."""
+        self._nursery = nursery
+        task_status.started()
+        try:
+            await trio.sleep_forever()
+        finally:
+            self._nursery = None
+
+    def push(self, sid: int, data: bytes) -> None:
+        """Hand a fetched sample's bytes to the kernel page cache (in the fetch's worker
+        thread, after the event loop has them: a push waits for the locks of the file's
+        pages, and a reader's read of that file holds one until the loop answers it)."""
+        kernel = self.kernel
+        if kernel is None or self.in_kernel[sid]:
+            self.stats.push_skipped += kernel is not None
+            return
+        try:
+            kernel.push(self.ino_of(sid), data)
+        except OSError as e:
+            if e.errno != errno.ENOENT:  # ENOENT: the kernel does not know the inode yet
+                log.warning("the kernel refused a page cache push (%s): serving reads from "
+                            "the daemon", e)
+                self.kernel = None
+            return
+        self.in_kernel[sid] = True
+        self.stats.pushed += 1
+
+    async def fetch(self, sid: int) -> bytes:
+        """Sample sid's verified bytes, from the cache, a fetch under way, or the backend."""
+        self._recent.append(sid)
+        if sid in self.corrupt:  # known bad: do not read it again
+            self.stats.eio += 1
+            raise FsError(errno.EIO, self.corrupt[sid])
+        data = self.cache.get(sid)
+        if data is not None:
+            self.stats.hits += 1
+            return data
+        pending = self.fetcher.inflight.get(sid)
+        if pending is not None:
+            self.stats.read_waits += 1
+            t0 = time.perf_counter()
+            await pending.event.wait()
+            self.stats.wait_s += time.perf_counter() - t0
+            result = pending.error or pending.data
+        else:
+            self.stats.misses += 1
+            result = await self._fetch_missed(sid)
+        if isinstance(result, Exception):
+            self.stats.eio += 1
+            raise FsError(errno.EIO, str(result))
+        return result
+
+    async def _fetch_missed(self, sid: int):
+        """Fetch a sample no one is fetching, with companions: the next samples queued for
+        read-ahead on its node up to a batch, or, reading without an order, the next k-1
+        samples of its chunk when the reads look like a scan. The reader has its sample as
+        soon as its read is done; the companions' reads go on in the background."""
+        if self._nursery is None:
+            raise RuntimeError("a read before Core.run: start the core's tasks first")
+        k = self.fetcher.batch - 1
+        reserved = set(self.prefetcher.take_queued(sid))
+        batch = [sid] + [s for s in reserved if s != sid]
+        if not self.policy.plans and sid - 1 in self._recent:
+            chunk = self.index.chunk
+            end = min(sid + 1 + k, self.index.n_files)
+            batch += [s for s in range(sid + 1, end) if chunk[s] == chunk[sid]
+                      and s not in self.cache and s not in self.fetcher.inflight]
+        claimed = self.fetcher.claim(batch)
+        self._nursery.start_soon(functools.partial(self.fetch_batch, batch, reserved, keep=sid,
+                                                   claimed=claimed))
+        pending = claimed[sid]
+        await pending.event.wait()
+        return pending.error or pending.data
+
+    async def fetch_batch(self, sids: list[int], reserved: set[int], keep: int | None = None,
+                          claimed=None) -> dict:
+        """Fetch sids (one node) as one batch; return what arrived for each. Reservations
+        (of the sids in `reserved`) are released as their samples arrive, or at once for
+        one someone else is already fetching. `keep`: the sample a reader missed (see
+        deliver). `claimed`: the fetcher's claim on sids, made by the caller (Fetcher.fetch)."""
+        sizes, inflight = self.index.size, self.fetcher.inflight
+        for sid in sids:
+            if sid in reserved and sid in inflight and not (claimed and sid in claimed):
+                self.cache.unreserve(int(sizes[sid]))
+        results = {}
+
+        def deliver(s, r):
+            if s in reserved:
+                self.cache.unreserve(int(sizes[s]))
+            results[s] = r
+            self.deliver(s, r, missed=s == keep)
+
+        await self.fetcher.fetch(sids, deliver, claimed)
+        return results
+
+    def deliver(self, sid: int, result, missed: bool = False) -> None:
+        """A fetch finished: keep the bytes if the orders need them before something cached
+        (a missed sample: its next use after its reader's; that reader holds its bytes)."""
+        if isinstance(result, Exception):
+            if isinstance(result, FetchCancelled):
+                return
+            if isinstance(result, CorruptSample):
+                if sid not in self.corrupt:
+                    self.corrupt[sid] = str(result)
+                    log.error("EIO: %s", result)
+            else:
+                chunk = int(self.index.chunk[sid])
+                log.error("EIO: node %s: %s: sample %s: backend read failed: %s",
+                          self.fetcher.node_names[self.fetcher.node_of(sid)],
+                          self.store.chunk_path(chunk), os.fsdecode(self.index.file_path(sid)), result)
+            return
+        if self.local is not None and sid not in self.local:  # (cheap test first)
+            self.local.offer(sid, result, float(self.local.priority[sid])
+                             if self.policy.keeps_after_use(sid) else -np.inf)
+        key = self.policy.key_after_use(sid) if missed else self.policy.key(sid)
+        if not self.cache.put(sid, result, key) and key != float("inf"):
+            # the budget is reserved for read-ahead needed later: take some back
+            if self.prefetcher.yield_room(len(result), key):
+                self.cache.put(sid, result, key)
