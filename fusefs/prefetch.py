@@ -128,11 +128,13 @@ class Fetcher:
         self.inflight.update(new)
         return new
 
-    async def fetch(self, sids: list[int], deliver, claimed: dict[int, Pending] | None = None) -> None:
+    async def fetch(self, sids: list[int], deliver, claimed: dict[int, Pending] | None = None,
+                    unpushed: int | None = None) -> None:
         """Fetch sids (one node) in one batch; deliver(sid, bytes | Exception) for each,
         each sample as soon as its read is done (the read of a sample asked for earlier in
         sids is made earlier). `claimed`: sids already claimed (the others are claimed now;
-        any someone else fetches are left out)."""
+        any someone else fetches are left out). `unpushed`: a sample not to push to the
+        kernel (one a reader missed: its own reads are under way and bring its pages)."""
         pendings = dict(claimed or {})
         pendings.update(self.claim(sids))  # (those in claimed are in flight already)
         if not pendings:
@@ -176,7 +178,7 @@ class Fetcher:
             inbox.post(arrived, (got, local))
             if push is not None:
                 for sid, r in got.items():
-                    if not isinstance(r, Exception):
+                    if sid != unpushed and not isinstance(r, Exception):
                         push(sid, r)
 
         try:

@@ -138,7 +138,7 @@ class Reads:
             results[s] = r
             self.deliver(s, r, missed=s == keep)
 
-        await self.fetcher.fetch(sids, deliver, claimed)
+        await self.fetcher.fetch(sids, deliver, claimed, unpushed=keep)
         return results
 
     def deliver(self, sid: int, result, missed: bool = False) -> None:
