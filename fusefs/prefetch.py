@@ -49,7 +49,7 @@ class Inbox:
     posted call in one go. Under load a wakeup carries many reads' results."""
 
     def __init__(self, token):
-        self._token = token
+        self.token = token
         self._items = collections.deque()
         self._lock = threading.Lock()
         self._scheduled = False
@@ -62,7 +62,7 @@ class Inbox:
                 return
             self._scheduled = True
         try:
-            self._token.run_sync_soon(self._drain)
+            self.token.run_sync_soon(self._drain)
         except trio.RunFinishedError:
             pass
 
@@ -159,8 +159,9 @@ class Fetcher:
             p.event.set()
             deliver(sid, r)
 
-        if self._inbox is None:
-            self._inbox = Inbox(trio.lowlevel.current_trio_token())
+        token = trio.lowlevel.current_trio_token()
+        if self._inbox is None or self._inbox.token is not token:  # (one per trio run)
+            self._inbox = Inbox(token)
         inbox, push = self._inbox, self.push
 
         def arrived(item) -> None:  # in the trio thread, while the batch goes on
