@@ -258,8 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 4: a read gives up after about 1.5 s; the index, read once at "
                         "start, gets at least 16)")
     s.add_argument("--kernel-cache", action=argparse.BooleanOptionalAction, default=True,
-                   help="push cached samples into the kernel page cache at open (notify_store), "
-                        "so their reads never reach the daemon (default on)")
+                   help="push samples into the kernel page cache as they are fetched "
+                        "(notify_store), so their reads never reach the daemon (default on)")
     s.add_argument("--willneed", action=argparse.BooleanOptionalAction, default=True,
                    help="ask the backend's client for all of a request's reads at once "
                         "(posix_fadvise WILLNEED), so it fetches them concurrently while the "

@@ -39,10 +39,11 @@ def _translate(fn):
 
 
 class KernelCache:
-    """The kernel page cache of the mount, for Core.kernel. Pushed pages are clean page
+    """The kernel page cache of the mount, for Core.kernel: fetched samples are pushed into
+    it from the fetch's worker threads (reads.Reads.push). Pushed pages are clean page
     cache: the kernel reclaims them under memory pressure, they never count in the daemon's
-    RSS. (Invalidating each sample after its last use, with invalidate_inode, measured
-    slower than leaving that to the kernel: README, "kernel page cache".)"""
+    RSS, and nothing invalidates them (an early version invalidated each sample after its
+    last use, which measured slower than leaving that to the kernel)."""
 
     @staticmethod
     def push(ino: int, data: bytes) -> None:
