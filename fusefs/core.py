@@ -142,10 +142,13 @@ class Core:
         batches of samples readers missed) run as tasks of a nursery opened here, until
         cancelled. Start it in the mount's nursery (`await nursery.start(core.run)`) before
         the first read; tests do the same (conftest.serving)."""
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self.reads.run, nursery)
-            await nursery.start(self.prefetcher.run, nursery)
-            task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                self.reads.nursery = nursery
+                await nursery.start(self.prefetcher.run, nursery)
+                task_status.started()
+        finally:
+            self.reads.nursery = None
 
     # ---- inodes ----------------------------------------------------------------------
     def sid_of(self, ino: int) -> int | None:

@@ -3,7 +3,7 @@
 The read path, top to bottom: `Reads.fetch(sid)` answers from the cache, from a fetch
 under way (the reader waits for it), or starts a fetch of its own with companions (the
 samples queued next on its node, or a scan's next samples of its chunk). Every fetch runs
-as a task of the nursery `run` is given (Core.run opens it), in a batch on one node
+as a task of `Reads.nursery` (Core.run opens it), in a batch on one node
 (prefetch.Fetcher: worker threads, retries, per-node bounds). As each sample arrives,
 `deliver` keeps it where the orders need it before something cached (cache.py, by
 policy.py's keys), offers it to the local tier, and the worker thread pushes it into the
@@ -43,16 +43,7 @@ class Reads:
         self.in_kernel = np.zeros(index.n_files, dtype=bool)  # pushed, not forgotten since
         self.corrupt: dict[int, str] = {}  # samples whose stored bytes fail their checksum
         self._recent = collections.deque(maxlen=32)  # recently read samples (scan detection)
-        self._nursery: trio.Nursery | None = None
-
-    async def run(self, nursery: trio.Nursery, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Fetches of missed samples run in `nursery` while this runs."""
-        self._nursery = nursery
-        task_status.started()
-        try:
-            await trio.sleep_forever()
-        finally:
-            self._nursery = None
+        self.nursery: trio.Nursery | None = None  # where fetches of missed samples run (Core.run)
 
     def push(self, sid: int, data: bytes) -> None:
         """Hand a fetched sample's bytes to the kernel page cache (in the fetch's worker
@@ -103,7 +94,7 @@ class Reads:
         read-ahead on its node up to a batch, or, reading without an order, the next k-1
         samples of its chunk when the reads look like a scan. The reader has its sample as
         soon as its read is done; the companions' reads go on in the background."""
-        if self._nursery is None:
+        if self.nursery is None:
             raise RuntimeError("a read before Core.run: start the core's tasks first")
         k = self.fetcher.batch - 1
         reserved = set(self.prefetcher.take_queued(sid))
@@ -114,7 +105,7 @@ class Reads:
             batch += [s for s in range(sid + 1, end) if chunk[s] == chunk[sid]
                       and s not in self.cache and s not in self.fetcher.inflight]
         claimed = self.fetcher.claim(batch)
-        self._nursery.start_soon(functools.partial(self.fetch_batch, batch, reserved, keep=sid,
+        self.nursery.start_soon(functools.partial(self.fetch_batch, batch, reserved, keep=sid,
                                                    claimed=claimed))
         pending = claimed[sid]
         await pending.event.wait()
