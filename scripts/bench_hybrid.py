@@ -1,14 +1,15 @@
-"""Hybrid CPU+accelerator training against plain training (issue 6); prints figures, saves
-JSON and a PNG.
+"""Hybrid CPU+accelerator training against each replica alone, side by side; prints
+figures, saves JSON and a PNG (samples/s and test accuracy per epoch).
 
 load_digits (scripts/bench_importance.make_digits: 1437 train / 360 test PNGs) is packed
-and mounted with fusefs; scripts/train_hybrid.py trains the small CNN through the mount under
-/usr/bin/python3 (torchvision ImageFolder + DataLoader), same seeds, once plain (one CPU
-replica) and once with trainer.HybridTrainer (two CPU replicas here, CPU + GPU where torch
-sees one), snapshots to a local folder after every merge. Where torch sees a GPU it also
-trains GPU-only, for samples/s of GPU-only against hybrid.
+and mounted with fusefs; scripts/train_hybrid.py trains through the mount under
+/usr/bin/python3 (torchvision ImageFolder + DataLoader), same seeds, in three modes: the
+accelerator alone (a CPU replica stands in where torch sees no GPU), the CPU alone, and
+trainer.HybridTrainer (both). Models: the small CNN and ResNet-18 (CIFAR stem) at 32 px.
+--rounds repeats the three modes in turn (A B C A B C) to show the spread on a noisy machine.
 
-usage: .venv/bin/python scripts/bench_hybrid.py [--epochs 15] [--out out/bench_hybrid]
+usage: .venv/bin/python scripts/bench_hybrid.py [--models small,resnet18] [--epochs 15]
+                                                [--rounds 1] [--out out/bench_hybrid]
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 
@@ -24,28 +26,59 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 from bench_importance import make_digits, run_trainer  # noqa: E402
+
 from fusefs.mount import running_mount  # noqa: E402
 from fusefs.pack import pack  # noqa: E402
 
+MODES = ("accel", "cpu", "hybrid")
 
-def train(mnt, test, mode, a) -> list[dict]:
-    args = [mnt, test, "--mode", mode, "--epochs", str(a.epochs)]
+
+def train(mnt, test, model, mode, epochs, a) -> list[dict]:
+    args = [mnt, test, "--mode", mode, "--model", model, "--epochs", str(epochs),
+            "--workers", str(a.workers), "--batch", str(a.batch)]
     if mode == "hybrid":
         snaps = os.path.join(a.out, "snapshots")
         shutil.rmtree(snaps, ignore_errors=True)
         args += ["--snapshots", snaps]
 
     def show(row):
-        extra = (f"  R {row['r']:.3f} (TC {row['tc'] * 1e3:.1f} ms, TG {row['tg'] * 1e3:.1f} ms) "
-                 f"merges {row['merges']} snapshots {row['snapshots_written']}") if mode == "hybrid" else ""
-        print(f"  {mode:<7} epoch {row['epoch']:2d}: test acc {100 * row['test_acc']:.2f}%  "
-              f"{row['samples_per_s']:7.1f} samples/s{extra}", flush=True)
+        extra = (f"  accel {row['samples_accel']:5d} cpu {row['samples_cpu']:4d} samples"
+                 f"  gain {row['gain']:.3f} (TC {row['tc'] * 1e3:.1f} ms, TG {row['tg'] * 1e3:.1f} ms)"
+                 f" cpu {'on' if row['cpu_active'] else 'off'} merges {row['merges']}"
+                 ) if mode == "hybrid" else ""
+        print(f"  {model:<8} {mode:<6} epoch {row['epoch']:2d}: test acc {100 * row['test_acc']:.2f}%  "
+              f"{row['samples_per_s']:8.1f} samples/s{extra}", flush=True)
     return run_trainer("train_hybrid.py", args, show)
+
+
+def summarise(runs: dict) -> dict:
+    """Per mode: median over rounds of the mean samples/s of epochs 2.., final accuracy;
+    the ratios the targets name."""
+    out = {}
+    for mode, rounds in runs.items():
+        rates = [statistics.mean(r["samples_per_s"] for r in rows[1:] or rows) for rows in rounds]
+        out[mode] = {"samples_per_s": round(statistics.median(rates), 1),
+                     "samples_per_s_rounds": [round(x, 1) for x in rates],
+                     "final_acc": [rows[-1]["test_acc"] for rows in rounds]}
+    acc, cpu, hyb = out["accel"], out["cpu"], out["hybrid"]
+    out["hybrid_over_accel"] = round(hyb["samples_per_s"] / acc["samples_per_s"], 3)
+    out["hybrid_over_faster_alone"] = round(
+        hyb["samples_per_s"] / max(acc["samples_per_s"], cpu["samples_per_s"]), 3)
+    out["acc_gap_points"] = round(100 * (statistics.median(acc["final_acc"])
+                                         - statistics.median(hyb["final_acc"])), 2)
+    last = runs["hybrid"][-1][-1]
+    out["hybrid_cpu_active"] = last["cpu_active"]
+    out["hybrid_gain"] = last["gain"]
+    return out
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=int, default=15)
+    p.add_argument("--models", default="small", help="comma-separated: small, resnet18 (default small)")
+    p.add_argument("--epochs", type=int, default=15, help="epochs per run (default 15)")
+    p.add_argument("--rounds", type=int, default=1, help="runs of each mode, in turn (default 1)")
+    p.add_argument("--batch", type=int, default=64, help="batch size (default 64)")
+    p.add_argument("--workers", type=int, default=1, help="DataLoader worker processes (default 1)")
     p.add_argument("--out", default=os.path.join(REPO, "out", "bench_hybrid"))
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -54,28 +87,43 @@ def main() -> int:
     packed = os.path.join(a.out, "packed")
     if not os.path.exists(os.path.join(packed, "index.fusefs")):
         pack(os.path.join(digits, "train"), packed, chunk_bytes=1 << 20, force=True, progress=False)
-    gpu = subprocess.run(["/usr/bin/python3", "-c", "import torch; print(torch.cuda.is_available())"],
-                         capture_output=True, text=True).stdout.strip() == "True"
-    res = {}
+    probe = subprocess.run(["/usr/bin/python3", "-c", "import torch, os; print(torch.cuda.is_available(), "
+                            "torch.cuda.get_device_name() if torch.cuda.is_available() else '', os.cpu_count())"],
+                           capture_output=True, text=True).stdout.split(maxsplit=1)
+    gpu = probe[0] == "True"
+    machine = probe[1].strip() if len(probe) > 1 else ""
+    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
     mnt = os.path.join(a.out, "mnt")
-    for mode in ("plain", "hybrid") + (("accel",) if gpu else ()):
-        with running_mount(packed, mnt, "--cache-size", "100%"):
-            res[mode] = train(mnt, os.path.join(digits, "test"), mode, a)
-    summary = {m: {"final_acc": rows[-1]["test_acc"], "best_acc": max(r["test_acc"] for r in rows),
-                   "samples_per_s": sum(r["samples_per_s"] for r in rows[1:]) / max(1, len(rows) - 1)}
-               for m, rows in res.items()}
-    summary["acc_gap_points"] = round(100 * (summary["plain"]["final_acc"] - summary["hybrid"]["final_acc"]), 2)
+    runs: dict = {}
+    for model in a.models.split(","):
+        runs[model] = {m: [] for m in MODES}
+        for _ in range(a.rounds):
+            for mode in MODES:
+                with running_mount(packed, mnt, "--cache-size", "100%"):
+                    runs[model][mode].append(train(mnt, os.path.join(digits, "test"), model, mode,
+                                                   a.epochs, a))
+    summary = {model: summarise(r) for model, r in runs.items()}
     print(json.dumps(summary, indent=1))
     with open(os.path.join(a.out, "bench_hybrid.json"), "w") as f:
-        json.dump({"epochs": res, "summary": summary, "gpu": gpu}, f, indent=1)
+        json.dump({"summary": summary, "runs": runs, "gpu": gpu, "machine": machine, "commit": commit,
+                   "epochs": a.epochs, "rounds": a.rounds, "workers": a.workers, "batch": a.batch}, f,
+                  indent=1)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for mode, rows in res.items():
-        ax.plot([r["epoch"] for r in rows], [100 * r["test_acc"] for r in rows], "-o", ms=3, label=mode)
-    ax.set(title="load_digits: test accuracy, plain vs hybrid", xlabel="epoch", ylabel="%")
-    ax.legend()
+    fig, axes = plt.subplots(len(runs), 2, figsize=(10, 3.5 * len(runs)), squeeze=False)
+    for (model, by_mode), (ax_rate, ax_acc) in zip(runs.items(), axes):
+        for mode, rounds in by_mode.items():
+            for i, rows in enumerate(rounds):
+                style = dict(color=f"C{MODES.index(mode)}", label=mode if i == 0 else None, ms=3)
+                ax_rate.plot([r["epoch"] for r in rows], [r["samples_per_s"] for r in rows], "-o", **style)
+                ax_acc.plot([r["epoch"] for r in rows], [100 * r["test_acc"] for r in rows], "-o", **style)
+        where = "GPU" if gpu else "CPU stand-in"
+        ax_rate.set(title=f"{model}: samples/s ({where})", xlabel="epoch", ylabel="samples/s")
+        ax_acc.set(title=f"{model}: test accuracy", xlabel="epoch", ylabel="%")
+        ax_rate.legend()
+        ax_acc.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(a.out, "bench_hybrid.png"), dpi=100)
     print(f"saved {a.out}/bench_hybrid.json and .png")

@@ -1,18 +1,27 @@
-"""CPU+accelerator co-training (issue 6): R and the split, the weighted average, snapshots
-that never hold training up and never leave a half-written file, exact resume. Runs with
-two CPU replicas here (the second standing in for the accelerator)."""
+"""CPU+accelerator co-training: the accelerator never waits for the CPU replica, merges
+weigh the replicas by the samples they trained, a CPU too slow to help is left out,
+snapshots never hold training up and never leave a half-written file, exact resume. Runs
+with two CPU replicas here (one standing in for the accelerator)."""
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
 import torch
 from torch import nn
 
-from trainer import HybridTrainer, SnapshotWriter, cpu_share, split_sizes, weighted_average
+from trainer import (
+    HybridTrainer,
+    OnOffProbe,
+    SnapshotWriter,
+    average_into,
+    cpu_gain,
+    weighted_average,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,25 +39,152 @@ def data(n=256, seed=0):
 
 
 def trainer(tmp_path=None, **kw):
+    kw.setdefault("probe_windows", 0)  # the on/off probe has tests of its own
     torch.manual_seed(0)
     return HybridTrainer(small_net, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
                          nn.CrossEntropyLoss(), data(), accel="cpu",
                          snapshot_dir=str(tmp_path) if tmp_path else None, **kw)
 
 
-def test_share_and_split_from_given_times():
-    assert cpu_share(3.0, 1.0) == 0.25  # the CPU is 3x slower: a quarter of each batch
-    assert split_sizes(64, 0.25) == (16, 48)
-    assert split_sizes(64, cpu_share(1.0, 1.0)) == (32, 32)
-    assert split_sizes(64, 0.001) == (1, 63) and split_sizes(64, 0.999) == (63, 1)  # never 0
-    assert split_sizes(10, 0.26) == (3, 7)
-    assert split_sizes(64, 0.001, min_part=2) == (2, 62)  # BatchNorm trains on 2 or more
+class Gate(nn.Module):
+    """Passes its input through; blocks forward until `opened` is set (a CPU replica that
+    takes as long as a test needs), or sleeps `delay` seconds."""
+
+    def __init__(self, delay=0.0):
+        super().__init__()
+        self.opened = threading.Event()
+        self.delay = delay
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.delay:
+            time.sleep(self.delay)
+        else:
+            assert self.opened.wait(30), "gate never opened"
+        return x
+
+    def __deepcopy__(self, memo):  # calibration's throwaway copies share the gate
+        return self
+
+
+def slow_cpu_trainer(cpu_gate, **kw):
+    """The second model made (the CPU replica) starts with cpu_gate."""
+    made = []
+
+    def factory():
+        made.append(1)
+        net = small_net()
+        return nn.Sequential(cpu_gate, net) if len(made) == 2 else nn.Sequential(nn.Identity(), net)
+    kw.setdefault("probe_windows", 0)
+    torch.manual_seed(0)
+    return HybridTrainer(factory, lambda p: torch.optim.SGD(p, lr=0.1), nn.CrossEntropyLoss(), data(),
+                         accel="cpu", **kw)
+
+
+def test_gain_from_given_times():
+    assert cpu_gain(4.0, 1.0) == 0.25  # the CPU is 4x slower: it adds a quarter
     with pytest.raises(ValueError):
-        split_sizes(1, 0.5)
-    with pytest.raises(ValueError):
-        split_sizes(3, 0.5, min_part=2)
-    with pytest.raises(ValueError):
-        cpu_share(0.0, 1.0)
+        cpu_gain(0.0, 1.0)
+
+
+def test_the_accelerator_never_waits_for_the_cpu_replica():
+    gate = Gate()
+    ht = slow_cpu_trainer(gate, merge_every=2)
+    first = ht.train_epoch()  # the CPU replica is stuck in its first batch all epoch
+    assert gate.calls == 1 and not gate.opened.is_set()
+    assert first["samples_cpu"] == 0 and first["samples_accel"] == 256 - 32
+    assert ht.iteration == 7 and ht.merges == 0  # merges asked for wait for the CPU's offer
+    gate.opened.set()
+    second = ht.train_epoch()
+    assert second["samples_cpu"] >= 32 and ht.merges >= 1
+    assert second["samples_cpu"] + second["samples_accel"] + first["samples"] <= 512
+    ht.close()
+    for (n1, t1), (n2, t2) in zip(ht.nc.state_dict().items(), ht.ng.state_dict().items()):
+        assert torch.equal(t1, t2), n1  # close() merged the CPU's last batch
+
+
+def test_a_cpu_too_slow_to_help_is_left_out():
+    ht = slow_cpu_trainer(Gate(delay=0.05), calibration_batches=2)
+    gain = ht.calibrate()
+    assert gain < 0.02 and not ht.cpu_active
+    row = ht.train_epoch()
+    assert row["samples_cpu"] == 0 and row["samples_accel"] == 256
+    ht.close()
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def run_probe(probe, clock, seconds_per_batch):
+    """Feed the probe batches of 10 samples taking seconds_per_batch[on/off] each."""
+    while probe.verdict is None:
+        clock.t += seconds_per_batch["on" if probe.cpu_allowed else "off"]
+        probe.count(10)
+
+
+def test_on_off_probe_keeps_the_cpu_only_when_it_measurably_helps():
+    for on, off, keep in ((0.010, 0.012, True), (0.012, 0.010, False), (0.0099, 0.0100, False)):
+        clock = Clock()
+        probe = OnOffProbe(windows=4, batches=5, min_gain=0.02, clock=clock)
+        assert probe.cpu_allowed  # the first window is "on"
+        run_probe(probe, clock, {"on": on, "off": off})
+        assert probe.verdict is keep and probe.cpu_allowed is keep
+        assert len(probe.rates["on"]) == len(probe.rates["off"]) == 2
+        assert probe.rates["on"][0] == pytest.approx(10 / on) and probe.rates["off"][0] == pytest.approx(10 / off)
+
+
+class Hog(nn.Module):
+    """A CPU replica whose forward spins in Python, holding the GIL for `seconds`."""
+
+    def __init__(self, seconds):
+        super().__init__()
+        self.seconds = seconds
+
+    def forward(self, x):
+        end = time.perf_counter() + self.seconds
+        while time.perf_counter() < end:
+            pass
+        return x
+
+
+def test_a_cpu_replica_that_slows_training_is_switched_off_by_the_probe():
+    ht = slow_cpu_trainer(Hog(0.2), probe_windows=4, probe_batches=3)
+    ht.gain = 0.5  # as if calibration had found it worth a third of the work
+    rows = [ht.train_epoch() for _ in range(4)]
+    assert ht.probe.verdict is False and not ht.cpu_active, ht.probe.rates
+    assert rows[-1]["samples_cpu"] == 0 and rows[-1]["samples_accel"] == 256
+    ht.close()
+
+
+def test_merges_weigh_replicas_by_samples_trained():
+    ht = trainer(merge_every=1000)
+    with torch.no_grad():
+        for t in ht.nc.state_dict().values():
+            t.fill_(1) if t.is_floating_point() else t.fill_(10)
+        for t in ht.ng.state_dict().values():
+            t.fill_(3) if t.is_floating_point() else t.fill_(30)
+    ht._n_c, ht._n_g = 32, 96  # the CPU trained a quarter of the samples since the last merge
+    ht.finish()
+    for model in (ht.nc, ht.ng):
+        for name, t in model.state_dict().items():
+            want = 2.5 if t.is_floating_point() else 25  # 0.25 * 1 + 0.75 * 3; 0.25 * 10 + 0.75 * 30
+            assert torch.equal(t, torch.full_like(t, want)), name
+    ht.close()
+
+
+def test_average_into_is_in_place_and_skips_a_zero_weight():
+    a, b = [torch.zeros(3), torch.tensor(4)], [torch.ones(3), torch.tensor(8)]
+    ids = [id(t) for t in a]
+    average_into(a, b, 0.5)
+    assert [id(t) for t in a] == ids and torch.equal(a[0], torch.full((3,), 0.5)) and int(a[1]) == 6
+    average_into(a, b, 0.0)
+    assert torch.equal(a[0], torch.full((3,), 0.5))
 
 
 def test_weighted_average_is_exact_including_batchnorm_buffers():
@@ -69,17 +205,20 @@ def test_weighted_average_is_exact_including_batchnorm_buffers():
 
 def test_training_with_two_cpu_replicas_learns_and_merges(tmp_path):
     ht = trainer(tmp_path, merge_every=3)
-    r = ht.calibrate()
-    assert 0 < r < 1 and ht.tc > 0 and ht.tg > 0
+    gain = ht.calibrate()
+    assert gain > 0.02 and ht.cpu_active and ht.tc > 0 and ht.tg > 0
     first = ht.train_epoch()
     for _ in range(4):
         last = ht.train_epoch()
     assert last["loss"] < first["loss"] * 0.8
-    assert ht.merges >= 5 * (8 // 3)
-    for (n1, t1), (n2, t2) in zip(ht.nc.state_dict().items(), ht.ng.state_dict().items()):
-        assert torch.equal(t1, t2), n1  # one model after the epoch's final merge
+    assert ht.samples["cpu"] >= 32 * 5 and ht.samples["accel"] >= 32 * 5  # both trained
+    assert ht.merges >= 1
     ht.close()
-    assert 1 <= len(SnapshotWriter.snapshots(str(tmp_path))) <= 3
+    for (n1, t1), (n2, t2) in zip(ht.nc.state_dict().items(), ht.ng.state_dict().items()):
+        assert torch.equal(t1, t2), n1  # one model after close()'s final merge
+    # within snapshot_every (30 s) of the start: close()'s snapshot only, of that model
+    assert ht.writer.written == 1 and len(SnapshotWriter.snapshots(str(tmp_path))) == 1
+    assert torch.equal(SnapshotWriter.latest(str(tmp_path))["state"]["0.weight"], ht.ng.state_dict()["0.weight"])
 
 
 def test_a_slow_snapshot_writer_does_not_slow_the_steps(tmp_path):
@@ -89,7 +228,7 @@ def test_a_slow_snapshot_writer_does_not_slow_the_steps(tmp_path):
 
     rates = {}
     for name, writer in (("without", None), ("with", SnapshotWriter(str(tmp_path), write=slow_save))):
-        ht = trainer(merge_every=1, snapshot_writer=writer)
+        ht = trainer(merge_every=1, snapshot_writer=writer, snapshot_every=0)
         ht.train_epoch()  # warm-up
         t0 = time.perf_counter()
         steps = 0
