@@ -1,22 +1,23 @@
-"""Activation swapping on a small CNN (issue 7): no swapping, swap-everything
-(torch.autograd.graph.save_on_cpu, the zero-effort baseline) and the plan learned by
-trainer.SwapScheduler. Prints resident saved-activation bytes and step time for each (and
-on a GPU the largest batch that fits); saves JSON.
+"""Activation swapping within a memory budget against what a user would pick instead:
+no swapping, torch.autograd.graph.save_on_cpu (everything off the device), per-block
+torch.utils.checkpoint (the anchor), SwapHooks swapping every segment, and the plan
+trainer.SwapScheduler learns for a budget (default 60% of the no-swap memory). Prints step
+time and memory per row side by side, on CUDA the largest batch that fits in a fixed
+memory limit; saves JSON and a PNG (memory against step time, one point per plan the
+scheduler measured, the other rows marked).
 
-On this CPU-only machine "swapping" copies a saved tensor to another CPU buffer (the cost
-of the transfer, without a transfer) and memory is the hooks' account of the saved bytes
-that stay resident. save_on_cpu itself is a no-op on CPU tensors (tensor.cpu() returns
-them), so on CPU its row is a stand-in that does what save_on_cpu(pin_memory=True) does to
-a CUDA tensor: copy every saved tensor, parameters included, to another buffer. "swap all
-types" is SwapHooks with every layer type swapped (parameters stay). On CUDA the row is
-save_on_cpu itself and memory is torch.cuda.max_memory_allocated.
+Models: `cnn` (a small CNN of blocks), `transformer` (a stack of TransformerEncoderLayer),
+`resnet50` (torchvision; CUDA node). On CUDA memory is torch.cuda.max_memory_allocated;
+on CPU it is the saved-activation bytes that stay resident (SwapHooks' count; a
+checkpointed block's input counted too), "swapping" copies to another host buffer (the
+cost of the transfer without a transfer), and save_on_cpu, a no-op on CPU tensors, is
+stood in for by a copy of every saved tensor (resident 0).
 
-Step times are measured side by side: `--rounds-timed` rounds, each running `--steps`
-steps of every plan in turn, and the median per plan, so drift on a noisy machine hits all
-plans alike.
+Step times are medians of `--rounds-timed` rounds, each running `--steps` steps of every
+row in turn, so drift on a noisy machine hits all rows alike.
 
-usage: .venv/bin/python scripts/bench_swap.py [--batch 128] [--steps 4] [--rounds-timed 10]
-           [--w 0.5] [--out out/bench_swap]
+usage: .venv/bin/python scripts/bench_swap.py [--models cnn,transformer] [--batch 64]
+           [--budget 0.6] [--rounds 40] [--steps 3] [--rounds-timed 5] [--out out/bench_swap]
 """
 from __future__ import annotations
 
@@ -25,26 +26,62 @@ import contextlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from trainer import SwapScheduler  # noqa: E402
-from trainer.swap import largest_batch  # noqa: E402
+from trainer.swap import is_oom, largest_batch  # noqa: E402
 
 
+# ---- models: (model, the blocks to checkpoint, a batch maker) ---------------------------
 def cnn():
-    torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-        nn.Conv2d(32, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(64 * 8 * 8, 128), nn.ReLU(), nn.Linear(128, 10))
+    def block(i, o, pool):
+        return nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU(),
+                             *([nn.MaxPool2d(2)] if pool else []))
+    body = nn.Sequential(block(3, 32, False), block(32, 32, True), block(32, 64, False),
+                         block(64, 64, True))
+    model = nn.Sequential(body, nn.Flatten(), nn.Linear(64 * 8 * 8, 128), nn.ReLU(), nn.Linear(128, 10))
+    return model, list(body), lambda b, dev: (torch.randn(b, 3, 32, 32, device=dev),
+                                               torch.randint(0, 10, (b,), device=dev))
+
+
+class Transformer(nn.Module):
+    def __init__(self, layers=6, d=256, heads=8, seq=128, classes=10):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0,
+                                                               batch_first=True) for _ in range(layers))
+        self.head = nn.Linear(d, classes)
+        self.d, self.seq = d, seq
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x.mean(1))
+
+
+def transformer():
+    m = Transformer()
+    return m, list(m.blocks), lambda b, dev: (torch.randn(b, m.seq, m.d, device=dev),
+                                              torch.randint(0, 10, (b,), device=dev))
+
+
+def resnet50():
+    from torchvision.models import resnet50 as build
+    m = build()
+    blocks = [blk for layer in (m.layer1, m.layer2, m.layer3, m.layer4) for blk in layer]
+    return m, blocks, lambda b, dev: (torch.randn(b, 3, 224, 224, device=dev),
+                                      torch.randint(0, 1000, (b,), device=dev))
+
+
+MODELS = {"cnn": cnn, "transformer": transformer, "resnet50": resnet50}
 
 
 def step(model, x, y):
@@ -52,17 +89,41 @@ def step(model, x, y):
     nn.functional.cross_entropy(model(x), y).backward()
 
 
+# ---- the rows ---------------------------------------------------------------------------
 def save_everything(dev):
-    """The zero-effort baseline: every saved tensor moved off the device (see docstring)."""
+    """Every saved tensor moved off the device (see the docstring for CPU)."""
     if dev.type == "cuda":
         return torch.autograd.graph.save_on_cpu(pin_memory=True)
     return torch.autograd.graph.saved_tensors_hooks(lambda t: t.detach().clone(), lambda t: t)
 
 
+@contextlib.contextmanager
+def checkpointed(blocks, hooks):
+    """Each block's forward through torch.utils.checkpoint (non-reentrant); the swap hooks of
+    the modules inside step aside (the innermost saved_tensors_hooks win), and each block's
+    input is counted as resident (CPU accounting)."""
+    originals = [b.forward for b in blocks]
+
+    def wrap(b, f):
+        def forward(*args):
+            hooks.resident_bytes += sum(a.numel() * a.element_size() for a in args if torch.is_tensor(a))
+            return checkpoint(f, *args, use_reentrant=False)
+        return forward
+    for b, f in zip(blocks, originals):
+        b.forward = wrap(b, f)
+    hooks.skip = {m for b in blocks for m in b.modules()}  # checkpoint's own hooks take these
+    try:
+        yield
+    finally:
+        hooks.skip = set()
+        for b, f in zip(blocks, originals):
+            b.forward = f
+
+
 def side_by_side(rows, run, rounds, steps):
     """Median step time per row, the rows interleaved round by round."""
     times = {name: [] for name in rows}
-    for name, enter in rows.items():  # warm-up: allocator, caches
+    for enter in rows.values():  # warm-up: allocator, caches
         with enter():
             run()
     for _ in range(rounds):
@@ -75,17 +136,18 @@ def side_by_side(rows, run, rounds, steps):
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def largest_batch_cuda(enter, dev, model, start):
-    """CUDA only: the largest batch (to within 1/16) whose training step fits in memory."""
+def largest_batch_cuda(enter, dev, model, make, start):
+    """CUDA only: the largest batch (to within 1/16) whose step fits in the memory limit."""
     def fits(b):
         try:
-            x = torch.randn(b, 3, 32, 32, device=dev)
-            y = torch.randint(0, 10, (b,), device=dev)
+            x, y = make(b, dev)
             with enter():
                 step(model, x, y)
             torch.cuda.synchronize(dev)
             return True
-        except torch.cuda.OutOfMemoryError:
+        except Exception as e:  # a failed pinned allocation counts as out of memory too
+            if not is_oom(e):
+                raise
             return False
         finally:
             model.zero_grad(set_to_none=True)
@@ -93,29 +155,18 @@ def largest_batch_cuda(enter, dev, model, start):
     return largest_batch(fits, start)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--steps", type=int, default=4, help="steps per plan and timing round")
-    p.add_argument("--rounds-timed", type=int, default=10, help="interleaved timing rounds")
-    p.add_argument("--w", type=float, default=0.5)
-    p.add_argument("--rounds", type=int, default=150, help="pre-training rounds of the scheduler")
-    p.add_argument("--out", default=os.path.join(REPO, "out", "bench_swap"))
-    a = p.parse_args()
-    os.makedirs(a.out, exist_ok=True)
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = cnn().to(dev)
-    x = torch.randn(a.batch, 3, 32, 32, device=dev)
-    y = torch.randint(0, 10, (a.batch,), device=dev)
-
-    sched = SwapScheduler(model, w=a.w, steps_per_round=2, device=dev, seed=0)
+def bench_model(name, a, dev) -> tuple[dict, list]:
+    model, blocks, make = MODELS[name]()
+    model = model.to(dev)
+    x, y = make(a.batch, dev)
+    sched = SwapScheduler(model, budget=a.budget, segments=a.segments, steps_per_round=2, device=dev, seed=0)
     t0 = time.perf_counter()
     sched.pretrain(lambda b: step(model, *b), [(x, y)], rounds=a.rounds)
     learn_s = time.perf_counter() - t0
-    converged = sched.converged  # by itself, within the rounds
+    converged = sched.converged
     sched.use_best()
-    learned_plan = sched.plan
-    every_type = 2 ** len(sched.types) - 1
+    learned = sched.plan
+    points = [{"plan": sched.plan_dict(p), "step_s": t, "memory": m} for p, (t, m) in sched.measured.items()]
 
     @contextlib.contextmanager
     def plan(p):
@@ -125,60 +176,110 @@ def main() -> int:
 
     @contextlib.contextmanager
     def everything():
-        # The scheduler's hooks step aside: nested inside them, save_on_cpu would not see
-        # the tensors saved by the layers (the innermost saved_tensors_hooks wins).
-        sched.hooks.enabled = False
+        sched.hooks.enabled = False  # nested inside them, save_on_cpu would not see the layers' tensors
         try:
             with save_everything(dev):
                 yield
         finally:
             sched.hooks.enabled = True
 
-    rows = {"no_swap": lambda: plan(0), "save_on_cpu": everything,
-            "swap_all_types": lambda: plan(every_type), "learned": lambda: plan(learned_plan)}
-    step_s = side_by_side(rows, lambda: step(model, x, y), a.rounds_timed, a.steps)
+    @contextlib.contextmanager
+    def anchor():
+        with plan(0), checkpointed(blocks, sched.hooks):
+            yield
 
-    res = {"device": str(dev), "batch": a.batch, "w": a.w, "rounds": sched.rounds,
-           "learn_s": learn_s, "plan": sched.plan_dict(learned_plan),
-           "converged_by_itself": converged, "timing": {"rounds": a.rounds_timed, "steps": a.steps}}
-    for name, enter in rows.items():
+    rows = {"no_swap": lambda: plan(0), "save_on_cpu": everything, "checkpoint": anchor,
+            "swap_all": lambda: plan(2 ** len(sched.units) - 1), "learned": lambda: plan(learned)}
+    step_s = side_by_side(rows, lambda: step(model, x, y), a.rounds_timed, a.steps)
+    res = {"batch": a.batch, "budget": a.budget, "rounds": sched.rounds, "learn_s": learn_s,
+           "plan": sched.plan_dict(learned), "converged_by_itself": converged,
+           "failed_plans": len(sched.failed)}
+    if dev.type == "cuda" and a.memory_limit:
+        torch.cuda.set_per_process_memory_fraction(a.memory_limit, dev)
+    for row, enter in rows.items():
         sched.hooks.reset_counts()
         if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
             torch.cuda.reset_peak_memory_stats(dev)
         with enter():
             step(model, x, y)
         if dev.type == "cuda":
-            resident = torch.cuda.max_memory_allocated(dev)
-        elif name == "save_on_cpu":
-            resident = 0  # every saved tensor was copied out
+            memory = torch.cuda.max_memory_allocated(dev)
+        elif row == "save_on_cpu":
+            memory = 0  # every saved tensor was copied out
         else:
-            resident = sched.hooks.resident_bytes
-        res[name] = {"resident_bytes": resident, "step_s": step_s[name],
-                     "time_ratio": step_s[name] / step_s["no_swap"]}
+            memory = sched.hooks.resident_bytes
+        res[row] = {"memory": memory, "step_s": step_s[row], "time_ratio": step_s[row] / step_s["no_swap"]}
         if dev.type == "cuda":
-            res[name]["largest_batch"] = largest_batch_cuda(enter, dev, model, a.batch)
-    for name in rows:
-        res[name]["resident_share"] = res[name]["resident_bytes"] / res["no_swap"]["resident_bytes"]
+            res[row]["largest_batch"] = largest_batch_cuda(enter, dev, model, make, a.batch)
+    for row in rows:
+        res[row]["memory_share"] = res[row]["memory"] / res["no_swap"]["memory"]
+    res["learned_within_budget"] = res["learned"]["memory_share"] <= a.budget
+    res["learned_vs_checkpoint_time"] = res["learned"]["step_s"] / res["checkpoint"]["step_s"]
+    sched.save(os.path.join(a.out, f"swap_q_{name}.npz"))
+    sched.hooks.remove()
+    return res, points
 
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=None,
+                   help="comma-separated: cnn, transformer, resnet50 (default: resnet50,transformer on "
+                        "CUDA, cnn,transformer on CPU)")
+    p.add_argument("--batch", type=int, default=None, help="batch size (default 128 on CUDA, 32 on CPU)")
+    p.add_argument("--budget", type=float, default=0.6, help="memory budget, share of no-swap (default 0.6)")
+    p.add_argument("--segments", type=int, default=6, help="units of a plan (default 6)")
+    p.add_argument("--rounds", type=int, default=40, help="learning rounds of the scheduler (default 40)")
+    p.add_argument("--steps", type=int, default=3, help="steps per row and timing round (default 3)")
+    p.add_argument("--rounds-timed", type=int, default=5, help="interleaved timing rounds (default 5)")
+    p.add_argument("--memory-limit", type=float, default=0.5,
+                   help="CUDA: share of the GPU's memory for the largest-batch search (default 0.5)")
+    p.add_argument("--out", default=os.path.join(REPO, "out", "bench_swap"))
+    a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    a.batch = a.batch or (128 if dev.type == "cuda" else 32)
+    models = (a.models or ("resnet50,transformer" if dev.type == "cuda" else "cnn,transformer")).split(",")
+    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip()
+    out = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "commit": commit,
+           "timing": {"rounds": a.rounds_timed, "steps": a.steps}, "models": {}}
+    points = {}
     what = "peak CUDA memory" if dev.type == "cuda" else "resident saved activations"
-    print(f"device {dev}, batch {a.batch}, w {a.w}: plan {sched.plan_dict(learned_plan)} after "
-          f"{sched.rounds} rounds ({learn_s:.1f} s)")
-    for name in rows:
-        r = res[name]
-        line = (f"  {name:<15} {what} {r['resident_bytes'] / 1e6:8.2f} MB ({100 * r['resident_share']:5.1f}%)"
-                f"   step {1e3 * r['step_s']:7.2f} ms ({r['time_ratio']:.2f}x)")
-        if "largest_batch" in r:
-            line += f"   largest batch {r['largest_batch']}"
-        print(line)
-    faster = res["learned"]["step_s"] < res["save_on_cpu"]["step_s"]
-    print(f"  learned: {100 * res['learned']['resident_share']:.1f}% of the no-swap bytes at "
-          f"{res['learned']['time_ratio']:.2f}x its step time; "
-          f"{'faster' if faster else 'not faster'} than save_on_cpu "
-          f"({res['save_on_cpu']['time_ratio']:.2f}x)")
-    sched.save(os.path.join(a.out, "swap_q.npz"))
+    for name in models:
+        res, points[name] = bench_model(name, a, dev)
+        out["models"][name] = res
+        print(f"{name}: batch {a.batch}, budget {a.budget:.0%}: learned {res['plan']} after "
+              f"{res['rounds']} rounds ({res['learn_s']:.1f} s)")
+        for row in ("no_swap", "save_on_cpu", "checkpoint", "swap_all", "learned"):
+            r = res[row]
+            line = (f"  {row:<12} {what} {r['memory'] / 1e6:9.2f} MB ({100 * r['memory_share']:5.1f}%)"
+                    f"   step {1e3 * r['step_s']:8.2f} ms ({r['time_ratio']:.2f}x)")
+            if "largest_batch" in r:
+                line += f"   largest batch {r['largest_batch']}"
+            print(line, flush=True)
+        print(f"  learned plan within the budget: {res['learned_within_budget']}; step time "
+              f"{res['learned_vs_checkpoint_time']:.2f}x checkpointing's")
     with open(os.path.join(a.out, "bench_swap.json"), "w") as f:
-        json.dump(res, f, indent=1)
-    print(f"saved {a.out}/bench_swap.json and swap_q.npz")
+        json.dump(out, f, indent=1)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4), squeeze=False)
+    for ax, name in zip(axes[0], models):
+        res = out["models"][name]
+        base = res["no_swap"]
+        ax.scatter([q["step_s"] / base["step_s"] for q in points[name]],
+                   [100 * q["memory"] / base["memory"] for q in points[name]], s=12, c="grey",
+                   label="plans measured while learning")
+        for i, row in enumerate(("no_swap", "save_on_cpu", "checkpoint", "swap_all", "learned")):
+            ax.scatter([res[row]["time_ratio"]], [100 * res[row]["memory_share"]], s=50, c=f"C{i}", label=row)
+        ax.axhline(100 * a.budget, ls="--", c="k", lw=0.8, label="budget")
+        ax.set(title=f"{name} ({out['device']})", xlabel="step time / no swap", ylabel=f"{what}, % of no swap")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(a.out, "bench_swap.png"), dpi=100)
+    print(f"saved {a.out}/bench_swap.json and .png")
     return 0
 
 

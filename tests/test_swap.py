@@ -1,12 +1,14 @@
-"""The activation-swap scheduler (issue 7): identical gradients, the Q update, epsilon-greedy
-choice, convergence on a toy reward, unswappable layer types never swapped."""
+"""The activation-swap scheduler: identical gradients, the Q update, epsilon-greedy choice,
+convergence on a toy reward, unswappable units never swapped, segments of equal bytes,
+a memory budget never exceeded by the chosen plan, running out of memory handled as a
+penalty, host buffers reused."""
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from trainer import SwapHooks, SwapScheduler
-from trainer.swap import largest_batch
+from trainer.swap import PinnedPool, SwapOutOfMemory, largest_batch, segments
 
 
 def cnn():
@@ -69,7 +71,7 @@ def test_disabled_hooks_let_an_outer_save_on_cpu_see_every_saved_tensor():
 
 
 def test_q_update_on_hand_computed_values():
-    s = SwapScheduler(cnn())
+    s = SwapScheduler(cnn(), units="types")
     s.q[3, 1], s.q[5, 2] = 1.0, 2.0
     # 1 + 0.5 * (0.5 + 0.9 * 2 - 1) = 1.65
     assert s.update(3, 1, 0.5, 5, 2) == pytest.approx(1.65)
@@ -77,7 +79,7 @@ def test_q_update_on_hand_computed_values():
 
 
 def test_epsilon_greedy_choice():
-    s = SwapScheduler(cnn(), seed=1)
+    s = SwapScheduler(cnn(), units="types", seed=1)
     s.q[0] = np.arange(s.n_actions)[::-1]  # action 0 is best
     s.epsilon = 0.0
     assert all(s.choose(0) == 0 for _ in range(20))
@@ -87,7 +89,7 @@ def test_epsilon_greedy_choice():
 
 
 def test_converges_to_the_best_plan_on_a_toy_reward():
-    s = SwapScheduler(cnn(), w=0.5, seed=0, epsilon_decay=0.97, patience=5)
+    s = SwapScheduler(cnn(), units="types", w=0.5, seed=0, epsilon_decay=0.97, patience=5)
     names = [t.__name__ for t in s.types]
     # per type: (share of memory saved, share of time added) when swapped
     effect = {"Conv2d": (0.30, 0.02), "BatchNorm2d": (0.10, 0.01), "ReLU": (0.25, 0.01),
@@ -128,7 +130,7 @@ class SparseLayer(nn.Module):
 def test_never_swaps_a_type_backward_cannot_bring_back(tmp_path):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), SparseLayer(), nn.ReLU(), nn.Linear(16, 2))
-    s = SwapScheduler(model, types=(nn.Linear, SparseLayer, nn.ReLU), seed=0, epsilon=1.0,
+    s = SwapScheduler(model, types=(nn.Linear, SparseLayer, nn.ReLU), units="types", seed=0, epsilon=1.0,
                       epsilon_decay=1.0, steps_per_round=1)
     x, y = torch.randn(32, 8), torch.randint(0, 2, (32,))
     for _ in range(40):
@@ -139,7 +141,7 @@ def test_never_swaps_a_type_backward_cannot_bring_back(tmp_path):
     k = s.types.index(SparseLayer)
     assert not s.allowed(0, k)
     s.save(str(tmp_path / "q.npz"))
-    again = SwapScheduler(model, types=(nn.Linear, SparseLayer, nn.ReLU))
+    again = SwapScheduler(model, types=(nn.Linear, SparseLayer, nn.ReLU), units="types")
     again.load(str(tmp_path / "q.npz"))
     assert np.array_equal(again.q, s.q)
 
@@ -154,3 +156,118 @@ def test_largest_batch_search_finds_the_cap_within_a_sixteenth(cap, start):
     got = largest_batch(fits, start)
     assert got <= cap and (cap == 0 and got == 0 or got >= cap * 15 / 16)
     assert len(tried) < 40
+
+
+def deep_cnn():
+    torch.manual_seed(0)
+    layers = [nn.Conv2d(1, 8, 3, padding=1), nn.ReLU()]
+    for _ in range(5):
+        layers += [nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(8 * 16 * 16, 10))
+
+
+def test_segments_cut_the_forward_into_parts_of_about_equal_bytes():
+    class M:  # modules stand-ins, in forward order
+        def __init__(self, n):
+            self.n = n
+    mods = [M(n) for n in (10, 10, 10, 10, 10, 10, 30, 10)]
+    seg = segments({m: m.n for m in mods}, 3)
+    assert [seg[m] for m in mods] == [0, 0, 0, 1, 1, 1, 2, 2]  # 30 + 30 + 40 of 100
+    assert sorted(set(segments({m: m.n for m in mods}, 8).values())) == list(range(7))
+
+
+def test_segment_plans_swap_their_part_and_keep_gradients_identical():
+    x = torch.randn(8, 1, 16, 16, generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, 10, (8,), generator=torch.Generator().manual_seed(2))
+    plain = grads(deep_cnn(), x, y, False)
+    model = deep_cnn()
+    s = SwapScheduler(model, segments=4, steps_per_round=1)
+
+    def step():
+        model.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+    s.run(step)  # the first step measures the segments, with nothing swapped
+    assert s.hooks.swapped_bytes == 0 and list(s.measured) == [0] and len(s.plan_dict()) == 4
+    total = s.hooks.resident_bytes
+    by_unit = {}
+    for m, n in s.hooks.saved_by.items():
+        by_unit[s.hooks.unit_of[m]] = by_unit.get(s.hooks.unit_of[m], 0) + n
+    assert set(by_unit) == {0, 1, 2, 3} and max(by_unit.values()) < 0.5 * sum(by_unit.values())
+    s.converged = True  # plans by hand from here
+    for plan in (0b0001, 0b1000, 0b1111):
+        s.plan = plan
+        s.apply_plan()
+        s.run(step)
+        assert [p.grad for p in model.parameters()] and all(
+            torch.equal(p.grad, g) for p, g in zip(model.parameters(), plain))
+        assert 0 < s.hooks.swapped_bytes <= total
+    assert s.hooks.resident_bytes + s.hooks.swapped_bytes == total
+
+
+def test_budget_chooses_the_fastest_plan_within_it_and_never_one_over_it():
+    s = SwapScheduler(deep_cnn(), budget=0.6, segments=4, seed=0, epsilon_decay=0.95, patience=6)
+    s._profiled = True
+    # per segment: (share of memory saved, share of time added) when swapped
+    effect = [(0.35, 0.30), (0.25, 0.05), (0.20, 0.04), (0.20, 0.20)]
+
+    def measure(plan):
+        on = [effect[i] for i in range(4) if plan >> i & 1]
+        return 1.0 + sum(e[1] for e in on), 1.0 - sum(e[0] for e in on)
+
+    for _ in range(400):
+        s.observe(*measure(s.plan))
+        if s.converged:
+            break
+    fits = [p for p in range(16) if measure(p)[1] <= 0.6 + 1e-9]
+    fastest = min(fits, key=lambda p: measure(p)[0])
+    assert s.converged and s.within_budget(measure(s.plan)[1])
+    assert s.plan == fastest == 0b0110  # segments 1 and 2: 45% saved for 9% more time
+    assert all(s.within_budget(m) for p, (t, m) in s.measured.items() if p == s.best[1])
+
+
+def test_a_plan_that_runs_out_of_memory_is_penalised_and_the_step_repeated():
+    model = deep_cnn()
+    s = SwapScheduler(model, segments=4, steps_per_round=1, seed=0)
+    x, y = torch.randn(4, 1, 16, 16), torch.randint(0, 10, (4,))
+    ran = []
+
+    def step():
+        ran.append(s.plan)
+        model.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+    s.run(step)  # measures the segments and the baseline
+
+    def no_host_memory(t):
+        raise SwapOutOfMemory("pinned memory exhausted (test)")
+    s.hooks.pool.take = no_host_memory
+    s._prev_plan, s._action, s.plan = 0, 0, 0b0001  # as if the learner had just flipped segment 0
+    s.apply_plan()
+    s.run(step)  # must not raise
+    assert ran[-2:] == [0b0001, 0] and 0b0001 in s.failed
+    assert s.q[0, 0] < -1 and not s.allowed(0, 0)  # penalised, never tried again
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_host_buffers_are_reused_from_step_to_step():
+    pool = PinnedPool(pin=False)
+    a = torch.randn(3, 5)
+    h1 = pool.take(a)
+    assert h1.shape == a.shape and h1.dtype == a.dtype and pool.bytes == 60
+    pool.release_all()
+    h2 = pool.take(a)
+    assert h2.data_ptr() == h1.data_ptr() and pool.bytes == 60
+    h3 = pool.take(a)  # a second tensor of the size in the same step: a new buffer
+    assert h3.data_ptr() != h2.data_ptr() and pool.bytes == 120
+
+    model = deep_cnn()
+    s = SwapScheduler(model, segments=2, steps_per_round=1)
+    x, y = torch.randn(4, 1, 16, 16), torch.randint(0, 10, (4,))
+    s.run(lambda: nn.functional.cross_entropy(model(x), y).backward())
+    s.converged = True
+    s.plan = 0b11
+    s.apply_plan()
+    held = []
+    for _ in range(3):
+        s.run(lambda: nn.functional.cross_entropy(model(x), y).backward())
+        held.append(s.hooks.pool.bytes)
+    assert held[0] == s.hooks.swapped_bytes > 0 and held == [held[0]] * 3

@@ -1,83 +1,158 @@
-"""Learn which saved activations to swap from accelerator memory to CPU memory (Q-learning).
+"""Learn which saved activations to swap from accelerator memory to CPU memory (Q-learning),
+within a memory budget.
 
 Swapping (SwapHooks): while a module of a chosen layer type runs its forward, the tensors
 autograd saves for backward go through torch.autograd.graph.saved_tensors_hooks. For a
-type the plan swaps, each such tensor is copied to CPU memory (pinned, non-blocking on
-CUDA) and the device copy is released; backward brings it back. On CUDA the copy back is
-started ahead of time on a side stream: when backward unpacks a swapped tensor, the one
-packed just before it (the next that backward will need) is already coming back.
-Parameters are never swapped (they stay resident anyway), nor are tensors that cannot make
-the round trip (not dense/strided): a layer type that saves such a tensor is marked
-unswappable and the scheduler never swaps it. Gradients are identical with and without
-swapping (the bytes are the same).
+unit the plan swaps, each such tensor is copied to a host buffer as soon as it is saved
+(on CUDA: pinned, on a side stream that waits for the compute stream, so the copy
+overlaps the forward that follows) and the device copy is released once the copy is done;
+backward brings it back. The host buffers come from a pool (PinnedPool) reused from step
+to step, not allocated per tensor. On CUDA the copy back runs ahead on the side stream:
+when backward unpacks a swapped tensor, the one packed just before it (the next that
+backward will need) starts coming back. Parameters are never swapped, nor are tensors
+that cannot make the round trip (not dense/strided): their unit is marked unswappable.
+Gradients are identical with and without swapping (the bytes are the same).
 
-Memory accounting works everywhere: SwapHooks counts the bytes of saved tensors that stay
-resident and those swapped in each step; on CUDA the scheduler uses
-torch.cuda.max_memory_allocated instead.
+Units. Whole layer types are too coarse on a GPU: every Conv2d input of ResNet-50 is
+gigabytes, more than a step's compute can hide on the host link. The default unit is a
+segment of the forward: the modules of the chosen types in forward order, cut into K
+(default 6) contiguous parts of about equal saved bytes, measured in the first step. A
+segment's tensors are saved at one time and needed back at another, so which segments to
+swap is a choice between how much each saves and how much compute lies between its
+forward and its backward to hide the transfers. 2^K plans: small enough to learn in tens
+of rounds. `units="types"` keeps one unit per layer type.
 
-The scheduler (SwapScheduler). A plan is one bit per layer type (1: swap); an action flips
-one type's bit (or keeps the plan: action T). Each round (`steps_per_round` training steps)
-measures the mean step time and peak memory of the current plan; with t and m normalised
-by the no-swap plan's (lower is better), the reward is
-    r = 1 + r_time + w * (r_mem - r_time),   r_time = -t / t0,  r_mem = -m / m0
-(the +1 makes the no-swap plan score 0)
-and the Q table over (plan, action) is updated on-policy:
-    Q(s, a) <- Q(s, a) + alpha * (r + gamma * Q(s', a') - Q(s, a))
-with a' the next action, chosen epsilon-greedily (epsilon decays per round). The plan has
-converged when the greedy action has been "keep" for `patience` rounds; from then on the
-best plan found is used without exploring. The Q table saves to and loads from disk, so a
-later run (or a pre-training pass on a subset, `pretrain`) starts from what was learned.
+The scheduler (SwapScheduler). A plan is one bit per unit (1: swap); an action flips one
+unit's bit (or keeps the plan). Each round (`steps_per_round` steps) measures the median
+step time t and the peak memory m of the current plan (CUDA: max_memory_allocated; else
+the hooks' count of the saved bytes that stay resident). With a budget B (bytes, or a
+share of the no-swap plan's memory m0), the reward is 1 - t / t0 for a plan within B and
+1 + (m - B) / m0 less for one over it: every plan within the budget beats every plan over
+it. Without a budget, the w trade-off: r = 1 + r_time + w (r_mem - r_time), r_time =
+-t / t0, r_mem = -m / m0. The Q table over (plan, action) is updated on-policy,
+    Q(s, a) <- Q(s, a) + alpha * (r + gamma * Q(s', a') - Q(s, a)),
+with a' chosen epsilon-greedily (alpha 0.5, gamma 0.9, epsilon decaying per round). The
+plan has converged when the greedy action has been "keep" for `patience` rounds; then the
+fastest plan measured within the budget is used (never one over it; if none was within,
+the one with the least memory). A plan that runs out of memory (device, or pinned host
+memory) is penalised and never tried again, and `run()` repeats the step with the best
+plan so far. The Q table saves to and loads from disk.
 
-    sched = SwapScheduler(model, w=0.5)
+    sched = SwapScheduler(model, budget=0.6, device="cuda")
     for x, y in loader:
-        with sched.step():                    # times the step, applies the plan
-            loss = criterion(model(x), y)
-            loss.backward()
+        sched.run(lambda: criterion(model(x), y).backward())   # plan applied, measured
         opt.step(); opt.zero_grad()
     sched.save("swap_q.npz")
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 
 import numpy as np
 import torch
 from torch import nn
 
+log = logging.getLogger("trainer.swap")
+
 DEFAULT_TYPES = (nn.Conv2d, nn.BatchNorm2d, nn.ReLU, nn.Linear, nn.MaxPool2d,
                  nn.MultiheadAttention, nn.LayerNorm, nn.GELU)
 
 
+class SwapOutOfMemory(RuntimeError):
+    """A host buffer for a swapped tensor could not be allocated (pinned memory exhausted)."""
+
+
+def is_oom(e: BaseException) -> bool:
+    """Whether e means "out of memory", on the device or for a pinned host buffer (CUDA
+    reports the latter as a plain AcceleratorError / RuntimeError)."""
+    return (isinstance(e, SwapOutOfMemory) or type(e).__name__ == "OutOfMemoryError"
+            or isinstance(e, RuntimeError) and "out of memory" in str(e))
+
+
+class PinnedPool:
+    """Host buffers for swapped tensors, reused from step to step (a training step swaps the
+    same sizes every time): `take(x)` hands out a buffer shaped like x (pinned when `pin`),
+    `release_all()` returns every buffer, at the start of a step, when the previous step's
+    transfers are done. A failed allocation raises SwapOutOfMemory."""
+
+    def __init__(self, pin: bool):
+        self.pin = pin
+        self._free: dict[int, list] = {}
+        self._used: list = []
+        self.bytes = 0  # held, in use or free
+
+    def take(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.numel() * x.element_size()
+        free = self._free.get(n)
+        if free:
+            buf = free.pop()
+        else:
+            try:
+                buf = torch.empty(n, dtype=torch.uint8, pin_memory=self.pin)
+            except RuntimeError as e:
+                raise SwapOutOfMemory(f"no host buffer of {n} bytes for a swapped tensor: {e}") from e
+            self.bytes += n
+        self._used.append((n, buf))
+        return buf.view(x.dtype).view(x.shape)
+
+    def release_all(self) -> None:
+        for n, buf in self._used:
+            self._free.setdefault(n, []).append(buf)
+        self._used.clear()
+
+    def clear(self) -> None:
+        self.release_all()
+        self._free.clear()
+        self.bytes = 0
+
+
 class SwapHooks:
-    """Applies a plan ({layer type: swap?}) to a model's forward passes and counts bytes."""
+    """Applies a plan ({unit: swap?}) to a model's forward passes and counts bytes.
+
+    A unit is a layer type (the default) or any key `set_units` maps modules to (the
+    scheduler's segments of the forward). Per step it records the bytes each module saves
+    and the order in which modules first save (the forward's order)."""
 
     def __init__(self, model: nn.Module, types):
         self.types = list(types)
+        self.unit_of = {m: type(m) for m in model.modules() if type(m) in self.types}
         self.swap = {t: False for t in self.types}
         self.unswappable: set = set()
         self.params = {p.data_ptr() for p in model.parameters()}
         self.resident_bytes = self.swapped_bytes = 0
+        self.saved_by: dict = {}  # module -> bytes saved this step, in first-save order
+        self.pool = PinnedPool(pin=next(model.parameters(), torch.empty(0)).is_cuda)
         # False: the hooks step aside entirely (no saved_tensors_hooks of their own), so an
         # outer context such as torch.autograd.graph.save_on_cpu sees every saved tensor.
         self.enabled = True
+        self.skip: set = set()  # modules whose hooks step aside (e.g. inside a checkpoint)
         self._stack: list = []
         self._pending: list = []  # swapped items in pack order (CUDA read-ahead)
         self._side = None
         self._handles = []
-        for m in model.modules():
-            t = type(m)
-            if t in self.swap:
-                self._handles.append(m.register_forward_pre_hook(self._enter(t)))
-                self._handles.append(m.register_forward_hook(self._exit))
+        for m in self.unit_of:
+            self._handles.append(m.register_forward_pre_hook(self._enter(m)))
+            self._handles.append(m.register_forward_hook(self._exit))
+        # around the whole forward: counts what is saved outside the hooked modules (the
+        # loss, a custom Function's saves), so resident_bytes is every saved byte
+        self._handles.append(model.register_forward_pre_hook(self._enter(None)))
+        self._handles.append(model.register_forward_hook(self._exit))
 
-    def _enter(self, t):
+    def set_units(self, unit_of: dict) -> None:
+        """Map modules to units (those left out are never swapped); swap nothing."""
+        self.unit_of = {m: unit_of.get(m) for m in self.unit_of}
+        self.swap = {u: False for u in set(unit_of.values())}
+        self.unswappable = set()
+
+    def _enter(self, m):
         def hook(module, args):
-            if not self.enabled:
+            if not self.enabled or module in self.skip:
                 self._stack.append(None)
                 return
             ctx = torch.autograd.graph.saved_tensors_hooks(
-                lambda x: self._pack(t, x), self._unpack)
+                lambda x: self._pack(m, x), self._unpack)
             ctx.__enter__()
             self._stack.append(ctx)
         return hook
@@ -92,29 +167,55 @@ class SwapHooks:
             h.remove()
 
     def reset_counts(self) -> None:
+        """Start of a step: counts to zero, host buffers back to the pool (the caller has
+        synchronised: the last step's transfers are done)."""
         self.resident_bytes = self.swapped_bytes = 0
+        self.saved_by = {}
         self._pending.clear()
+        self.pool.release_all()
 
     # ---- pack / unpack -------------------------------------------------------------------
-    def _pack(self, t, x):
+    def _pack(self, m, x):
+        if x.layout == torch.strided and x.data_ptr() in self.params:  # resident anyway
+            return ("keep", x)
         nbytes = x.numel() * x.element_size()
+        if m is None:  # saved outside the hooked modules: counted, kept
+            self.resident_bytes += nbytes
+            return ("keep", x)
+        self.saved_by[m] = self.saved_by.get(m, 0) + nbytes
+        unit = self.unit_of.get(m)
         if x.layout != torch.strided:
-            self.unswappable.add(t)  # cannot make the round trip: this type stays resident
+            self.unswappable.add(unit)  # cannot make the round trip: this unit stays resident
             self.resident_bytes += nbytes
             return ("keep", x)
-        if not self.swap[t] or t in self.unswappable or x.data_ptr() in self.params:
+        if not self.swap.get(unit) or unit in self.unswappable:
             self.resident_bytes += nbytes
             return ("keep", x)
+        host = self.pool.take(x)
         self.swapped_bytes += nbytes
-        if x.device.type == "cuda":
-            host = torch.empty(x.size(), dtype=x.dtype, layout=x.layout, pin_memory=True)
-            host.copy_(x, non_blocking=True)
-        else:  # CPU-only: the copy stands in for the transfer (same bytes, same cost shape)
-            host = x.detach().clone()
         item = {"host": host, "device": x.device, "back": None, "event": None}
-        if x.device.type == "cuda":
+        if x.device.type == "cuda":  # device to host on the side stream, as soon as saved
+            side = self._side_stream(x.device)
+            side.wait_stream(torch.cuda.current_stream(x.device))
+            with torch.cuda.stream(side):
+                host.copy_(x, non_blocking=True)
+            x.record_stream(side)  # its memory is not reused before the copy is done
             self._pending.append(item)  # for the read-ahead in backward; dropped when unpacked
+        else:  # CPU-only: the copy stands in for the transfer (same bytes, same cost shape)
+            host.copy_(x)
         return ("swap", item)
+
+    def _side_stream(self, device):
+        if self._side is None:
+            self._side = torch.cuda.Stream(device=device)
+        return self._side
+
+    def _bring_back(self, item) -> None:
+        """Host to device on the side stream (after the item's own device-to-host copy)."""
+        with torch.cuda.stream(self._side):
+            item["back"] = item["host"].to(item["device"], non_blocking=True)
+            item["event"] = torch.cuda.Event()
+            item["event"].record(self._side)
 
     def _unpack(self, packed):
         kind, item = packed
@@ -123,9 +224,10 @@ class SwapHooks:
         if item["device"].type != "cuda":
             return item["host"]
         if item["back"] is None:
-            item["back"] = item["host"].to(item["device"], non_blocking=True)
-        else:
-            torch.cuda.current_stream().wait_event(item["event"])
+            self._bring_back(item)
+        current = torch.cuda.current_stream(item["device"])
+        current.wait_event(item["event"])
+        item["back"].record_stream(current)
         self._prefetch_before(item)
         return item["back"]
 
@@ -140,30 +242,55 @@ class SwapHooks:
         if k == 0:
             return
         prev = self._pending[k - 1]
-        if prev["back"] is not None:
-            return
-        if self._side is None:
-            self._side = torch.cuda.Stream(device=prev["device"])
-        with torch.cuda.stream(self._side):
-            prev["back"] = prev["host"].to(prev["device"], non_blocking=True)
-            prev["event"] = torch.cuda.Event()
-            prev["event"].record(self._side)
+        if prev["back"] is None:
+            self._bring_back(prev)
+
+
+def segments(saved_by: dict, k: int) -> dict:
+    """{module: segment} for k contiguous segments of the forward (saved_by's order) with
+    about equal saved bytes each (no segment skipped; the last may stay empty)."""
+    total = sum(saved_by.values()) or 1
+    out, acc, prev = {}, 0, -1
+    for m, n in saved_by.items():
+        prev = out[m] = min(k - 1, prev + 1, int(k * (acc + n / 2) / total))  # no empty one between
+        acc += n
+    return out
 
 
 class SwapScheduler:
-    """Learns a swap plan over the layer types present in model (see the module docstring)."""
+    """Learns a swap plan for model (see the module docstring).
 
-    def __init__(self, model: nn.Module, types=DEFAULT_TYPES, *, w: float = 0.5,
+    units: "segments" (default): the modules of the chosen types, in forward order, split
+    into `segments` contiguous parts of about equal saved bytes (measured in the first
+    step); "types": one unit per layer type. budget: the most memory a chosen plan may use,
+    in bytes, or as a share of the no-swap plan's (a float <= 1); None: the w trade-off.
+    """
+
+    def __init__(self, model: nn.Module, types=DEFAULT_TYPES, *, budget: float | None = None,
+                 units: str = "segments", segments: int = 6, w: float = 0.5,
                  alpha: float = 0.5, gamma: float = 0.9, epsilon: float = 0.5,
                  epsilon_decay: float = 0.9, epsilon_min: float = 0.02, steps_per_round: int = 2,
                  patience: int = 5, seed: int = 0, device=None):
         if not 0.0 <= w <= 1.0:
             raise ValueError(f"w must lie in [0, 1], got {w}")
+        if budget is not None and budget <= 0:
+            raise ValueError(f"budget must be positive (bytes, or a share <= 1), got {budget}")
+        if units not in ("segments", "types"):
+            raise ValueError(f"units must be 'segments' or 'types', got {units!r}")
         present = {type(m) for m in model.modules()}
         self.types = [t for t in types if t in present]
         self.hooks = SwapHooks(model, self.types)
-        self.n_actions = len(self.types) + 1  # flip type i, or keep the plan
-        self.q = np.zeros((2 ** len(self.types), self.n_actions))
+        self.unit_kind = units
+        if units == "segments":
+            self.units = list(range(max(1, segments)))
+            self.hooks.set_units({})  # nothing swappable until the first step has measured
+            self._profiled = False
+        else:
+            self.units = list(self.types)
+            self._profiled = True
+        self.n_actions = len(self.units) + 1  # flip unit i, or keep the plan
+        self.q = np.zeros((2 ** len(self.units), self.n_actions))
+        self.budget = budget
         self.w, self.alpha, self.gamma = w, alpha, gamma
         self.epsilon, self.epsilon_decay, self.epsilon_min = epsilon, epsilon_decay, epsilon_min
         self.steps_per_round, self.patience = steps_per_round, patience
@@ -171,7 +298,10 @@ class SwapScheduler:
         self.device = device
         self.plan = 0
         self.baseline: tuple[float, float] | None = None  # (t0, m0) of the no-swap plan
-        self.best: tuple[float, int] | None = None         # (reward, plan)
+        self.best: tuple[float, int] | None = None         # (reward, plan), within the budget
+        self.lowest: tuple[float, int] | None = None       # (memory, plan): if none is within
+        self.measured: dict[int, tuple[float, float]] = {}  # plan -> (step s, memory), last
+        self.failed: set[int] = set()                       # plans that ran out of memory
         self.converged = False
         self.rounds = 0
         self._kept = 0
@@ -182,24 +312,30 @@ class SwapScheduler:
         self.apply_plan()
 
     # ---- plans ---------------------------------------------------------------------------
+    def unit_name(self, u) -> str:
+        return u.__name__ if isinstance(u, type) else f"segment {u}"
+
     def plan_dict(self, plan: int | None = None) -> dict:
         plan = self.plan if plan is None else plan
-        return {t.__name__: bool(plan >> i & 1) for i, t in enumerate(self.types)}
+        return {self.unit_name(u): bool(plan >> i & 1) for i, u in enumerate(self.units)}
 
     def apply_plan(self) -> None:
         """Set the hooks to the current plan (after `plan` was changed by hand)."""
-        for i, t in enumerate(self.types):
-            self.hooks.swap[t] = bool(self.plan >> i & 1) and t not in self.hooks.unswappable
+        for i, u in enumerate(self.units):
+            self.hooks.swap[u] = bool(self.plan >> i & 1) and u not in self.hooks.unswappable
 
     def allowed(self, plan: int, action: int) -> bool:
-        """An action may not turn on swapping for a type marked unswappable."""
-        if action == len(self.types):
+        """An action may not turn on swapping for a unit marked unswappable, nor lead to a
+        plan that ran out of memory."""
+        if action == len(self.units):
             return True
-        t = self.types[action]
-        return not (t in self.hooks.unswappable and not plan >> action & 1)
+        u = self.units[action]
+        if u in self.hooks.unswappable and not plan >> action & 1:
+            return False
+        return self.next_plan(plan, action) not in self.failed
 
     def next_plan(self, plan: int, action: int) -> int:
-        return plan if action == len(self.types) else plan ^ (1 << action)
+        return plan if action == len(self.units) else plan ^ (1 << action)
 
     def choose(self, plan: int) -> int:
         """Epsilon-greedy over the allowed actions."""
@@ -214,47 +350,103 @@ class SwapScheduler:
         self.q[s, a] += self.alpha * (r + self.gamma * self.q[s2, a2] - self.q[s, a])
         return float(self.q[s, a])
 
+    def budget_bytes(self) -> float | None:
+        if self.budget is None or self.baseline is None:
+            return None
+        return self.budget * self.baseline[1] if self.budget <= 1 else float(self.budget)
+
+    def within_budget(self, m: float) -> bool:
+        limit = self.budget_bytes()
+        return limit is None or m <= limit
+
     def reward(self, t: float, m: float) -> float:
-        """r_time + w (r_mem - r_time), shifted by +1 so the no-swap plan scores 0 and a
-        better plan scores above it (unvisited actions, at Q = 0, then are not preferred
-        over a known improvement)."""
+        """With a budget: 1 - t / t0 for a plan within it (the no-swap plan, if within,
+        scores 0; slower plans less), and 1 + (m - budget) / m0 less for one over it, so
+        every plan within the budget beats every plan over it and, over it, less memory
+        scores more. Without: r_time + w (r_mem - r_time) + 1, r_time = -t / t0,
+        r_mem = -m / m0."""
         t0, m0 = self.baseline
+        if self.budget is not None:
+            r = 1.0 - t / t0
+            limit = self.budget_bytes()
+            return r if m <= limit else r - 1.0 - (m - limit) / max(m0, 1.0)
         r_time, r_mem = -t / t0, -m / max(m0, 1.0)
         return 1.0 + r_time + self.w * (r_mem - r_time)
 
     # ---- measuring -----------------------------------------------------------------------
+    def _cuda(self) -> bool:
+        return self.device is not None and torch.device(self.device).type == "cuda"
+
     def _memory(self) -> float:
-        if self.device is not None and torch.device(self.device).type == "cuda":
+        if self._cuda():
             return float(torch.cuda.max_memory_allocated(self.device))
         return float(self.hooks.resident_bytes)
 
     @contextlib.contextmanager
     def step(self):
         """Wrap one training step (forward + backward): applies the plan, measures."""
-        self.hooks.reset_counts()
-        cuda = self.device is not None and torch.device(self.device).type == "cuda"
+        cuda = self._cuda()
         if cuda:
-            torch.cuda.reset_peak_memory_stats(self.device)
             torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.hooks.reset_counts()
         t0 = time.perf_counter()
         yield self
         if cuda:
             torch.cuda.synchronize(self.device)
         self._times.append(time.perf_counter() - t0)
         self._mems.append(self._memory())
+        if not self._profiled:  # the first step, with nothing swapped: cut the segments
+            self.hooks.set_units(segments(self.hooks.saved_by, len(self.units)))
+            self._profiled = True
+            self.apply_plan()
         if len(self._times) >= self.steps_per_round:
             self.observe(float(np.median(self._times)), float(np.max(self._mems)))
             self._times.clear()
             self._mems.clear()
+
+    def run(self, fn, *args):
+        """One training step fn(*args) (forward + backward) under the plan, measured. If it
+        runs out of memory (device, or pinned host buffers for the swap), the plan is
+        penalised, never tried again, and the step runs again with the best plan so far (or
+        none): a plan that does not fit costs one step, never the training."""
+        try:
+            with self.step():
+                return fn(*args)
+        except Exception as e:
+            if not is_oom(e):
+                raise
+            self.out_of_memory(e)
+        with self.step():
+            return fn(*args)
+
+    def out_of_memory(self, error=None) -> None:
+        """The current plan ran out of memory: penalise it, fall back."""
+        self._times.clear()
+        self._mems.clear()
+        self.hooks.reset_counts()
+        self.hooks.pool.clear()
+        if self._cuda():
+            torch.cuda.empty_cache()
+        self.failed.add(self.plan)
+        if self._action is not None:
+            self.q[self._prev_plan, self._action] += self.alpha * (-10.0 - self.q[self._prev_plan, self._action])
+        self._action = None
+        self.plan = self.best[1] if self.best is not None else 0
+        self.apply_plan()
+        log.warning("swap plan ran out of memory (%s): back to %s", error, self.plan_dict())
 
     def observe(self, t: float, m: float) -> None:
         """End of a round with the current plan's step time t and memory m: learn, move."""
         self.rounds += 1
         if self.baseline is None:  # the first round runs the no-swap plan: the reference
             self.baseline = (t, m)
+        self.measured[self.plan] = (t, m)
         r = self.reward(t, m)
-        if self.best is None or r > self.best[0]:
+        if self.within_budget(m) and (self.best is None or r > self.best[0]):
             self.best = (r, self.plan)
+        if self.lowest is None or m < self.lowest[0]:
+            self.lowest = (m, self.plan)
         if self.converged:
             return
         if self._action is None:
@@ -264,7 +456,7 @@ class SwapScheduler:
             self.update(self._prev_plan, self._action, r, self.plan, a2)
             self._action = a2
         self.epsilon = max(self.epsilon_min, self.epsilon * self.epsilon_decay)
-        greedy_keep = int(np.argmax(self.q[self.plan])) == len(self.types) and self.q[self.plan].any()
+        greedy_keep = int(np.argmax(self.q[self.plan])) == len(self.units) and self.q[self.plan].any()
         self._kept = self._kept + 1 if greedy_keep else 0
         if self._kept >= self.patience:
             self.use_best()
@@ -273,11 +465,17 @@ class SwapScheduler:
         self.plan = self.next_plan(self.plan, self._action)
         self.apply_plan()
 
-    def use_best(self) -> None:
-        """Stop learning and use the best plan measured so far."""
-        self.converged = True
+    def chosen(self) -> int:
+        """The plan to train with: the best measured within the budget, else the one with
+        the least memory measured."""
         if self.best is not None:
-            self.plan = self.best[1]
+            return self.best[1]
+        return self.lowest[1] if self.lowest is not None else 0
+
+    def use_best(self) -> None:
+        """Stop learning and use the chosen plan."""
+        self.converged = True
+        self.plan = self.chosen()
         self.apply_plan()
 
     def pretrain(self, step_fn, batches, rounds: int = 30) -> int:
@@ -285,22 +483,21 @@ class SwapScheduler:
         (and may skip the optimizer); returns the plan reached."""
         k = 0
         while self.rounds < rounds and not self.converged:
-            with self.step():
-                step_fn(batches[k % len(batches)])
+            self.run(step_fn, batches[k % len(batches)])
             k += 1
         return self.plan
 
     # ---- persistence ---------------------------------------------------------------------
     def save(self, path: str) -> None:
-        np.savez(path, q=self.q, types=np.array([t.__name__ for t in self.types]),
+        np.savez(path, q=self.q, types=np.array([self.unit_name(u) for u in self.units]),
                  plan=self.plan, best_plan=-1 if self.best is None else self.best[1])
 
     def load(self, path: str) -> None:
         with np.load(path) as z:
             names = [str(n) for n in z["types"]]
-            if names != [t.__name__ for t in self.types]:
-                raise ValueError(f"Q table is for layer types {names}, this model has "
-                                 f"{[t.__name__ for t in self.types]}")
+            mine = [self.unit_name(u) for u in self.units]
+            if names != mine:
+                raise ValueError(f"Q table is for units {names}, this scheduler has {mine}")
             self.q = z["q"].copy()
             self.plan = int(z["plan"])
         self.apply_plan()
