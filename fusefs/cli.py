@@ -158,8 +158,8 @@ def cmd_umount(a) -> int:
 
 
 def _read_stats(mnt: str) -> dict:
-    with open(os.path.join(mnt, ".fusefs", "stats")) as f:
-        return json.load(f)
+    from .client import mount_stats
+    return mount_stats(mnt)
 
 
 def _watch(mnt: str, interval: float) -> int:

@@ -17,11 +17,12 @@ import stat
 from dataclasses import dataclass
 from typing import Callable
 
+from . import client
+from .client import MAX_RANKS
 from .entries import Attr, FsError, OpenResult
 
 FH_BASE = 1 << 62  # control handles live far above every inode number
 MAX_WRITE = 256 << 20
-MAX_RANKS = 64     # order.0 .. order.63
 FILES = 3 + MAX_RANKS  # stats, ids, chunks and the order files: the inodes the namespace takes
 
 
@@ -52,7 +53,7 @@ class ControlFile:
 class StatsFile(ControlFile):
     """`.fusefs/stats`: the daemon's counters as JSON."""
 
-    name = b"stats"
+    name = client.STATS.encode()
 
     def __init__(self, hooks: ControlHooks):
         self.hooks = hooks
@@ -64,7 +65,7 @@ class StatsFile(ControlFile):
 class IdsFile(ControlFile):
     """`.fusefs/ids`: every sample's relative path, NUL-terminated; line k is id k."""
 
-    name = b"ids"
+    name = client.IDS.encode()
 
     def __init__(self, hooks: ControlHooks):
         self.hooks = hooks
@@ -77,7 +78,7 @@ class ChunksFile(ControlFile):
     """`.fusefs/chunks`: the chunk that holds each sample, u32 little-endian per id (for
     chunk-block orders, trainer/orders.py)."""
 
-    name = b"chunks"
+    name = client.CHUNKS.encode()
 
     def __init__(self, hooks: ControlHooks):
         self.hooks = hooks
@@ -96,7 +97,7 @@ class OrderFile(ControlFile):
     def __init__(self, hooks: ControlHooks, rank: int):
         self.hooks = hooks
         self.rank = rank
-        self.name = f"order.{rank}".encode()
+        self.name = client.order_name(rank).encode()
         self.listed = False
         self.current = b""
 
@@ -126,7 +127,7 @@ class ControlNamespace:
         self.files += [OrderFile(hooks, rank) for rank in range(MAX_RANKS)]
         assert len(self.files) == FILES
         self._slots = {f.name: slot for slot, f in enumerate(self.files)}
-        self._slots[b"order"] = self._slots[b"order.0"]
+        self._slots[client.ORDER.encode()] = self._slots[client.order_name(0).encode()]
         self._handles: dict[int, _Handle] = {}
         self._next_fh = FH_BASE
 
@@ -164,7 +165,8 @@ class ControlNamespace:
         return self.dir_attr() if ino == self.base else self._attr(self._slot(ino))
 
     def readdir(self, start: int):
-        entries = [(b"order", self._slots[b"order"])] + [
+        order = client.ORDER.encode()
+        entries = [(order, self._slots[order])] + [
             (f.name, slot) for slot, f in enumerate(self.files) if f.listed]
         for pos in range(start, len(entries)):
             name, slot = entries[pos]

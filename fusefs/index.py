@@ -30,12 +30,14 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
+from .client import CONTROL
+
 log = logging.getLogger("fusefs")
 
 MAGIC = b"FUSEFSIX"
 VERSION = 1
 INDEX_NAME = "index.fusefs"
-CONTROL_NAME = b".fusefs"  # the mount's hidden control folder: no packed entry at the root may use it
+CONTROL_NAME = CONTROL.encode()  # the mount's hidden control folder: no packed entry at the root may use it
 _HEAD = struct.Struct("<8sIIQQ")
 _ALIGN = 64
 

@@ -38,7 +38,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from trainer import SwapScheduler  # noqa: E402
-from trainer.swap import is_oom, largest_batch  # noqa: E402
+from trainer.accel.swap import is_oom, largest_batch  # noqa: E402
 
 
 # ---- models: (model, the blocks to checkpoint, a batch maker) ---------------------------

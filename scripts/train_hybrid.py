@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_importance import small_cnn  # noqa: E402
 
 from trainer import HybridTrainer  # noqa: E402
-from trainer.hybrid import default_cpu_threads  # noqa: E402
+from trainer.accel.hybrid import default_cpu_threads  # noqa: E402
 
 
 def resnet18_cifar(classes: int) -> nn.Module:

@@ -17,7 +17,7 @@ from fusefs.mount import running_mount
 from trainer import HintedSampler, write_order
 from trainer.hints import mount_ids, mount_stats
 
-from conftest import read_tree
+from conftest import REPO, read_tree
 
 
 class Paths(list):
@@ -113,6 +113,30 @@ def test_bad_order_fails_fsync_with_einval_and_the_old_one_stays(tricky, tmp_pat
         assert "unknown sample id 99999" in log_text and "unknown sample id 99998" in log_text
         assert mount_stats(mnt)["orders_refused"] == 6
         assert read_tree(mnt) == read_tree(tricky[0])  # still serving
+
+
+def test_write_order_and_the_stats_need_no_torch(tricky, tmp_path):
+    """`import trainer; trainer.write_order(...)` in a Python where torch cannot be imported
+    (sys.modules["torch"] = None makes every `import torch` fail): the client side is numpy
+    only, and the accelerator methods are not loaded."""
+    mnt = str(tmp_path / "mnt")
+    with running_mount(tricky[1], mnt):
+        paths = sorted(os.path.join(mnt, p) for p, data in read_tree(mnt).items() if data is not None)[:3]
+        script = (
+            "import sys; sys.modules['torch'] = None\n"
+            "import trainer\n"
+            f"ids = trainer.paths_to_ids({paths!r})\n"
+            f"trainer.write_order({mnt!r}, ids[::-1], epoch=7)\n"
+            f"print(trainer.mount_stats({mnt!r})['plans']['0']['epoch'], ids[::-1].tolist())\n"
+            "assert 'torch' not in [m.split('.')[0] for m in sys.modules if sys.modules[m] is not None]\n"
+            "try:\n    trainer.HintedSampler\nexcept ImportError:\n    print('no sampler without torch')\n")
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             cwd=REPO, timeout=120)
+        assert out.returncode == 0, out.stderr
+        epoch, ids = out.stdout.splitlines()[0].split(" ", 1)
+        assert epoch == "7" and orderfmt.parse(open(os.path.join(mnt, ".fusefs", "order"), "rb").read(),
+                                               10**6).ids.tolist() == eval(ids)
+        assert out.stdout.splitlines()[1] == "no sampler without torch"
 
 
 def test_an_order_committed_by_close_alone_takes_effect(tricky, tmp_path):

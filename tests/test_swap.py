@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from trainer import SwapHooks, SwapScheduler
-from trainer.swap import PinnedPool, SwapOutOfMemory, largest_batch, segments
+from trainer.accel.swap import PinnedPool, SwapOutOfMemory, largest_batch, segments
 
 
 def cnn():

@@ -11,8 +11,8 @@ Two-line change to a training script:
 
 The sampler yields exactly the indices torch's RandomSampler (seeded with seed + epoch)
 or DistributedSampler (same seed, epoch, shuffle, drop_last, padding) would, and before
-yielding them writes the matching mount ids to `MNT/.fusefs/order.<rank>`. Only the
-standard library, numpy and torch are needed here: no fusefs or FUSE packages.
+yielding them writes the matching mount ids to `MNT/.fusefs/order.<rank>` (through
+fusefs.client, which needs numpy only: no FUSE packages).
 """
 from __future__ import annotations
 
@@ -23,92 +23,19 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from fusefs import order as orderfmt  # numpy only: no FUSE packages needed here
+from fusefs.client import (
+    find_mount,
+    mount_chunks,
+    mount_ids,
+    mount_stats,
+    paths_to_ids,
+    write_order,
+)
+
+__all__ = ["HintedSampler", "dataset_paths", "find_mount", "mount_chunks", "mount_ids", "mount_stats",
+           "paths_to_ids", "write_order"]  # the client calls, for `from trainer.hints import ...`
 
 from .orders import chunk_block_order, echo_fresh_count, echo_order
-
-CONTROL = ".fusefs"
-
-
-def find_mount(path: str) -> str:
-    """The fusefs mount that holds path (the nearest folder upwards with `.fusefs/`)."""
-    p = os.path.abspath(path)
-    while True:
-        if os.path.isdir(os.path.join(p, CONTROL)):
-            return p
-        parent = os.path.dirname(p)
-        if parent == p:
-            raise FileNotFoundError(f"{path} is not inside a fusefs mount")
-        p = parent
-
-
-_ID_TABLES: dict[str, dict[bytes, int]] = {}
-
-
-def mount_ids(mount: str) -> dict[bytes, int]:
-    """relative path (bytes) -> sample id, from `MNT/.fusefs/ids` (read once per mount)."""
-    mount = os.path.abspath(mount)
-    table = _ID_TABLES.get(mount)
-    if table is None:
-        with open(os.path.join(mount, CONTROL, "ids"), "rb") as f:
-            names = f.read().split(b"\0")[:-1]
-        table = _ID_TABLES[mount] = {name: i for i, name in enumerate(names)}
-    return table
-
-
-def mount_chunks(mount: str) -> np.ndarray:
-    """sample id -> the chunk that holds it, from `MNT/.fusefs/chunks` (u32 per id)."""
-    with open(os.path.join(os.path.abspath(mount), CONTROL, "chunks"), "rb") as f:
-        return np.frombuffer(f.read(), dtype="<u4").astype(np.int64)
-
-
-def mount_stats(mount: str) -> dict:
-    """The daemon's counters, `MNT/.fusefs/stats` (JSON)."""
-    import json
-    with open(os.path.join(mount, CONTROL, "stats")) as f:
-        return json.load(f)
-
-
-def paths_to_ids(paths, mount: str | None = None) -> np.ndarray:
-    """Mount ids of absolute paths under a fusefs mount (KeyError names a stranger)."""
-    paths = [os.path.abspath(os.fspath(p)) for p in paths]
-    mount = os.path.abspath(mount or find_mount(paths[0]))
-    table = mount_ids(mount)
-    out = np.empty(len(paths), dtype=np.int64)
-    for k, p in enumerate(paths):
-        rel = os.fsencode(os.path.relpath(p, mount))
-        try:
-            out[k] = table[rel]
-        except KeyError:
-            raise KeyError(f"{p} is not a file of the fusefs mount at {mount}") from None
-    return out
-
-
-def write_order(mount: str, paths_or_ids, importance=None, epoch: int = 0, rank: int = 0,
-                next_ids=None, next_importance=None) -> None:
-    """Write an epoch's read order to `MNT/.fusefs/order.<rank>`.
-
-    paths_or_ids: absolute paths under the mount, or the mount's sample ids. The mount
-    refuses a bad order (OSError EINVAL from the fsync that commits it; the previous order
-    stays in force). next_ids (and next_importance): the next epoch's order, written
-    with it (the cache then keeps what that epoch needs first across the boundary)."""
-    items = list(paths_or_ids)
-    if items and isinstance(items[0], (str, bytes, os.PathLike)):
-        ids = paths_to_ids(items, mount)
-    else:
-        ids = np.asarray(items, dtype=np.int64)
-    data = orderfmt.encode(ids, epoch=epoch, importance=importance)
-    if next_ids is not None:
-        data += orderfmt.encode(np.asarray(next_ids, dtype=np.int64), epoch=epoch + 1,
-                                importance=next_importance)
-    fd = os.open(os.path.join(mount, CONTROL, f"order.{rank}"), os.O_WRONLY | os.O_TRUNC)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)  # commits the order: a refusal is raised here
-    finally:
-        os.close(fd)
 
 
 def dataset_paths(dataset) -> list[str]:

@@ -54,7 +54,7 @@ import numpy as np
 import torch
 from torch import nn
 
-log = logging.getLogger("trainer.swap")
+log = logging.getLogger("trainer.accel.swap")
 
 DEFAULT_TYPES = (nn.Conv2d, nn.BatchNorm2d, nn.ReLU, nn.Linear, nn.MaxPool2d,
                  nn.MultiheadAttention, nn.LayerNorm, nn.GELU)

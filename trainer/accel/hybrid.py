@@ -56,7 +56,7 @@ import time
 
 import torch
 
-log = logging.getLogger("trainer.hybrid")
+log = logging.getLogger("trainer.accel.hybrid")
 
 
 # ---- the pieces, each testable alone --------------------------------------------------

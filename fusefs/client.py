@@ -1,0 +1,115 @@
+"""The client side of a mount's control namespace `MNT/.fusefs/`: its names, and the calls
+a training process makes through it. Standard library and numpy only (no FUSE, no torch),
+so any framework can write an order; the daemon's control namespace (control.py) and the
+index's reserved name take their names from here.
+
+    from fusefs import client
+    ids = client.paths_to_ids(paths)             # the mount's sample ids of files under it
+    client.write_order(mnt, ids, epoch=3)        # the epoch's read order, committed by fsync
+    client.mount_stats(mnt)["hits"]
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from . import order as orderfmt
+
+CONTROL = ".fusefs"            # the hidden folder at the mount's root
+STATS = "stats"                # the daemon's counters, JSON
+IDS = "ids"                    # every sample's relative path, NUL-terminated; line k is id k
+CHUNKS = "chunks"              # the chunk of each sample, u32 little-endian per id
+ORDER = "order"                # order.<rank>; plain `order` is rank 0
+MAX_RANKS = 64                 # order.0 .. order.63
+
+
+def order_name(rank: int) -> str:
+    if not 0 <= rank < MAX_RANKS:
+        raise ValueError(f"rank must lie in [0, {MAX_RANKS}), got {rank}")
+    return f"{ORDER}.{rank}"
+
+
+def control_path(mount: str, name: str) -> str:
+    return os.path.join(mount, CONTROL, name)
+
+
+def find_mount(path: str) -> str:
+    """The fusefs mount that holds path (the nearest folder upwards with `.fusefs/`)."""
+    p = os.path.abspath(path)
+    while True:
+        if os.path.isdir(os.path.join(p, CONTROL)):
+            return p
+        parent = os.path.dirname(p)
+        if parent == p:
+            raise FileNotFoundError(f"{path} is not inside a fusefs mount")
+        p = parent
+
+
+_ID_TABLES: dict[str, dict[bytes, int]] = {}
+
+
+def mount_ids(mount: str) -> dict[bytes, int]:
+    """relative path (bytes) -> sample id, from `MNT/.fusefs/ids` (read once per mount)."""
+    mount = os.path.abspath(mount)
+    table = _ID_TABLES.get(mount)
+    if table is None:
+        with open(control_path(mount, IDS), "rb") as f:
+            names = f.read().split(b"\0")[:-1]
+        table = _ID_TABLES[mount] = {name: i for i, name in enumerate(names)}
+    return table
+
+
+def mount_chunks(mount: str) -> np.ndarray:
+    """sample id -> the chunk that holds it, from `MNT/.fusefs/chunks` (u32 per id)."""
+    with open(control_path(os.path.abspath(mount), CHUNKS), "rb") as f:
+        return np.frombuffer(f.read(), dtype="<u4").astype(np.int64)
+
+
+def mount_stats(mount: str) -> dict:
+    """The daemon's counters, `MNT/.fusefs/stats` (JSON)."""
+    with open(control_path(mount, STATS)) as f:
+        return json.load(f)
+
+
+def paths_to_ids(paths, mount: str | None = None) -> np.ndarray:
+    """Mount ids of absolute paths under a fusefs mount (KeyError names a stranger)."""
+    paths = [os.path.abspath(os.fspath(p)) for p in paths]
+    mount = os.path.abspath(mount or find_mount(paths[0]))
+    table = mount_ids(mount)
+    out = np.empty(len(paths), dtype=np.int64)
+    for k, p in enumerate(paths):
+        rel = os.fsencode(os.path.relpath(p, mount))
+        try:
+            out[k] = table[rel]
+        except KeyError:
+            raise KeyError(f"{p} is not a file of the fusefs mount at {mount}") from None
+    return out
+
+
+def write_order(mount: str, paths_or_ids, importance=None, epoch: int = 0, rank: int = 0,
+                next_ids=None, next_importance=None) -> None:
+    """Write an epoch's read order to `MNT/.fusefs/order.<rank>`.
+
+    paths_or_ids: absolute paths under the mount, or the mount's sample ids. The mount
+    refuses a bad order (OSError EINVAL from the fsync that commits it; the previous order
+    stays in force). next_ids (and next_importance): the next epoch's order, written
+    with it (the cache then keeps what that epoch needs first across the boundary)."""
+    items = list(paths_or_ids)
+    if items and isinstance(items[0], (str, bytes, os.PathLike)):
+        ids = paths_to_ids(items, mount)
+    else:
+        ids = np.asarray(items, dtype=np.int64)
+    data = orderfmt.encode(ids, epoch=epoch, importance=importance)
+    if next_ids is not None:
+        data += orderfmt.encode(np.asarray(next_ids, dtype=np.int64), epoch=epoch + 1,
+                                importance=next_importance)
+    fd = os.open(control_path(mount, order_name(rank)), os.O_WRONLY | os.O_TRUNC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)  # commits the order: a refusal is raised here
+    finally:
+        os.close(fd)
