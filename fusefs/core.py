@@ -126,8 +126,8 @@ class Core:
     @property
     def kernel(self):
         """The kernel page cache (fs.KernelCache: push(ino, bytes)) when the FUSE adapter
-        offers it: fetched samples are pushed to it as they arrive (README: "kernel page
-        cache"); None: every read is served by the daemon."""
+        offers it: fetched samples are pushed to it as they arrive (docs/ARCHITECTURE.md:
+        "Kernel page cache"); None: every read is served by the daemon."""
         return self.reads.kernel
 
     @kernel.setter
