@@ -8,6 +8,9 @@ import os
 import re
 import sys
 
+from .config import CACHE_SIZE, DEFAULTS, ConfigError, MountConfig
+from .errors import UserError
+
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
           "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12,
           "tib": 1 << 40}
@@ -17,14 +20,14 @@ def parse_size(text: str, whole: int | None = None) -> int:
     """'64MiB' -> bytes; '10%' -> that share of whole (e.g. the dataset's size)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(%|[a-zA-Z]*)\s*", text)
     if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512MiB, 2GiB, 10%)")
+        raise ConfigError(f"not a size: {text!r} (e.g. 512MiB, 2GiB, 10%)")
     value, unit = float(m.group(1)), m.group(2).lower()
     if unit == "%":
         if whole is None:
-            raise argparse.ArgumentTypeError(f"{text!r}: a percentage is not allowed here")
+            raise ConfigError(f"{text!r}: a percentage is not allowed here")
         return int(whole * value / 100)
     if unit not in _UNITS:
-        raise argparse.ArgumentTypeError(f"unknown unit in {text!r} (use B, KiB, MiB, GiB, TiB)")
+        raise ConfigError(f"unknown unit in {text!r} (use B, KiB, MiB, GiB, TiB)")
     return int(value * _UNITS[unit])
 
 
@@ -36,14 +39,10 @@ def _human(n: float) -> str:
 
 
 def cmd_pack(a) -> int:
-    from .pack import PackError, pack
-    try:
-        r = pack(a.src, a.dst, chunk_bytes=None if a.chunk_count else parse_size(a.chunk_size),
-                 chunk_count=a.chunk_count, nodes=a.nodes, workers=a.workers, strict=a.strict,
-                 force=a.force, progress=False if a.quiet else None, mix_classes=a.mix_classes)
-    except PackError as e:
-        print(f"fusefs pack: {e}", file=sys.stderr)
-        return 2
+    from .pack import pack
+    r = pack(a.src, a.dst, chunk_bytes=None if a.chunk_count else parse_size(a.chunk_size),
+             chunk_count=a.chunk_count, nodes=a.nodes, workers=a.workers, strict=a.strict,
+             force=a.force, progress=False if a.quiet else None, mix_classes=a.mix_classes)
     for path, why in r.skipped:
         print(f"skipped: {path}: {why}", file=sys.stderr)
     print(f"packed {r.files} files, {_human(r.bytes)} into {r.chunks} chunks in {r.seconds:.1f} s "
@@ -98,43 +97,38 @@ def parse_group(text: str | None) -> int | None:
     except KeyError:
         if text.isdigit():
             return int(text)
-        raise argparse.ArgumentTypeError(f"no such group: {text}") from None
+        raise ConfigError(f"no such group: {text}") from None
 
 
 def cmd_mount(a) -> int:
-    from .mount import MountError, clear_dead_mount, open_dataset, serve, start_background
-    try:
+    from .mount import clear_dead_mount, open_dataset, serve, start_background
+    if a.background:  # (in the foreground, serve clears a dead mount itself)
         if clear_dead_mount(a.mnt):
             print(f"fusefs mount: {a.mnt} was a dead mount (its daemon had died): cleared it",
                   file=sys.stderr)
-    except MountError as e:
-        print(f"fusefs mount: {e}", file=sys.stderr)
-        return 2
-    if a.background:
         argv = [x for x in sys.argv[1:] if x not in ("--background", "-b")]
         log_path = a.log or os.path.join("/tmp", f"fusefs-{os.getuid()}-{os.path.basename(os.path.abspath(a.mnt))}.log")
         return start_background(argv, a.mnt, log_path)
-    try:
-        index, store = open_dataset(a.dst, a.retries, willneed=a.willneed)  # refuses a broken dataset before mounting
-        cache = parse_size(a.cache_size, whole=index.total_bytes)
-        static = parse_size(a.static_cache, whole=cache)
-        readahead = None if a.readahead is None else parse_size(a.readahead, whole=cache)
-        if static > cache:
-            raise MountError(f"--static-cache {a.static_cache} is more than the cache budget")
-        local_bytes = 0
-        if a.local_cache:
-            local_bytes = default_local_size(a.local_cache, index.total_bytes) \
-                if a.local_cache_size is None else parse_size(a.local_cache_size, whole=index.total_bytes)
-        elif a.local_cache_size is not None:
-            raise MountError("--local-cache-size needs --local-cache DIR")
-        serve(index, store, a.mnt, options=a.o or [], cache_bytes=cache, static_bytes=static,
-              per_node=a.per_node, local_dir=a.local_cache, local_bytes=local_bytes,
-              batch=a.batch, kernel_cache=a.kernel_cache, retries=a.retries,
-              control_gid=parse_group(a.control_group), readahead=readahead)
-    except (MountError, argparse.ArgumentTypeError) as e:
-        print(f"fusefs mount: {e}", file=sys.stderr)
-        return 2
+    index, store = open_dataset(a.dst, a.retries, willneed=a.willneed)  # refuses a broken dataset before mounting
+    serve(index, store, a.mnt, mount_config(a, index.total_bytes), options=a.o or [])
     return 0
+
+
+def mount_config(a, dataset_bytes: int) -> MountConfig:
+    """The MountConfig of `fusefs mount`'s arguments (sizes may be shares of the dataset)."""
+    if a.local_cache_size is not None and not a.local_cache:
+        raise ConfigError("--local-cache-size needs --local-cache DIR")
+    cache = parse_size(a.cache_size, whole=dataset_bytes)
+    local_bytes = 0
+    if a.local_cache:
+        local_bytes = default_local_size(a.local_cache, dataset_bytes) \
+            if a.local_cache_size is None else parse_size(a.local_cache_size, whole=dataset_bytes)
+    return MountConfig(cache_bytes=cache, static_bytes=parse_size(a.static_cache, whole=cache),
+                       readahead=None if a.readahead is None else parse_size(a.readahead, whole=cache),
+                       per_node=a.per_node, batch=a.batch, retries=a.retries,
+                       kernel_cache=a.kernel_cache, willneed=a.willneed,
+                       control_gid=parse_group(a.control_group), local_dir=a.local_cache,
+                       local_bytes=local_bytes)
 
 
 def default_local_size(folder: str, dataset_bytes: int) -> int:
@@ -148,12 +142,8 @@ def default_local_size(folder: str, dataset_bytes: int) -> int:
 
 
 def cmd_umount(a) -> int:
-    from .mount import MountError, unmount
-    try:
-        unmount(a.mnt)
-    except MountError as e:
-        print(f"fusefs umount: {e}", file=sys.stderr)
-        return 1
+    from .mount import unmount
+    unmount(a.mnt)
     return 0
 
 
@@ -231,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("dst"); s.add_argument("mnt")
     s.add_argument("-b", "--background", action="store_true", help="detach once mounted")
     s.add_argument("-o", action="append", metavar="OPTS", help="FUSE mount options, e.g. allow_other")
-    s.add_argument("--cache-size", default="256MiB", help="sample cache budget: bytes or %% of the dataset")
+    s.add_argument("--cache-size", default=CACHE_SIZE,
+                   help=f"sample cache budget: bytes or %% of the dataset (default {CACHE_SIZE})")
     s.add_argument("--static-cache", default="0", metavar="SIZE",
                    help="part of the cache budget (bytes or %% of the budget, e.g. 30%%) that keeps "
                         "the samples of highest importance in the order across epochs (default 0)")
@@ -241,10 +232,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--local-cache-size", metavar="SIZE",
                    help="budget of --local-cache: bytes or %% of the dataset (default: the dataset, "
                         "at most 90%% of the free space there)")
-    s.add_argument("--per-node", type=int, default=4,
-                   help="backend requests in flight per storage node (default 4; a request's "
+    s.add_argument("--per-node", type=int, default=DEFAULTS.per_node,
+                   help=f"backend requests in flight per storage node (default {DEFAULTS.per_node}; a request's "
                         "reads are advised at once, see --willneed)")
-    s.add_argument("--batch", type=int, default=16, help="samples per backend request (default 16)")
+    s.add_argument("--batch", type=int, default=DEFAULTS.batch,
+                   help=f"samples per backend request (default {DEFAULTS.batch})")
     s.add_argument("--readahead", metavar="SIZE",
                    help="how far ahead of the readers the order is read: bytes or %% of the cache "
                         "budget (default 1/16 of the budget, at least a full batch per request slot of "
@@ -253,14 +245,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--control-group", metavar="GROUP",
                    help="a group whose members may write the control files (the order) too; "
                         "by default only the user who mounted (and root) may")
-    s.add_argument("--retries", type=int, default=4,
+    s.add_argument("--retries", type=int, default=DEFAULTS.retries,
                    help="retries of a failed backend read, with doubling backoff from 0.1 s "
-                        "(default 4: a read gives up after about 1.5 s; the index, read once at "
+                        f"(default {DEFAULTS.retries}: a read gives up after about 1.5 s; the index, read once at "
                         "start, gets at least 16)")
-    s.add_argument("--kernel-cache", action=argparse.BooleanOptionalAction, default=True,
+    s.add_argument("--kernel-cache", action=argparse.BooleanOptionalAction, default=DEFAULTS.kernel_cache,
                    help="push samples into the kernel page cache as they are fetched "
                         "(notify_store), so their reads never reach the daemon (default on)")
-    s.add_argument("--willneed", action=argparse.BooleanOptionalAction, default=True,
+    s.add_argument("--willneed", action=argparse.BooleanOptionalAction, default=DEFAULTS.willneed,
                    help="ask the backend's client for all of a request's reads at once "
                         "(posix_fadvise WILLNEED), so it fetches them concurrently while the "
                         "request reads them in order (default on)")
@@ -295,12 +287,11 @@ def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from .index import IndexFormatError
     try:
         return a.func(a)
-    except IndexFormatError as e:
+    except UserError as e:  # every error a user can fix, with its exit code
         print(f"fusefs {a.command}: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from . import order as orderfmt
 from .cache import SampleCache
 from .control import FH_BASE, FILES, ControlHooks, ControlNamespace
 from .entries import Attr, FsError, OpenResult
+from .config import DEFAULTS
 from .index import CONTROL_NAME, Index
 from .policy import Policy
 from .prefetch import Fetcher, Prefetcher
@@ -83,10 +84,11 @@ def cpu_seconds() -> float:
 
 
 class Core:
-    def __init__(self, index: Index, store: ChunkStore, *, cache_bytes: int = 256 << 20,
-                 static_bytes: int = 0, per_node: int = 4, batch: int = 16, retries: int = 4,
+    def __init__(self, index: Index, store: ChunkStore, *, cache_bytes: int = DEFAULTS.cache_bytes,
+                 static_bytes: int = DEFAULTS.static_bytes, per_node: int = DEFAULTS.per_node,
+                 batch: int = DEFAULTS.batch, retries: int = DEFAULTS.retries,
                  local=None, uid: int | None = None, gid: int | None = None,
-                 control_gid: int | None = None, readahead: int | None = None):
+                 control_gid: int | None = None, readahead: int | None = DEFAULTS.readahead):
         self.index = index
         self.store = store
         self.policy = Policy(index.size)

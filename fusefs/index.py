@@ -31,6 +31,7 @@ import numpy as np
 import xxhash
 
 from .client import CONTROL
+from .errors import UserError
 
 log = logging.getLogger("fusefs")
 
@@ -54,7 +55,7 @@ DIR_ARRAYS = {
 }
 
 
-class IndexFormatError(ValueError):
+class IndexFormatError(UserError, ValueError):
     """The index file is missing, truncated, damaged or inconsistent."""
 
 

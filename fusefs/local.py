@@ -33,13 +33,14 @@ import time
 import numpy as np
 
 from . import chunk as chunkfmt
+from .errors import UserError
 
 log = logging.getLogger("fusefs.local")
 
 NEVER = -np.inf  # the priority of a sample nothing needs
 
 
-class LocalTierError(RuntimeError):
+class LocalTierError(UserError):
     """DIR cannot be used (in use by another mount, not writable)."""
 
 

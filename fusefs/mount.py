@@ -1,7 +1,6 @@
 """Mount lifecycle: check the packed folder, mount, serve, unmount cleanly."""
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import logging
@@ -14,16 +13,19 @@ import time
 import pyfuse3
 import trio
 
+from .config import DEFAULTS, MountConfig
 from .core import Core
+from .errors import UserError
 from .fs import KernelCache, Operations
 from .index import INDEX_NAME, Index, IndexFormatError
 from .local import LocalTier, LocalTierError
+from .mounts import fusermount
 from .store import ChunkStore, StoreError
 
 log = logging.getLogger("fusefs")
 
 
-class MountError(RuntimeError):
+class MountError(UserError):
     """The mount cannot start; the message names the file or the reason."""
 
 
@@ -34,7 +36,8 @@ class MountError(RuntimeError):
 INDEX_RETRIES = 16
 
 
-def open_dataset(dst: str, retries: int = 4, willneed: bool = True) -> tuple[Index, ChunkStore]:
+def open_dataset(dst: str, retries: int = DEFAULTS.retries,
+                 willneed: bool = DEFAULTS.willneed) -> tuple[Index, ChunkStore]:
     """Load the index and check every chunk file, or raise naming what is wrong."""
     try:
         index = Index.load(os.path.join(dst, INDEX_NAME), retries=max(retries, INDEX_RETRIES))
@@ -71,12 +74,10 @@ def tune_malloc() -> None:
         pass
 
 
-def serve(index: Index, store: ChunkStore, mnt: str, *, options: list[str] = (),
-          cache_bytes: int = 256 << 20, static_bytes: int = 0, per_node: int = 4, batch: int = 16,
-          kernel_cache: bool = True, retries: int = 4, control_gid: int | None = None,
-          local_dir: str | None = None, local_bytes: int = 0, readahead: int | None = None) -> None:
-    """Mount the dataset at mnt and serve until unmounted or SIGINT/SIGTERM (foreground).
-    local_dir: a folder for the local cache tier of local_bytes (see local.py)."""
+def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAULTS, *,
+          options: list[str] = ()) -> None:
+    """Mount the dataset at mnt and serve until unmounted or SIGINT/SIGTERM (foreground);
+    a dead mount left at mnt is cleared first."""
     if clear_dead_mount(mnt):
         log.warning("%s was a dead mount (its daemon had died): cleared it", mnt)
     if not os.path.isdir(mnt):
@@ -85,15 +86,13 @@ def serve(index: Index, store: ChunkStore, mnt: str, *, options: list[str] = (),
         raise MountError(f"{mnt}: something is already mounted there")
     tune_malloc()
     local = None
-    if local_dir is not None:
+    if config.local_dir is not None:
         try:
-            local = LocalTier(local_dir, local_bytes, index)
+            local = LocalTier(config.local_dir, config.local_bytes, index)
         except LocalTierError as e:
             raise MountError(str(e)) from None
-    core = Core(index, store, cache_bytes=cache_bytes, static_bytes=static_bytes,
-                per_node=per_node, batch=batch, local=local,
-                retries=retries, control_gid=control_gid, readahead=readahead)
-    if kernel_cache:
+    core = Core(index, store, local=local, **config.core_args())
+    if config.kernel_cache:
         core.kernel = KernelCache()
     ops = Operations(core)
     try:
@@ -114,7 +113,7 @@ def serve(index: Index, store: ChunkStore, mnt: str, *, options: list[str] = (),
         if local is not None:
             local.close()
         if not clean:  # an unexpected error: do not leave a dead mount behind
-            subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
+            fusermount(mnt, lazy=True)
         log.info("unmounted %s", mnt)
 
 
@@ -168,7 +167,7 @@ def clear_dead_mount(mnt: str) -> bool:
     """Detach a dead mount left at mnt (its daemon was killed); True if there was one."""
     if not is_dead_mount(mnt):
         return False
-    r = subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True, text=True)
+    r = fusermount(mnt, lazy=True)
     if is_dead_mount(mnt) and os.geteuid() == 0:
         r = subprocess.run(["umount", "-l", mnt], capture_output=True, text=True)
     if is_dead_mount(mnt):
@@ -184,66 +183,8 @@ def unmount(mnt: str) -> None:
         return
     if not os.path.ismount(mnt):
         raise MountError(f"{mnt} is not mounted")
-    r = subprocess.run(["fusermount3", "-u", mnt], capture_output=True, text=True)
+    r = fusermount(mnt)
     if r.returncode != 0:
         raise MountError(f"fusermount3 -u {mnt}: {r.stderr.strip()}")
 
 
-def is_mounted(mnt: str) -> bool:
-    """mnt is in /proc/mounts (true for a dead FUSE mount too, unlike os.path.ismount)."""
-    mnt = os.path.realpath(mnt)
-    with open("/proc/mounts") as f:
-        return any(line.split()[1].replace("\\040", " ") == mnt for line in f)
-
-
-@contextlib.contextmanager
-def running_mount(dst, mnt, *args, timeout: float = 60.0, python: str = sys.executable):
-    """`fusefs mount DST MNT ARGS` in a child process; yield (process, log path).
-
-    Always cleaned up: `fusermount3 -u -z` while MNT is in /proc/mounts, then wait,
-    terminate, kill. And if the owner dies without cleaning up (SIGKILL, or a SIGTERM that
-    skips `finally`), the daemon gets SIGTERM from the kernel and unmounts itself, so a
-    killed test or benchmark leaves no mount behind. For tests, demos and benchmarks.
-    """
-    os.makedirs(mnt, exist_ok=True)
-    log_path = f"{mnt}.log"
-    with open(log_path, "wb") as logf:
-        proc = subprocess.Popen([python, "-m", "fusefs", "mount", str(dst), str(mnt), *map(str, args)],
-                                stdout=logf, stderr=subprocess.STDOUT,
-                                preexec_fn=_die_with(os.getpid()))
-    try:
-        deadline = time.monotonic() + timeout
-        while not is_mounted(mnt):
-            if proc.poll() is not None:
-                raise MountError(f"fusefs mount exited {proc.returncode}: {open(log_path).read()}")
-            if time.monotonic() > deadline:
-                raise MountError(f"{mnt} did not appear within {timeout:.0f} s: {open(log_path).read()}")
-            time.sleep(0.02)
-        yield proc, log_path
-    finally:
-        stop_mount(mnt, proc)
-
-
-def _die_with(owner: int):
-    """preexec_fn: SIGTERM this child when the process that started it dies."""
-    def arm():
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        if os.getppid() != owner:  # the owner died before prctl took effect
-            os.kill(os.getpid(), signal.SIGTERM)
-    return arm
-
-
-def stop_mount(mnt, proc=None) -> None:
-    """Unmount (lazily, also a dead mount) and reap the daemon, escalating as needed."""
-    if is_mounted(mnt):
-        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
-    if proc is not None:
-        for step in (None, proc.terminate, proc.kill):
-            if step is not None:
-                step()
-            try:
-                proc.wait(timeout=15 if step is None else 5)
-                return
-            except subprocess.TimeoutExpired:
-                continue

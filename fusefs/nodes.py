@@ -16,6 +16,8 @@ import re
 import shutil
 import subprocess
 
+from .mounts import fs_type
+
 PATHINFO_XATTR = "trusted.glusterfs.pathinfo"
 _POSIX = re.compile(r"<POSIX\(([^)]*)\):([^:>]+):")
 
@@ -32,24 +34,6 @@ def gluster_node(path: str) -> str | None:
     except OSError:
         return None
     return parse_pathinfo(value.decode("utf-8", "replace"))
-
-
-def fs_type(path: str) -> str:
-    """The filesystem type of the mount holding path (from /proc/mounts)."""
-    path = os.path.realpath(path)
-    best, best_type = "", "unknown"
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) < 3:
-                    continue
-                mnt = parts[1].replace("\\040", " ")
-                if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
-                    best, best_type = mnt, parts[2]
-    except OSError:
-        pass
-    return best_type
 
 
 def lustre_node(path: str) -> str | None:

@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from . import chunk as chunkfmt
 from . import nodes as nodesmod
+from .errors import UserError
 from .index import CONTROL_NAME, INDEX_NAME, ChunkInfo, Index
 
 log = logging.getLogger("fusefs.pack")
@@ -32,7 +33,7 @@ log = logging.getLogger("fusefs.pack")
 DEFAULT_CHUNK_BYTES = 64 << 20
 
 
-class PackError(RuntimeError):
+class PackError(UserError):
     """The pack cannot start or cannot finish; the message says why."""
 
 

@@ -21,6 +21,7 @@ import threading
 import numpy as np
 import trio
 
+from .config import DEFAULTS
 from .store import CorruptSample
 
 log = logging.getLogger("fusefs")
@@ -93,8 +94,9 @@ class Fetcher:
     up again, so a node that comes back is used again without a remount.
     """
 
-    def __init__(self, store, *, per_node: int = 4, batch: int = 16, max_gap: int = 256 << 10,
-                 retries: int = 4, backoff: float = 0.1, local=None, push=None):
+    def __init__(self, store, *, per_node: int = DEFAULTS.per_node, batch: int = DEFAULTS.batch,
+                 max_gap: int = 256 << 10, retries: int = DEFAULTS.retries, backoff: float = 0.1,
+                 local=None, push=None):
         self.store = store
         self.local = local  # a LocalTier looked in before the backend, or None
         # push(sid, bytes), called in the worker thread for each sample read, after the

@@ -13,12 +13,13 @@ import threading
 import numpy as np
 
 from . import chunk as chunkfmt
+from .errors import UserError
 from .index import Index
 
 log = logging.getLogger("fusefs.store")
 
 
-class StoreError(RuntimeError):
+class StoreError(UserError):
     """The packed folder does not match its index (missing or truncated chunk)."""
 
 

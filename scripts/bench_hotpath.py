@@ -42,7 +42,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from fusefs import order as orderfmt  # noqa: E402
-from fusefs.mount import running_mount  # noqa: E402
+from fusefs.testing import running_mount  # noqa: E402
 from fusefs.pack import pack  # noqa: E402
 
 

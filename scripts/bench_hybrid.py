@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 from bench_importance import make_digits, run_trainer  # noqa: E402
 
-from fusefs.mount import running_mount  # noqa: E402
+from fusefs.testing import running_mount  # noqa: E402
 from fusefs.pack import pack  # noqa: E402
 
 MODES = ("accel", "cpu", "hybrid")

@@ -32,7 +32,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 from bench_importance import make_digits, run_trainer  # noqa: E402
-from fusefs.mount import running_mount  # noqa: E402
+from fusefs.testing import running_mount  # noqa: E402
 from fusefs.pack import pack  # noqa: E402
 from fusefs.synth import make_imagefolder  # noqa: E402
 from trainer import mount_stats  # noqa: E402

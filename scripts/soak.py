@@ -24,7 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from fusefs.index import INDEX_NAME, Index  # noqa: E402
-from fusefs.mount import running_mount  # noqa: E402
+from fusefs.testing import running_mount  # noqa: E402
 from trainer import mount_stats, write_order  # noqa: E402
 
 READERS = 8

@@ -13,7 +13,7 @@ import sys
 import pytest
 import trio
 
-from fusefs.mount import running_mount
+from fusefs.testing import running_mount
 from fusefs.pack import pack
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from fusefs.core import Core
 from fusefs.entries import FsError
 from fusefs.index import INDEX_NAME, Index, IndexFormatError
-from fusefs.mount import is_dead_mount, is_mounted, running_mount, stop_mount
+from fusefs.mount import is_dead_mount
+from fusefs.testing import is_mounted, running_mount, stop_mount
 from fusefs.store import ChunkStore
 from trainer.hints import mount_stats
 

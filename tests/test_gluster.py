@@ -14,7 +14,7 @@ from fusefs.nodes import PATHINFO_XATTR, parse_pathinfo
 from fusefs.pack import pack
 from trainer import mount_stats, write_order
 
-from fusefs.mount import running_mount
+from fusefs.testing import running_mount
 
 from conftest import REPO, fusefs_cmd, read_tree
 

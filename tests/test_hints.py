@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DistributedSampler, RandomSampler
 
 from fusefs import order as orderfmt
-from fusefs.mount import running_mount
+from fusefs.testing import running_mount
 from trainer import HintedSampler, write_order
 from trainer.hints import mount_ids, mount_stats
 

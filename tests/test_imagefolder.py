@@ -8,7 +8,7 @@ import pytest
 from fusefs.pack import pack
 from fusefs.synth import make_imagefolder
 
-from fusefs.mount import running_mount
+from fusefs.testing import running_mount
 
 from conftest import REPO
 

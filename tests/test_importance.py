@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusefs import order as orderfmt
-from fusefs.mount import running_mount
+from fusefs.testing import running_mount
 from trainer import ImportanceSampler, LossTracker, WithIndex, reevaluate, split_fluctuating
 from trainer.hints import mount_stats
 

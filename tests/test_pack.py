@@ -6,7 +6,8 @@ import pytest
 
 from fusefs import chunk, pack as packmod
 from fusefs.index import INDEX_NAME, Index, IndexFormatError
-from fusefs.mount import MountError, open_dataset, running_mount
+from fusefs.mount import MountError, open_dataset
+from fusefs.testing import running_mount
 from fusefs.pack import PackError, pack, plan_chunks
 
 from conftest import tricky_tree, write_tree

@@ -1,0 +1,51 @@
+"""The mount's settings: one frozen object that the CLI, mount.serve and the core share, with
+the defaults and their checks in one place."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import UserError
+
+CACHE_SIZE = "256MiB"  # the --cache-size default, as the CLI shows it
+
+
+class ConfigError(UserError):
+    pass
+
+
+@dataclass(frozen=True)
+class MountConfig:
+    cache_bytes: int = 256 << 20      # the sample cache's budget
+    static_bytes: int = 0             # of it, kept for the highest importance across epochs
+    readahead: int | None = None      # bytes ahead of the readers (None: the core's default)
+    per_node: int = 4                 # backend requests in flight per storage node
+    batch: int = 16                   # samples per backend request
+    retries: int = 4                  # of a failed backend read (doubling backoff from 0.1 s)
+    kernel_cache: bool = True         # push fetched samples into the kernel page cache
+    willneed: bool = True             # posix_fadvise WILLNEED a request's reads at once
+    control_gid: int | None = None    # a group that may write the control files too
+    local_dir: str | None = None      # the local cache tier's folder
+    local_bytes: int = 0              # and its budget
+
+    def __post_init__(self):
+        for name, least in (("per_node", 1), ("batch", 1), ("retries", 0), ("cache_bytes", 0),
+                            ("static_bytes", 0), ("local_bytes", 0)):
+            if getattr(self, name) < least:
+                raise ConfigError(f"{name.replace('_', '-')} must be at least {least}, "
+                                  f"got {getattr(self, name)}")
+        if self.static_bytes > self.cache_bytes:
+            raise ConfigError(f"the static cache ({self.static_bytes} bytes) is more than the cache "
+                              f"budget ({self.cache_bytes} bytes)")
+        if self.readahead is not None and self.readahead < 0:
+            raise ConfigError(f"readahead must not be negative, got {self.readahead}")
+        if self.local_bytes and self.local_dir is None:
+            raise ConfigError("a local cache size needs a local cache folder")
+
+    def core_args(self) -> dict:
+        """What Core takes of it."""
+        return {"cache_bytes": self.cache_bytes, "static_bytes": self.static_bytes,
+                "per_node": self.per_node, "batch": self.batch, "retries": self.retries,
+                "control_gid": self.control_gid, "readahead": self.readahead}
+
+
+DEFAULTS = MountConfig()

@@ -1,0 +1,117 @@
+"""The pure parts on their own, without a mount: the pyfuse3 adapter against a fake core
+(errors to errnos, the read-only table, request counting), GlusterFS pathinfo parsing, the
+mount table's escapes, the mount settings' checks and the CLI's one error path."""
+import errno
+import stat
+import subprocess
+import sys
+
+import pyfuse3
+import pytest
+import trio
+
+from fusefs import mounts
+from fusefs.cli import main
+from fusefs.config import DEFAULTS, ConfigError, MountConfig
+from fusefs.entries import Attr, FsError, OpenResult
+from fusefs.errors import UserError
+from fusefs.fs import Operations
+from fusefs.nodes import parse_pathinfo
+
+
+class Stats:
+    def __init__(self):
+        self.requests = {}
+
+
+class FakeCore:
+    """Answers lookups of b"ok", refuses b"missing" with ENOENT and fails b"boom" with a bug."""
+    uid, gid = 1000, 1000
+
+    def __init__(self):
+        self.stats = Stats()
+        self.forgotten = []
+
+    def lookup(self, parent, name):
+        if name == b"ok":
+            return Attr(ino=7, mode=stat.S_IFREG | 0o444, size=3, mtime_ns=5)
+        if name == b"missing":
+            raise FsError(errno.ENOENT)
+        raise ValueError("a bug in the core")
+
+    def open(self, ino, flags, uid):
+        return OpenResult(fh=(1 << 32) | ino)
+
+    def forget(self, inos):
+        self.forgotten += list(inos)
+        raise RuntimeError("forget must not raise")
+
+
+def call(coro_fn, *args):
+    async def run():
+        return await coro_fn(*args)
+    return trio.run(run)
+
+
+def fuse_errno(coro_fn, *args) -> int:
+    with pytest.raises(pyfuse3.FUSEError) as e:
+        call(coro_fn, *args)
+    return e.value.errno
+
+
+def test_the_adapter_translates_and_counts():
+    core = FakeCore()
+    ops = Operations(core)
+    entry = call(ops.lookup, 1, b"ok")
+    assert (entry.st_ino, entry.st_size, entry.st_uid, entry.st_mtime_ns) == (7, 3, 1000, 5)
+    assert fuse_errno(ops.lookup, 1, b"missing") == errno.ENOENT
+    assert fuse_errno(ops.lookup, 1, b"boom") == errno.EIO  # a bug is EIO, never an escape
+    info = call(ops.open, 7, 0, type("Ctx", (), {"uid": 0})())
+    assert info.fh == (1 << 32) | 7
+    for name in ("mkdir", "unlink", "rename", "setxattr", "create", "symlink"):
+        assert fuse_errno(getattr(ops, name), 1, b"x") == errno.EROFS, name
+    call(ops.forget, [(7, 1), (8, 2)])  # logs, does not raise
+    assert core.forgotten == [7, 8]
+    assert core.stats.requests == {"lookup": 3, "open": 1, "mkdir": 1, "unlink": 1, "rename": 1,
+                                   "setxattr": 1, "create": 1, "symlink": 1, "forget": 1}
+
+
+def test_pathinfo_names_the_brick_and_joins_replicas():
+    one = "(<DISTRIBUTE:vol-dht> <POSIX(/srv/b1):host1:/srv/b1/chunks/chunk-000001.fck>)"
+    assert parse_pathinfo(one) == "host1:/srv/b1"
+    replicated = ("(<DISTRIBUTE:vol-dht> (<REPLICATE:vol-replicate-0> "
+                  "<POSIX(/srv/b2):host2:/srv/b2/c> <POSIX(/srv/b1):host1:/srv/b1/c>))")
+    assert parse_pathinfo(replicated) == "host1:/srv/b1,host2:/srv/b2"  # one node, sorted
+    assert parse_pathinfo("(<DISTRIBUTE:vol-dht>)") is None
+
+
+def test_the_mount_table_unescapes_and_finds_the_holder(monkeypatch, tmp_path):
+    fake = tmp_path / "mounts"
+    fake.write_text("proc /proc proc rw 0 0\n/dev/sda1 / ext4 rw 0 0\n"
+                    "srv:/vol /mnt/my\\040data fuse.glusterfs rw 0 0\n")
+    real_open = open
+    monkeypatch.setattr("builtins.open",
+                        lambda p, *a, **k: real_open(fake if p == "/proc/mounts" else p, *a, **k))
+    assert ("/mnt/my data", "fuse.glusterfs") in mounts.table()
+    assert mounts.fs_type("/mnt/my data/chunks/c1") == "fuse.glusterfs"
+    assert mounts.fs_type("/home/x") == "ext4"
+    assert mounts.is_mounted("/mnt/my data") and not mounts.is_mounted("/mnt/my")
+
+
+def test_mount_settings_are_checked_in_one_place():
+    assert DEFAULTS.per_node == 4 and DEFAULTS.batch == 16 and DEFAULTS.retries == 4
+    assert DEFAULTS.cache_bytes == 256 << 20
+    for bad, why in ((dict(per_node=0), "per-node"), (dict(batch=0), "batch"), (dict(retries=-1), "retries"),
+                     (dict(static_bytes=2, cache_bytes=1), "static cache"), (dict(local_bytes=5), "local cache")):
+        with pytest.raises(ConfigError, match=why):
+            MountConfig(**bad)
+    assert issubclass(ConfigError, UserError)
+
+
+def test_the_cli_reports_a_user_error_once_with_its_exit_code(tmp_path, capsys):
+    assert main(["info", str(tmp_path)]) == 2  # no index there
+    err = capsys.readouterr().err
+    assert err.startswith("fusefs info: ") and err.count("\n") == 1
+    out = subprocess.run([sys.executable, "-m", "fusefs", "umount", str(tmp_path)], capture_output=True,
+                         text=True)
+    assert out.returncode == 2 and out.stderr.startswith("fusefs umount: ") and "not mounted" in out.stderr
