@@ -183,23 +183,6 @@ class Index:
         lo, n = int(self.dir_first_file[d]), int(self.dir_nfiles[d])
         return _bisect(self.file_name, lo, lo + n, name)
 
-    def resolve(self, path: bytes | str) -> tuple[str, int] | None:
-        """('dir', d) or ('file', i) for a relative path, or None."""
-        if isinstance(path, str):
-            path = os.fsencode(path)
-        d = 0
-        parts = [p for p in path.split(b"/") if p]
-        for k, part in enumerate(parts):
-            if k == len(parts) - 1:
-                i = self.lookup_file(d, part)
-                if i is not None:
-                    return ("file", i)
-            sub = self.lookup_dir(d, part)
-            if sub is None:
-                return None
-            d = sub
-        return ("dir", d)
-
     @property
     def total_bytes(self) -> int:
         return int(self.size.sum())

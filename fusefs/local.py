@@ -241,7 +241,7 @@ class LocalTier:
             self.held[sid] = 0
             _unlink(self.path(sid))
 
-    def flush(self, timeout: float = 30.0) -> bool:
+    def wait_written(self, timeout: float = 30.0) -> bool:
         """Wait until the queued writes are done (tests, benchmarks); False on timeout."""
         deadline = time.monotonic() + timeout
         while self._queue.unfinished_tasks:

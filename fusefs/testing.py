@@ -65,3 +65,21 @@ def stop_mount(mnt, proc=None) -> None:
                 return
             except subprocess.TimeoutExpired:
                 continue
+
+
+def resolve(index, path: bytes | str) -> tuple[str, int] | None:
+    """('dir', d) or ('file', i) for a relative path in an index, or None."""
+    if isinstance(path, str):
+        path = os.fsencode(path)
+    d = 0
+    parts = [p for p in path.split(b"/") if p]
+    for k, part in enumerate(parts):
+        if k == len(parts) - 1:
+            i = index.lookup_file(d, part)
+            if i is not None:
+                return ("file", i)
+        sub = index.lookup_dir(d, part)
+        if sub is None:
+            return None
+        d = sub
+    return ("dir", d)

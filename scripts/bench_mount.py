@@ -94,7 +94,7 @@ before = rss()
 t = time.perf_counter()
 ix = Index.load(sys.argv[1])
 dt = time.perf_counter() - t
-assert ix.resolve('n00000999/n00000999_000005.JPEG')[0] == 'file'
+assert ix.lookup_file(ix.lookup_dir(0, b'n00000999'), b'n00000999_000005.JPEG') is not None
 print(dt, before, rss())
 """
 

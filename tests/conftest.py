@@ -13,7 +13,7 @@ import sys
 import pytest
 import trio
 
-from fusefs.testing import running_mount
+from fusefs.testing import resolve, running_mount
 from fusefs.pack import pack
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,7 +55,7 @@ def corrupt_sample(dst, copy, rel: str, at: int = 0):
     from fusefs.index import INDEX_NAME, Index
     shutil.copytree(dst, copy)
     ix = Index.load(os.path.join(copy, INDEX_NAME))
-    sid = ix.resolve(rel)[1]
+    sid = resolve(ix, rel)[1]
     assert int(ix.size[sid]) > 0
     path = os.path.join(copy, ix.chunks[int(ix.chunk[sid])].path)
     raw = bytearray(open(path, "rb").read())

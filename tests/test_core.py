@@ -9,6 +9,7 @@ from fusefs.core import ROOT, Core
 from fusefs.entries import FsError
 from fusefs.index import INDEX_NAME, Index
 from fusefs.store import ChunkStore
+from fusefs.testing import resolve
 
 from conftest import corrupt_sample, serving
 
@@ -109,7 +110,7 @@ def test_corrupt_sample_is_eio_and_the_rest_is_served(tricky, tmp_path, caplog):
             with pytest.raises(FsError) as e:
                 await read_sample(core, victim, 0, 4096)
             assert e.value.errno == errno.EIO
-            other = ix.resolve("dog/img 005.jpg")[1]
+            other = resolve(ix, "dog/img 005.jpg")[1]
             assert await read_sample(core, other) == files["dog/img 005.jpg"]
     trio.run(go)
     assert core.statistics()["eio"] == 1
@@ -119,7 +120,7 @@ def test_corrupt_sample_is_eio_and_the_rest_is_served(tricky, tmp_path, caplog):
 
 def test_concurrent_readers_of_one_sample_share_one_fetch(tricky):
     core = _core(tricky[1])
-    sid = core.index.resolve("cat/img 004.jpg")[1]
+    sid = resolve(core.index, "cat/img 004.jpg")[1]
 
     async def go():
         async with serving(core):

@@ -59,7 +59,7 @@ def test_kmeans_split_finds_the_fluctuating_samples():
 
 
 def test_tracker_takes_tensors_without_waiting_and_fits_in_tens_of_mb():
-    t = LossTracker(10, flush_every=1000)
+    t = LossTracker(10, collect_every=1000)
     t.record(torch.tensor([3, 1]), torch.tensor([0.5, 0.25]))
     assert np.isnan(t.last[3])  # still pending: no copy in the training step
     t.end_epoch()

@@ -35,7 +35,7 @@ def _epoch(dst, files, folder, budget, ids, cache_bytes=1 << 20, importance=None
     try:
         data = orderfmt.encode(ids, importance=importance)
         trio.run(run_epoch, core, ids, 3, 8, 0, exact_within_budget(core, files), data)
-        assert tier.flush()
+        assert tier.wait_written()
         return core.statistics(), tier
     finally:
         tier.close()

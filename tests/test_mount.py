@@ -15,7 +15,7 @@ import pytest
 
 from fusefs.index import INDEX_NAME, Index
 
-from fusefs.testing import is_mounted, running_mount, stop_mount
+from fusefs.testing import is_mounted, resolve, running_mount, stop_mount
 from trainer.hints import mount_stats
 
 from conftest import fusefs_cmd, read_tree, REPO
@@ -103,7 +103,7 @@ def test_corrupt_chunk_gives_eio_and_a_log_line_and_the_rest_is_served(tricky, t
     copy = tmp_path / "dst"
     shutil.copytree(dst, copy)
     ix = Index.load(str(copy / INDEX_NAME))
-    victim = ix.resolve("zz/img 003.jpg")[1]
+    victim = resolve(ix, "zz/img 003.jpg")[1]
     assert int(ix.size[victim]) > 10
     chunk_path = copy / ix.chunks[int(ix.chunk[victim])].path
     with open(chunk_path, "r+b") as f:

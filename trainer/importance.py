@@ -76,13 +76,13 @@ class WithIndex(Dataset):
 class LossTracker:
     """Per-sample losses: the latest one, and its value at the end of each of the last
     `window` epochs (a ring of rows). Losses handed over during an epoch are kept as
-    tensors and copied out in bulk (every `flush_every` batches and at the epoch's end), so
+    tensors and copied out in bulk (every `collect_every` batches and at the epoch's end), so
     recording does not make the training step wait for the accelerator."""
 
-    def __init__(self, n: int, window: int = 3, flush_every: int = 64):
+    def __init__(self, n: int, window: int = 3, collect_every: int = 64):
         if window < 2:
             raise ValueError("a variance needs a window of at least 2 epochs")
-        self.n, self.window, self.flush_every = n, window, flush_every
+        self.n, self.window, self.collect_every = n, window, collect_every
         self.last = np.full(n, np.nan, dtype=np.float32)
         self.history = np.full((window, n), np.nan, dtype=np.float32)
         self.epochs = 0  # finished epochs recorded in history
@@ -94,12 +94,13 @@ class LossTracker:
             nb = losses.device.type != "cpu"
             self._pending.append((torch.as_tensor(indices).detach().to("cpu", non_blocking=nb),
                                   losses.detach().float().to("cpu", non_blocking=nb)))
-            if len(self._pending) >= self.flush_every:
-                self.flush()
+            if len(self._pending) >= self.collect_every:
+                self.collect()
         else:
             self.last[_numpy(indices).astype(np.int64)] = _numpy(losses).astype(np.float32)
 
-    def flush(self) -> None:
+    def collect(self) -> None:
+        """Copy the losses recorded since the last collect into the arrays (one device sync)."""
         if self._pending and torch.cuda.is_available():
             torch.cuda.synchronize()
         for idx, loss in self._pending:
@@ -108,7 +109,7 @@ class LossTracker:
 
     def end_epoch(self) -> None:
         """The epoch is over: its latest losses become a history row."""
-        self.flush()
+        self.collect()
         self.history[self.epochs % self.window] = self.last
         self.epochs += 1
 
@@ -125,7 +126,7 @@ class LossTracker:
         return var
 
     def state_dict(self) -> dict:
-        self.flush()
+        self.collect()
         return {"n": self.n, "window": self.window, "last": self.last.copy(),
                 "history": self.history.copy(), "epochs": self.epochs}
 
@@ -283,7 +284,7 @@ class ImportanceSampler(Sampler):
     def importance(self) -> np.ndarray:
         """Each sample's importance: its last recorded loss (unknown: +inf, so an unseen
         sample is always trained on)."""
-        self.tracker.flush()
+        self.tracker.collect()
         return np.where(np.isfinite(self.tracker.last), self.tracker.last, np.inf)
 
     def select(self, imp: np.ndarray | None) -> np.ndarray:
@@ -441,5 +442,5 @@ def reevaluate(model, indexed_dataset, indices, criterion, tracker: LossTracker,
             done += len(idx)
     finally:
         model.train(was_training)
-    tracker.flush()
+    tracker.collect()
     return done
