@@ -59,3 +59,21 @@ def make_imagefolder(root: str, n_files: int, n_classes: int = 10, mean_bytes: i
                           unit="file", disable=not progress))
     return {"files": n_files, "classes": n_classes, "bytes": int(sum(sizes)),
             "mean_bytes": float(np.mean(sizes)) if sizes else 0.0}
+
+
+def make_digits(root: str, seed: int = 0) -> None:
+    """load_digits as train/ and test/ ImageFolders of 32x32 PNGs (stratified 80/20)."""
+    from PIL import Image
+    from sklearn.datasets import load_digits  # (scikit-learn: the trainer extra)
+    from sklearn.model_selection import train_test_split
+    if os.path.isdir(os.path.join(root, "test")):
+        return
+    d = load_digits()
+    idx = np.arange(len(d.target))
+    tr, te = train_test_split(idx, test_size=0.2, random_state=seed, stratify=d.target)
+    for split, ids in (("train", tr), ("test", te)):
+        for i in ids:
+            folder = os.path.join(root, split, str(d.target[i]))
+            os.makedirs(folder, exist_ok=True)
+            img = Image.fromarray((d.images[i] * (255 / 16)).astype(np.uint8), "L")
+            img.resize((32, 32), Image.BILINEAR).save(os.path.join(folder, f"{i:04d}.png"))

@@ -22,14 +22,13 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
-from fusefs.testing import running_mount  # noqa: E402
-from fusefs.pack import pack  # noqa: E402
-from fusefs.synth import make_imagefolder  # noqa: E402
-from trainer.hints import mount_stats  # noqa: E402
+from fusefs.pack import pack
+from fusefs.synth import make_imagefolder
+from fusefs.testing import running_mount
+from trainer.hints import mount_stats
 
-READER = os.path.join(REPO, "scripts", "imagefolder_reader.py")
+READER = os.path.join(REPO, "scripts", "workloads", "imagefolder_reader.py")
 
 
 def read_with_imagefolder(root: str, epochs: int, workers: int) -> dict:

@@ -18,7 +18,7 @@ from fusefs.testing import running_mount
 
 from conftest import REPO, fusefs_cmd, read_tree
 
-GLUSTER = os.path.join(REPO, "scripts", "gluster.sh")
+GLUSTER = os.path.join(REPO, "scripts", "testbed", "gluster.sh")
 GMNT = "/mnt/fusefs-gluster"
 
 pytestmark = pytest.mark.gluster
@@ -105,11 +105,8 @@ def test_pack_onto_gluster_names_each_chunks_brick_and_mounts(volume, tricky, tm
 
 
 def _faults():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("faults", os.path.join(REPO, "scripts", "faults.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from fusefs import testbed  # the faults benchmark's scenarios, shared with it
+    return testbed
 
 
 @pytest.fixture(scope="module")

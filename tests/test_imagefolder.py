@@ -12,7 +12,7 @@ from fusefs.testing import running_mount
 
 from conftest import REPO
 
-READER = os.path.join(REPO, "scripts", "imagefolder_reader.py")
+READER = os.path.join(REPO, "scripts", "workloads", "imagefolder_reader.py")
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 

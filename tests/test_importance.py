@@ -461,20 +461,18 @@ def test_random_sampler_state_is_independent_of_global_rng():
 
 
 def test_importance_training_through_a_mount_with_torchvision(tmp_path):
-    """scripts/train_importance.py under Debian's Python (torchvision ImageFolder +
+    """scripts/workloads/train_importance.py under Debian's Python (torchvision ImageFolder +
     DataLoader with 2 worker processes) trains through a mount: after the 3 warm-up
     epochs it trains on 70% of the samples, and the mount fetches fewer bytes."""
     import subprocess
-    import sys
     from conftest import REPO
     from fusefs.pack import pack
-    sys.path.insert(0, os.path.join(REPO, "scripts"))
-    from bench_importance import make_digits
+    from fusefs.synth import make_digits
     make_digits(str(tmp_path / "digits"))
     pack(str(tmp_path / "digits" / "train"), str(tmp_path / "packed"), chunk_count=64, progress=False)
     mnt = str(tmp_path / "mnt")
     with running_mount(str(tmp_path / "packed"), mnt, "--cache-size", "20%", "--static-cache", "30%"):
-        r = subprocess.run(["/usr/bin/python3", os.path.join(REPO, "scripts", "train_importance.py"),
+        r = subprocess.run(["/usr/bin/python3", os.path.join(REPO, "scripts", "workloads", "train_importance.py"),
                             mnt, str(tmp_path / "digits" / "test"), "--mode", "importance",
                             "--epochs", "4", "--keep", "0.7"],
                            capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO),
@@ -487,7 +485,7 @@ def test_importance_training_through_a_mount_with_torchvision(tmp_path):
     assert rows[-1]["backend_bytes"] < 0.9 * rows[0]["backend_bytes"]
 
     # The same script on the plain folder (no mount): training alone, no hints, no stats.
-    r = subprocess.run(["/usr/bin/python3", os.path.join(REPO, "scripts", "train_importance.py"),
+    r = subprocess.run(["/usr/bin/python3", os.path.join(REPO, "scripts", "workloads", "train_importance.py"),
                         str(tmp_path / "digits" / "train"), str(tmp_path / "digits" / "test"),
                         "--mode", "full", "--epochs", "1"],
                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO),

@@ -72,9 +72,12 @@ def test_importance_decides_what_stays(three_nodes, tmp_path):
     assert tier.used <= budget and s["local"]["evicted"] > 0  # full, and importance displaced some
     top, bottom = np.argsort(-imp)[:n // 4], np.argsort(imp)[:n // 4]
     assert np.isin(top, held).mean() > 0.6 > 0.2 > np.isin(bottom, held).mean()
-    # the next epoch keeps the more important ones and displaces nothing it holds
+    # the next epoch reads every held sample locally unless a more important one fetched
+    # first displaced it (timing: a load-dependent race, hence the sum), and ends holding
+    # at least as much importance
     s2, tier2 = _epoch(dst, files, tmp_path / "local", budget, list(ids), importance=imp[ids])
-    assert s2["local_hits"] == len(held) and imp[np.flatnonzero(tier2.held)].sum() >= imp[held].sum()
+    assert s2["local_hits"] <= len(held) <= s2["local_hits"] + s2["local"]["evicted"]
+    assert imp[np.flatnonzero(tier2.held)].sum() >= imp[held].sum()
 
 
 def test_damaged_files_are_refetched_and_rewritten(three_nodes, tmp_path, caplog):

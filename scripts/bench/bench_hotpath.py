@@ -16,12 +16,12 @@ workers do). Three regimes, each one epoch in a fresh order:
 The tree is listed first, as ImageFolder does (the kernel then knows every inode, so
 fetched samples can be pushed into its page cache). Side by side in the same run: the same
 readers on the loose source files (page cache cold and warm), and a minimal pyfuse3 daemon
-serving the files from RAM (scripts/minimal_daemon.py: its first epoch reads through the
+serving the files from RAM (scripts/bench/minimal_daemon.py: its first epoch reads through the
 daemon, its second is served from the kernel page cache), the floor of the binding on this
 machine. One JSON line per row: samples/s, daemon CPU us per sample (the daemon's own
 getrusage) and FUSE requests per sample by type.
 
-usage: .venv/bin/python scripts/bench_hotpath.py [--quick] [--files N] [--readers 4] [--out DIR]
+usage: .venv/bin/python scripts/bench/bench_hotpath.py [--quick] [--files N] [--readers 4] [--out DIR]
        (--quick: 2,000 files, under a minute; run it before every commit that touches fusefs/)
 Each fusefs regime runs --rounds times (3), each round with fresh daemons; the round of
 median CPU per sample is printed, with every round's figure beside it.
@@ -38,12 +38,11 @@ import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fusefs import order as orderfmt  # noqa: E402
-from fusefs.testing import running_mount  # noqa: E402
-from fusefs.pack import pack  # noqa: E402
+from fusefs import order as orderfmt
+from fusefs.pack import pack
+from fusefs.testing import running_mount
 
 
 def drop_caches(level: int = 3) -> None:
@@ -88,10 +87,10 @@ def list_tree(root: str) -> int:
 
 
 def minimal_peer(src: str, mnt: str, pool, rels, orders, readers: int):
-    """Two epochs through scripts/minimal_daemon.py over the loose files."""
+    """Two epochs through scripts/bench/minimal_daemon.py over the loose files."""
     import signal
     os.makedirs(mnt, exist_ok=True)
-    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "scripts", "minimal_daemon.py"), src, mnt])
+    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "scripts", "bench", "minimal_daemon.py"), src, mnt])
     try:
         deadline = time.monotonic() + 120
         while not os.path.ismount(mnt):

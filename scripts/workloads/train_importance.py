@@ -83,10 +83,12 @@ def stats_of(root: str) -> dict:
 
 @torch.no_grad()
 def accuracy(model, loader) -> float:
+    """Test accuracy of model (on its own device) over loader."""
+    dev = next(model.parameters()).device
     model.eval()
     right = total = 0
     for x, y in loader:
-        right += int((model(x).argmax(1) == y).sum())
+        right += int((model(x.to(dev)).argmax(1).cpu() == y).sum())
         total += len(y)
     model.train()
     return right / max(total, 1)
@@ -173,7 +175,7 @@ def main():
                "cpu_busy_s": round(c1[0] - c0[0], 2), "cpu_idle_s": round(c1[1] - c0[1], 2),
                "test_acc": round(accuracy(model, test), 4)}
         if s1:
-            served = lambda s: s["hits"] + s["read_waits"] + s["misses"]  # noqa: E731
+            served = lambda s: s["hits"] + s["read_waits"] + s["misses"]
             row.update(backend_bytes=s1["backend_bytes"] - s0["backend_bytes"],
                        backend_samples=s1["backend_samples"] - s0["backend_samples"],
                        backend_reads=s1["backend_reads"] - s0["backend_reads"],

@@ -2,13 +2,13 @@
 figures, saves JSON and a PNG (samples/s and test accuracy per epoch).
 
 load_digits (scripts/bench_importance.make_digits: 1437 train / 360 test PNGs) is packed
-and mounted with fusefs; scripts/train_hybrid.py trains through the mount under
+and mounted with fusefs; scripts/workloads/train_hybrid.py trains through the mount under
 /usr/bin/python3 (torchvision ImageFolder + DataLoader), same seeds, in three modes: the
 accelerator alone (a CPU replica stands in where torch sees no GPU), the CPU alone, and
 trainer.HybridTrainer (both). Models: the small CNN and ResNet-18 (CIFAR stem) at 32 px.
 --rounds repeats the three modes in turn (A B C A B C) to show the spread on a noisy machine.
 
-usage: .venv/bin/python scripts/bench_hybrid.py [--models small,resnet18] [--epochs 15]
+usage: .venv/bin/python scripts/bench/bench_hybrid.py [--models small,resnet18] [--epochs 15]
                                                 [--rounds 1] [--out out/bench_hybrid]
 """
 from __future__ import annotations
@@ -21,14 +21,13 @@ import statistics
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "scripts"))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench_importance import make_digits, run_trainer  # noqa: E402
+from common import run_trainer
 
-from fusefs.testing import running_mount  # noqa: E402
-from fusefs.pack import pack  # noqa: E402
+from fusefs.pack import pack
+from fusefs.synth import make_digits
+from fusefs.testing import running_mount
 
 MODES = ("accel", "cpu", "hybrid")
 

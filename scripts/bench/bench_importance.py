@@ -7,7 +7,7 @@ static (pinned) share:
           32x32 PNGs in an ImageFolder, 80% train / 20% test; the accuracy comparison.
   synth   synthetic JPEGs (--synth files of ~85 KB, learnable: fusefs.synth, learnable=True);
           the I/O comparison: backend bytes and epoch time per epoch.
-For each, the same small CNN, seeds and epochs are trained twice by scripts/train_importance.py
+For each, the same small CNN, seeds and epochs are trained twice by scripts/workloads/train_importance.py
 under /usr/bin/python3 (torchvision ImageFolder + DataLoader through the mount): with every
 sample each epoch (HintedSampler), and with ImportanceSampler at --keep. Before each epoch
 the packed data set leaves the page cache (--page-cache dataset: its files on the volume
@@ -27,7 +27,7 @@ node, holds each class in its share; sorted packs class by class. --profile also
 the READ operations of the bricks per epoch (gluster volume profile; each is one delay),
 against the reads fusefs made (about: an epoch's count is taken when its row arrives).
 
-usage: .venv/bin/python scripts/bench_importance.py [--epochs 15] [--synth 3000]
+usage: .venv/bin/python scripts/bench/bench_importance.py [--epochs 15] [--synth 3000]
            [--synth-epochs 9] [--keep 0.7] [--delay-ms 2] [--repeats 3]
            [--cache-size 10%] [--static-cache 30%] [--layout mixed|sorted]
            [--datasets digits,synth] [--page-cache dataset|all] [--profile]
@@ -45,51 +45,18 @@ import sys
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fusefs.testing import running_mount  # noqa: E402
-from fusefs.pack import pack  # noqa: E402
-from fusefs.synth import make_imagefolder  # noqa: E402
+from common import run_trainer
+
+from fusefs.pack import pack
+from fusefs.synth import make_digits, make_imagefolder
+from fusefs.testbed import GLUSTER_SH
+from fusefs.testing import running_mount
 
 GMNT = "/mnt/fusefs-gluster"
 VOL = os.environ.get("FUSEFS_GLUSTER_VOL", "fusefsvol")  # as gluster.sh
 BRICKS = os.environ.get("FUSEFS_GLUSTER_BRICKS", "/srv/fusefs-gluster")  # as gluster.sh
-
-
-def make_digits(root: str, seed: int = 0) -> None:
-    """load_digits as train/ and test/ ImageFolders of 32x32 PNGs (stratified 80/20)."""
-    from PIL import Image
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-    if os.path.isdir(os.path.join(root, "test")):
-        return
-    d = load_digits()
-    idx = np.arange(len(d.target))
-    tr, te = train_test_split(idx, test_size=0.2, random_state=seed, stratify=d.target)
-    for split, ids in (("train", tr), ("test", te)):
-        for i in ids:
-            folder = os.path.join(root, split, str(d.target[i]))
-            os.makedirs(folder, exist_ok=True)
-            img = Image.fromarray((d.images[i] * (255 / 16)).astype(np.uint8), "L")
-            img.resize((32, 32), Image.BILINEAR).save(os.path.join(folder, f"{i:04d}.png"))
-
-
-def run_trainer(script: str, args: list[str], show=None) -> list[dict]:
-    """Run scripts/<script> under Debian's /usr/bin/python3 (torchvision) with the
-    repository on PYTHONPATH; it prints one JSON row per epoch, each handed to show(row)
-    as it comes. Returns the rows; stops the benchmark if the training fails."""
-    cmd = ["/usr/bin/python3", os.path.join(REPO, "scripts", script), *args]
-    rows = []
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
-                          env=dict(os.environ, PYTHONPATH=REPO)) as p:
-        for line in p.stdout:
-            rows.append(json.loads(line))
-            if show is not None:
-                show(rows[-1])
-    if p.returncode:
-        raise SystemExit(f"{script} {' '.join(args)} failed: exit {p.returncode}")
-    return rows
 
 
 def brick_reads() -> int:
@@ -146,7 +113,7 @@ def summarize(res: dict, warmup: int) -> dict:
     s = {}
     for name, modes in res.items():
         f, i = modes["full"], modes["importance"]
-        after = lambda rows, k: [r[k] for r in rows[warmup:]]  # noqa: E731
+        after = lambda rows, k: [r[k] for r in rows[warmup:]]
         s[name] = {
             "final_acc_full": f[-1]["test_acc"], "final_acc_importance": i[-1]["test_acc"],
             "best_acc_full": max(r["test_acc"] for r in f),
@@ -229,7 +196,7 @@ def main() -> int:
     a = p.parse_args()
     warmup = 3
     os.makedirs(a.out, exist_ok=True)
-    subprocess.run(["bash", os.path.join(REPO, "scripts", "gluster.sh"), "up", "--delay-ms",
+    subprocess.run(["bash", GLUSTER_SH, "up", "--delay-ms",
                     str(a.delay_ms)], check=True)
     if a.profile:  # (an error if it is on already: fine)
         subprocess.run(["gluster", "volume", "profile", VOL, "start"], capture_output=True)

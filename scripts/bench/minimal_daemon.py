@@ -6,7 +6,7 @@ open answers keep_cache, so a file's pages stay in the kernel across opens; no f
 handler (the kernel then stops sending flush). It counts requests by type and reports them
 with its CPU time (getrusage) in the file STATS_NAME at the root, read by name only.
 
-usage: python scripts/minimal_daemon.py SRC MNT   (foreground; SIGTERM or fusermount3 -u to stop)
+usage: python scripts/bench/minimal_daemon.py SRC MNT   (foreground; SIGTERM or fusermount3 -u to stop)
 """
 from __future__ import annotations
 

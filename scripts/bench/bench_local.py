@@ -11,11 +11,11 @@ a memory cache of 10% of the dataset, a fresh daemon per setting.
            two epochs, then a remount (the tier stays warm) and a third epoch.
   orders   random, chunk-block G = 1, 4, 16, and echo orders, two epochs each, no tier:
            samples/s (trained samples) and backend bytes per epoch.
-  digits   test accuracy of the small CNN (scripts/train_importance.py) on load_digits
+  digits   test accuracy of the small CNN (scripts/workloads/train_importance.py) on load_digits
            trained through the mount under each order mode, same seeds; packed 32 samples
            per chunk so the chunk orders have chunks to shuffle.
 
-usage: .venv/bin/python scripts/bench_local.py [--files 6000] [--delay-ms 2]
+usage: .venv/bin/python scripts/bench/bench_local.py [--files 6000] [--delay-ms 2]
            [--digits-epochs 15] [--out out/bench_local]
 """
 from __future__ import annotations
@@ -27,18 +27,21 @@ import shutil
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "scripts"))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench_importance import make_digits, run_trainer  # noqa: E402
-from fusefs.testing import running_mount  # noqa: E402
-from fusefs.pack import pack  # noqa: E402
-from fusefs.synth import make_imagefolder  # noqa: E402
-from trainer import mount_stats  # noqa: E402
+from common import run_trainer
+
+from fusefs.pack import pack
+from fusefs.synth import (
+    make_digits,
+    make_imagefolder,
+)
+from fusefs.testbed import GLUSTER_SH
+from fusefs.testing import running_mount
+from trainer import mount_stats
 
 GMNT = "/mnt/fusefs-gluster"
-READER = os.path.join(REPO, "scripts", "imagefolder_reader.py")
+READER = os.path.join(REPO, "scripts", "workloads", "imagefolder_reader.py")
 ORDERS = [("random", "random", 1), ("chunks G=1", "chunks", 1), ("chunks G=4", "chunks", 4),
           ("chunks G=16", "chunks", 16), ("echo", "echo", 1)]
 ENV = dict(os.environ, PYTHONPATH=REPO)
@@ -163,7 +166,7 @@ def main() -> int:
     p.add_argument("--out", default=os.path.join(REPO, "out", "bench_local"))
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    subprocess.run(["bash", os.path.join(REPO, "scripts", "gluster.sh"), "up", "--delay-ms",
+    subprocess.run(["bash", GLUSTER_SH, "up", "--delay-ms",
                     str(a.delay_ms)], check=True)
     src = os.path.join(a.out, f"synth-{a.files}")
     if not os.path.isdir(src):

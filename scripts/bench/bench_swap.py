@@ -16,7 +16,7 @@ stood in for by a copy of every saved tensor (resident 0).
 Step times are medians of `--rounds-timed` rounds, each running `--steps` steps of every
 row in turn, so drift on a noisy machine hits all rows alike.
 
-usage: .venv/bin/python scripts/bench_swap.py [--models cnn,transformer] [--batch 64]
+usage: .venv/bin/python scripts/bench/bench_swap.py [--models cnn,transformer] [--batch 64]
            [--budget 0.6] [--rounds 40] [--steps 3] [--rounds-timed 5] [--out out/bench_swap]
 """
 from __future__ import annotations
@@ -34,11 +34,10 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from trainer import SwapScheduler  # noqa: E402
-from trainer.accel.swap import is_oom, largest_batch  # noqa: E402
+from trainer import SwapScheduler
+from trainer.accel.swap import is_oom, largest_batch
 
 
 # ---- models: (model, the blocks to checkpoint, a batch maker) ---------------------------

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # A local 3-brick distributed GlusterFS volume standing in for a parallel filesystem.
 #
-#   scripts/gluster.sh up [--delay-ms MS]   start glusterd, create/start the volume, mount it
-#   scripts/gluster.sh down                 unmount, stop and delete the volume, stop glusterd
-#   scripts/gluster.sh status
+#   scripts/testbed/gluster.sh up [--delay-ms MS]   start glusterd, create/start the volume, mount it
+#   scripts/testbed/gluster.sh down                 unmount, stop and delete the volume, stop glusterd
+#   scripts/testbed/gluster.sh status
 #
 # Idempotent: `up` twice is one volume. --delay-ms adds MS milliseconds to every lookup,
 # stat, open and read on the bricks with the debug translator delay-gen. Options like it

@@ -5,7 +5,7 @@ figures against the budget and the open file handles at the end; saves JSON and 
 Each epoch sets a fresh shuffled order; reader k reads positions k, k+8, ... of it and
 compares every sample's xxh3 with the index. A killed reader is restarted on the rest of
 its share. usage:
-  .venv/bin/python scripts/soak.py [DST] [--epochs 10] [--cache-size 10%] [--out out/soak]
+  .venv/bin/python scripts/bench/soak.py [DST] [--epochs 10] [--cache-size 10%] [--out out/soak]
 (DST defaults to the benchmark's local packed set, out/bench_order/packed_local-20000.)
 """
 from __future__ import annotations
@@ -20,12 +20,11 @@ import sys
 import threading
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fusefs.index import INDEX_NAME, Index  # noqa: E402
-from fusefs.testing import running_mount  # noqa: E402
-from trainer import mount_stats, write_order  # noqa: E402
+from fusefs.index import INDEX_NAME, Index
+from fusefs.testing import running_mount
+from trainer import mount_stats, write_order
 
 READERS = 8
 

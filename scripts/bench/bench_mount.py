@@ -7,7 +7,7 @@
    mount, next to the same readers on the source folder, in one run, with the page cache
    dropped and a fresh daemon before each setting.
 
-usage: .venv/bin/python scripts/bench_mount.py [--files N] [--src DIR] [--out DIR]
+usage: .venv/bin/python scripts/bench/bench_mount.py [--files N] [--src DIR] [--out DIR]
 """
 from __future__ import annotations
 
@@ -23,13 +23,12 @@ import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fusefs.index import INDEX_NAME, ChunkInfo, Index  # noqa: E402
-from fusefs.testing import running_mount  # noqa: E402
-from fusefs.pack import pack  # noqa: E402
-from fusefs.synth import make_imagefolder  # noqa: E402
+from fusefs.index import INDEX_NAME, ChunkInfo, Index
+from fusefs.pack import pack
+from fusefs.synth import make_imagefolder
+from fusefs.testing import running_mount
 
 
 def drop_caches() -> None:

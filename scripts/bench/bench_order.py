@@ -1,7 +1,7 @@
 """Order hints on a slowed GlusterFS volume (issue 3); prints figures, saves JSON and a PNG.
 
 Set-up: a synthetic ImageFolder of --files JPEGs (~110 KB each) is generated locally, copied
-as loose files onto the 3-brick GlusterFS volume (scripts/gluster.sh up --delay-ms 2: every
+as loose files onto the 3-brick GlusterFS volume (scripts/testbed/gluster.sh up --delay-ms 2: every
 lookup, stat, open and read on the bricks is delayed 2 ms; the script first times small
 reads to confirm), and packed there too. Each setting runs Debian's torchvision
 ImageFolder + DataLoader(batch_size=64, num_workers=4, a loader returning raw bytes) for two
@@ -20,7 +20,7 @@ dataset larger than memory), and every fusefs setting gets a fresh daemon:
 
 Every daemon's CPU per sample (fusefs: its own getrusage; ratarmount: /proc) is printed.
 
-usage: .venv/bin/python scripts/bench_order.py [--files N] [--delay-ms MS] [--settings acdr] [--out DIR]
+usage: .venv/bin/python scripts/bench/bench_order.py [--files N] [--delay-ms MS] [--settings acdr] [--out DIR]
 """
 from __future__ import annotations
 
@@ -33,16 +33,16 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fusefs.testing import running_mount  # noqa: E402
-from fusefs.pack import pack  # noqa: E402
-from fusefs.synth import make_imagefolder  # noqa: E402
-from trainer.hints import mount_stats  # noqa: E402
+from fusefs.pack import pack
+from fusefs.synth import make_imagefolder
+from fusefs.testbed import GLUSTER_SH
+from fusefs.testing import running_mount
+from trainer.hints import mount_stats
 
 GMNT = "/mnt/fusefs-gluster"
-READER = os.path.join(REPO, "scripts", "imagefolder_reader.py")
+READER = os.path.join(REPO, "scripts", "workloads", "imagefolder_reader.py")
 
 
 def sh(*cmd):
@@ -159,8 +159,8 @@ def main() -> int:
     base = os.path.join(GMNT, f"bench-{a.files}")
     loose, packed = os.path.join(base, "loose"), os.path.join(base, "packed")
 
-    sh("bash", os.path.join(REPO, "scripts", "gluster.sh"), "up", "--delay-ms", str(a.delay_ms))
-    probe = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "gluster_probe.py"), GMNT],
+    sh("bash", GLUSTER_SH, "up", "--delay-ms", str(a.delay_ms))
+    probe = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "testbed", "gluster_probe.py"), GMNT],
                            capture_output=True, text=True, check=True).stdout.strip()
     print(f"GlusterFS delay check: {probe}")
     if not os.path.isdir(src):
@@ -225,7 +225,7 @@ def main() -> int:
     if not set("acd") <= set(by):
         print(json.dumps(rows, indent=1))
         return 0
-    best = lambda r: max(r["samples_per_s"])  # noqa: E731
+    best = lambda r: max(r["samples_per_s"])
     results["c_over_a"] = [c / x for c, x in zip(by["c"]["samples_per_s"], by["a"]["samples_per_s"])]
     results["c_over_d"] = best(by["c"]) / best(by["d"])
     print(f"c/a per epoch: {' / '.join(f'{x:.2f}' for x in results['c_over_a'])}; "

@@ -11,20 +11,16 @@ usage: train_hybrid.py ROOT TEST --mode accel|cpu|hybrid [--model small|resnet18
 """
 import argparse
 import json
-import os
-import sys
 import time
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 from torchvision import datasets, models, transforms
+from train_importance import accuracy, small_cnn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_importance import small_cnn  # noqa: E402
-
-from trainer import HybridTrainer  # noqa: E402
-from trainer.accel.hybrid import default_cpu_threads  # noqa: E402
+from trainer import HybridTrainer
+from trainer.accel.hybrid import default_cpu_threads
 
 
 def resnet18_cifar(classes: int) -> nn.Module:
@@ -33,18 +29,6 @@ def resnet18_cifar(classes: int) -> nn.Module:
     m.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
     m.maxpool = nn.Identity()
     return m
-
-
-@torch.no_grad()
-def accuracy(model, loader) -> float:
-    dev = next(model.parameters()).device
-    model.eval()
-    right = total = 0
-    for x, y in loader:
-        right += int((model(x.to(dev)).argmax(1).cpu() == y).sum())
-        total += len(y)
-    model.train()
-    return right / max(total, 1)
 
 
 def main():

@@ -1,0 +1,27 @@
+"""Helpers the benchmarks share (each benchmark runs from this folder, so `import common`
+finds it without any sys.path edit)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORKLOADS = os.path.join(REPO, "scripts", "workloads")
+
+
+def run_trainer(script: str, args: list[str], show=None) -> list[dict]:
+    """Run scripts/workloads/<script> under Debian's /usr/bin/python3 (torchvision) with the
+    repository on PYTHONPATH; it prints one JSON row per epoch, each handed to show(row)
+    as it comes. Returns the rows; stops the benchmark if the training fails."""
+    cmd = ["/usr/bin/python3", os.path.join(WORKLOADS, script), *args]
+    rows = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
+                          env=dict(os.environ, PYTHONPATH=REPO)) as p:
+        for line in p.stdout:
+            rows.append(json.loads(line))
+            if show is not None:
+                show(rows[-1])
+    if p.returncode:
+        raise SystemExit(f"{script} {' '.join(args)} failed: exit {p.returncode}")
+    return rows
