@@ -102,16 +102,53 @@ def parse_group(text: str | None) -> int | None:
 
 def cmd_mount(a) -> int:
     from .mount import clear_dead_mount, open_dataset, serve, start_background
+    apply_mount_options(a)
     if a.background:  # (in the foreground, serve clears a dead mount itself)
         if clear_dead_mount(a.mnt):
             print(f"fusefs mount: {a.mnt} was a dead mount (its daemon had died): cleared it",
                   file=sys.stderr)
-        argv = [x for x in sys.argv[1:] if x not in ("--background", "-b")]
+        argv = [x for x in a.argv if x not in ("--background", "-b")]
         log_path = a.log or os.path.join("/tmp", f"fusefs-{os.getuid()}-{os.path.basename(os.path.abspath(a.mnt))}.log")
         return start_background(argv, a.mnt, log_path)
     index, store = open_dataset(a.dst, a.retries, willneed=a.willneed)  # refuses a broken dataset before mounting
     serve(index, store, a.mnt, mount_config(a, index.total_bytes), options=a.o or [])
     return 0
+
+
+# What mount(8) and systemd put among the options for themselves: never for FUSE.
+_MOUNT_ONLY = {"_netdev", "nofail", "noauto", "auto", "user", "users", "nouser", "owner", "group",
+               "defaults", "rw"}
+_FALSE = {"0", "no", "off", "false"}
+
+
+def apply_mount_options(a) -> None:
+    """`-o name=value,...`: every `fusefs mount` option by its long name (cache_size=10%,
+    per_node=8, no_kernel_cache, kernel_cache=off, background), as mount(8) and fstab pass
+    them; the rest are FUSE options (allow_other, ...), except what only mount(8) and systemd
+    use (_netdev, nofail, noauto, x-systemd.*, ...), which is dropped."""
+    actions = {opt[2:].replace("-", "_"): act for act in a.parser._actions
+               for opt in act.option_strings if opt.startswith("--")}
+    fuse = []
+    for item in a.o or []:
+        for opt in filter(None, item.split(",")):
+            name, has_value, value = opt.partition("=")
+            key = name.replace("-", "_")
+            if key in _MOUNT_ONLY or key.startswith(("x-", "x_", "comment")):
+                continue
+            act = actions.get(key)
+            if act is None or act.dest in ("o", "help"):
+                fuse.append(opt)
+            elif isinstance(act, argparse.BooleanOptionalAction) or act.nargs == 0:
+                on = not key.startswith("no_") if not has_value else value.lower() not in _FALSE
+                setattr(a, act.dest, on)
+            elif not has_value:
+                raise ConfigError(f"-o {name} needs a value ({name}=...)")
+            else:
+                try:
+                    setattr(a, act.dest, act.type(value) if act.type else value)
+                except ValueError:
+                    raise ConfigError(f"-o {opt}: not a valid value for {name}") from None
+    a.o = [",".join(fuse)] if fuse else []
 
 
 def mount_config(a, dataset_bytes: int) -> MountConfig:
@@ -128,7 +165,8 @@ def mount_config(a, dataset_bytes: int) -> MountConfig:
                        per_node=a.per_node, batch=a.batch, retries=a.retries,
                        kernel_cache=a.kernel_cache, willneed=a.willneed,
                        control_gid=parse_group(a.control_group), local_dir=a.local_cache,
-                       local_bytes=local_bytes)
+                       local_bytes=local_bytes, metrics_port=a.metrics_port,
+                       metrics_address=a.metrics_address)
 
 
 def default_local_size(folder: str, dataset_bytes: int) -> int:
@@ -148,8 +186,8 @@ def cmd_umount(a) -> int:
 
 
 def _read_stats(mnt: str) -> dict:
-    from .client import mount_stats
-    return mount_stats(mnt)
+    from .client import find_mount, mount_stats
+    return mount_stats(find_mount(mnt))
 
 
 def _watch(mnt: str, interval: float) -> int:
@@ -200,11 +238,14 @@ def cmd_stats(a) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fusefs", description=__doc__.splitlines()[0])
+    from . import __version__
+    p.add_argument("--version", action="version", version=f"fusefs {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("pack", help="pack a folder tree into chunk files plus an index")
-    s.add_argument("src"); s.add_argument("dst")
+    s.add_argument("src", help="the folder tree to pack (an ImageFolder, or any tree of files)")
+    s.add_argument("dst", help="where the chunk files and the index go (on the parallel filesystem)")
     s.add_argument("--chunk-size", default="64MiB", help="target bytes per chunk (default 64MiB)")
     s.add_argument("--chunk-count", type=int, help="samples per chunk (instead of --chunk-size)")
     s.add_argument("--nodes", type=int, help="spread chunks over N node folders (chunk i on node i mod N)")
@@ -217,10 +258,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_pack)
 
-    s = sub.add_parser("mount", help="show a packed dataset as its original tree")
-    s.add_argument("dst"); s.add_argument("mnt")
+    s = sub.add_parser("mount", help="show a packed dataset as its original tree",
+                       epilog="Every option can also be given as -o name=value (e.g. -o cache_size=10%,"
+                              "per_node=8,allow_other), as mount(8) passes an fstab line's options.")
+    s.add_argument("dst", help="the packed folder (what `fusefs pack` wrote)")
+    s.add_argument("mnt", help="the mount point (an empty folder)")
     s.add_argument("-b", "--background", action="store_true", help="detach once mounted")
-    s.add_argument("-o", action="append", metavar="OPTS", help="FUSE mount options, e.g. allow_other")
+    s.add_argument("-o", action="append", metavar="OPTS",
+                   help="mount options, comma-separated: this command's own by name (cache_size=10%%) "
+                        "and FUSE's (allow_other)")
     s.add_argument("--cache-size", default=CACHE_SIZE,
                    help=f"sample cache budget: bytes or %% of the dataset (default {CACHE_SIZE})")
     s.add_argument("--static-cache", default="0", metavar="SIZE",
@@ -256,35 +302,54 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ask the backend's client for all of a request's reads at once "
                         "(posix_fadvise WILLNEED), so it fetches them concurrently while the "
                         "request reads them in order (default on)")
+    s.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="also serve the Prometheus metrics (MNT/.fusefs/metrics) over HTTP on PORT "
+                        "(default: no HTTP server)")
+    s.add_argument("--metrics-address", default=DEFAULTS.metrics_address, metavar="ADDR",
+                   help=f"address of the metrics server (default {DEFAULTS.metrics_address})")
     s.add_argument("--log", help="log file with --background (default /tmp/fusefs-UID-NAME.log)")
-    s.set_defaults(func=cmd_mount)
+    s.set_defaults(func=cmd_mount, parser=s)
 
     s = sub.add_parser("umount", help="unmount a fusefs mount")
-    s.add_argument("mnt")
+    s.add_argument("mnt", help="the mount point")
     s.set_defaults(func=cmd_umount)
 
     s = sub.add_parser("info", help="print what a packed dataset holds")
-    s.add_argument("dst")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("dst", help="the packed folder")
+    s.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     s.add_argument("--chunks", action="store_true", help="also list every chunk and its node")
     s.set_defaults(func=cmd_info)
 
     s = sub.add_parser("verify", help="check every checksum of a packed dataset")
-    s.add_argument("dst")
-    s.add_argument("-q", "--quiet", action="store_true")
+    s.add_argument("dst", help="the packed folder")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_verify)
 
     s = sub.add_parser("stats", help="print a mount's statistics")
-    s.add_argument("mnt")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("mnt", help="the mount point (or any path inside it)")
+    s.add_argument("--json", action="store_true", help="the whole statistics as JSON, for scripts")
     s.add_argument("-w", "--watch", action="store_true", help="print rates every interval until Ctrl-C")
-    s.add_argument("--interval", type=float, default=1.0)
+    s.add_argument("--interval", type=float, default=1.0, help="seconds between --watch lines (default 1)")
     s.set_defaults(func=cmd_stats)
     return p
 
 
+COMMANDS = ("pack", "mount", "umount", "info", "verify", "stats")
+
+
+def from_mount_helper(argv: list[str]) -> list[str]:
+    """mount(8) runs `mount -t fuse.fusefs DST MNT -o OPTS` (an fstab line of type fuse.fusefs)
+    as `fusefs DST MNT -o OPTS` through mount.fuse3, and waits for it: that is `fusefs mount
+    --background DST MNT -o OPTS`."""
+    if len(argv) >= 2 and argv[0] not in COMMANDS and not argv[0].startswith("-"):
+        return ["mount", "--background", *argv]
+    return argv
+
+
 def main(argv=None) -> int:
+    argv = from_mount_helper(list(sys.argv[1:] if argv is None else argv))
     a = build_parser().parse_args(argv)
+    a.argv = argv
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:

@@ -19,6 +19,7 @@ from . import order as orderfmt
 
 CONTROL = ".fusefs"            # the hidden folder at the mount's root
 STATS = "stats"                # the daemon's counters, JSON
+METRICS = "metrics"            # the same in the Prometheus text exposition format
 IDS = "ids"                    # every sample's relative path, NUL-terminated; line k is id k
 CHUNKS = "chunks"              # the chunk of each sample, u32 little-endian per id
 ORDER = "order"                # order.<rank>; plain `order` is rank 0

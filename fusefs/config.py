@@ -26,6 +26,8 @@ class MountConfig:
     control_gid: int | None = None    # a group that may write the control files too
     local_dir: str | None = None      # the local cache tier's folder
     local_bytes: int = 0              # and its budget
+    metrics_port: int | None = None   # serve Prometheus metrics over HTTP on this port
+    metrics_address: str = "127.0.0.1"  # ... on this address
 
     def __post_init__(self):
         for name, least in (("per_node", 1), ("batch", 1), ("retries", 0), ("cache_bytes", 0),
@@ -38,6 +40,8 @@ class MountConfig:
                               f"budget ({self.cache_bytes} bytes)")
         if self.readahead is not None and self.readahead < 0:
             raise ConfigError(f"readahead must not be negative, got {self.readahead}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
+            raise ConfigError(f"metrics-port must lie in [0, 65535], got {self.metrics_port}")
         if self.local_bytes and self.local_dir is None:
             raise ConfigError("a local cache size needs a local cache folder")
 

@@ -23,7 +23,7 @@ from .entries import Attr, FsError, OpenResult
 
 FH_BASE = 1 << 62  # control handles live far above every inode number
 MAX_WRITE = 256 << 20
-FILES = 3 + MAX_RANKS  # stats, ids, chunks and the order files: the inodes the namespace takes
+FILES = 4 + MAX_RANKS  # stats, metrics, ids, chunks and the order files: the inodes it takes
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,19 @@ class StatsFile(ControlFile):
 
     def render(self) -> bytes:
         return (json.dumps(self.hooks.statistics(), indent=1, sort_keys=True) + "\n").encode()
+
+
+class MetricsFile(ControlFile):
+    """`.fusefs/metrics`: the same counters in the Prometheus text exposition format."""
+
+    name = client.METRICS.encode()
+
+    def __init__(self, hooks: ControlHooks):
+        self.hooks = hooks
+
+    def render(self) -> bytes:
+        from .metrics import exposition
+        return exposition(self.hooks.statistics())
 
 
 class IdsFile(ControlFile):
@@ -123,7 +136,8 @@ class ControlNamespace:
     def __init__(self, hooks: ControlHooks, base_ino: int):
         self.hooks = hooks
         self.base = base_ino
-        self.files: list[ControlFile] = [StatsFile(hooks), IdsFile(hooks), ChunksFile(hooks)]
+        self.files: list[ControlFile] = [StatsFile(hooks), MetricsFile(hooks), IdsFile(hooks),
+                                         ChunksFile(hooks)]
         self.files += [OrderFile(hooks, rank) for rank in range(MAX_RANKS)]
         assert len(self.files) == FILES
         self._slots = {f.name: slot for slot, f in enumerate(self.files)}

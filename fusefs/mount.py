@@ -95,19 +95,34 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
     if config.kernel_cache:
         core.kernel = KernelCache()
     ops = Operations(core)
+    loop = {}  # the event loop's token, for the metrics server's thread
+    server = None
+    if config.metrics_port is not None:
+        from .metrics import serve_http
+        try:
+            server = serve_http(lambda: trio.from_thread.run_sync(core.statistics, trio_token=loop["token"]),
+                                config.metrics_port, config.metrics_address)
+        except OSError as e:
+            raise MountError(f"metrics on {config.metrics_address}:{config.metrics_port}: {e}") from None
+        log.info("metrics at http://%s:%d/metrics", config.metrics_address, server.server_port)
     try:
         pyfuse3.init(ops, mnt, fuse_options(list(options)))
     except BaseException:
         if local is not None:
             local.close()
+        if server is not None:
+            server.shutdown()
         raise
     log.info("mounted %s at %s: %d samples, %d chunks on %d node(s)", store.root, mnt, index.n_files,
              len(index.chunks), len(index.nodes))
     clean = False
     try:
-        trio.run(_main, core)
+        trio.run(_main, core, loop)
         clean = True
     finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
         pyfuse3.close(unmount=clean)
         store.close()
         if local is not None:
@@ -117,7 +132,8 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
         log.info("unmounted %s", mnt)
 
 
-async def _main(core: Core):
+async def _main(core: Core, loop: dict):
+    loop["token"] = trio.lowlevel.current_trio_token()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals)
         await nursery.start(core.run)

@@ -14,9 +14,9 @@ missing() {
 export DEBIAN_FRONTEND=noninteractive
 need_apt=($(missing fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv python3-torchvision \
                     python3-pil glusterfs-server glusterfs-client attr procps))
-# scikit-learn for trainer/ in the training runs by /usr/bin/python3 (without its
-# recommended plotting and documentation packages)
-need_slim=($(missing python3-sklearn))
+# scikit-learn for trainer/ in the training runs by /usr/bin/python3, and fio, a reader of
+# the mount that no one here wrote (both without their recommended packages)
+need_slim=($(missing python3-sklearn fio))
 if [ ${#need_apt[@]} -gt 0 ] || [ ${#need_slim[@]} -gt 0 ]; then
     echo "setup: apt-get install ${need_apt[*]} ${need_slim[*]}"
     apt-get update -qq
@@ -35,5 +35,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q torch==2.13.0
     .venv/bin/python -m pip install -q -e ".[trainer,bench,test]"
     touch "$stamp"
+fi
+# mount(8) runs `fusefs` for an fstab line of type fuse.fusefs (through mount.fuse3) with
+# the system's PATH: put the command there too
+if [ "$(id -u)" = 0 ]; then
+    ln -sfn "$PWD/.venv/bin/fusefs" /usr/local/bin/fusefs
 fi
 echo "setup: ready (.venv/bin/fusefs)"

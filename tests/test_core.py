@@ -88,7 +88,7 @@ def test_control_namespace_is_hidden_but_reachable(tricky):
     assert b".fusefs" not in names
     ctrl = core.lookup(ROOT, b".fusefs")
     stats = core.lookup(ctrl.ino, b"stats")
-    assert sorted(n for n, _, _ in core.readdir(ctrl.ino, 0)) == [b"chunks", b"ids", b"order", b"stats"]
+    assert sorted(n for n, _, _ in core.readdir(ctrl.ino, 0)) == [b"chunks", b"ids", b"metrics", b"order", b"stats"]
     fh = core.open(stats.ino, os.O_RDONLY).fh
     text = trio.run(core.read, fh, 0, 1 << 20)
     assert b'"opens"' in text and b'"backend_bytes"' in text

@@ -175,6 +175,62 @@ def test_background_mount_and_umount(tricky, tmp_path):
     assert not is_mounted(mnt)
 
 
+def test_mount_t_fuse_fusefs_with_fstab_options_and_umount(tricky, tmp_path):
+    """As an fstab line `DST MNT fuse.fusefs cache_size=1MiB,per_node=2,allow_other,_netdev,
+    nofail,x-systemd.automount 0 0` mounts: mount(8) runs `fusefs DST MNT -o ...` through
+    mount.fuse3 with the system's PATH (setup.sh links /usr/local/bin/fusefs) and waits for it."""
+    src, dst, files = tricky
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    log = f"/tmp/fusefs-{os.getuid()}-mnt.log"
+    try:
+        r = subprocess.run(["mount", "-t", "fuse.fusefs", dst, str(mnt), "-o",
+                            "cache_size=1MiB,per_node=2,no_kernel_cache,allow_other,_netdev,nofail,"
+                            "x-systemd.automount"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr + (open(log).read()[-2000:] if os.path.exists(log) else "")
+        assert read_tree(mnt) == read_tree(src)
+        stats = mount_stats(str(mnt))
+        assert stats["cache_budget"] == 1 << 20 and stats["pushed"] == 0  # the -o options took
+        assert stats["nodes"] and all(n["inflight"] <= 2 for n in stats["nodes"].values())
+        line = next(line for line in open("/proc/mounts") if f" {mnt} " in line)
+        assert " fuse.fusefs " in line and "allow_other" in line
+        r = subprocess.run(["umount", str(mnt)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        deadline = time.monotonic() + 20
+        while is_mounted(mnt) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not is_mounted(mnt)
+    finally:
+        stop_mount(mnt)
+
+
+def test_dash_o_takes_every_mount_option_by_name():
+    from fusefs.cli import apply_mount_options, build_parser
+    a = build_parser().parse_args(["mount", "D", "M", "-o", "cache_size=10%,per-node=8,no_kernel_cache",
+                                   "-o", "willneed=off,allow_other,metrics_port=9100,_netdev,x-systemd.automount,"
+                                         "background"])
+    apply_mount_options(a)
+    assert (a.cache_size, a.per_node, a.kernel_cache, a.willneed, a.metrics_port, a.background) == \
+        ("10%", 8, False, False, 9100, True)
+    assert a.o == ["allow_other"]  # FUSE's own; mount(8)'s and systemd's dropped
+    from fusefs.config import ConfigError
+    for bad in ("per_node", "per_node=many"):
+        a = build_parser().parse_args(["mount", "D", "M", "-o", bad])
+        with pytest.raises(ConfigError, match="per_node"):
+            apply_mount_options(a)
+
+
+def test_version_and_help_name_every_default():
+    r = subprocess.run(fusefs_cmd("--version"), capture_output=True, text=True)
+    from fusefs import __version__
+    assert r.returncode == 0 and r.stdout.strip() == f"fusefs {__version__}"
+    r = subprocess.run(fusefs_cmd("mount", "--help"), capture_output=True, text=True)
+    text = " ".join(r.stdout.split())
+    for default in ("(default 256MiB)", "(default 4;", "(default 16)", "(default 4:", "(default on)",
+                    "(default 127.0.0.1)"):
+        assert default in text, default
+
+
 def test_a_killed_owner_leaves_no_mount(tricky, tmp_path):
     """A benchmark or test killed with SIGKILL never runs its cleanup: the daemon it
     started must unmount by itself."""

@@ -1,0 +1,107 @@
+"""The daemon's counters in the Prometheus text exposition format, for a dashboard to scrape:
+`MNT/.fusefs/metrics`, and with `fusefs mount --metrics-port PORT` over HTTP (prometheus_client's
+server, 127.0.0.1 by default). Both render one `Core.statistics()` snapshot; the HTTP server's
+thread asks the event loop for it (`trio.from_thread`), never reading the core's state itself.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+
+# (stats key, metric name without the fusefs_ prefix, help): totals since the mount started
+COUNTERS = (
+    ("opens", "opens", "Files opened"),
+    ("reads", "reads", "read() requests answered by the daemon (the kernel page cache answers the rest)"),
+    ("bytes_served", "served_bytes", "Bytes returned by read() requests"),
+    ("hits", "cache_hits", "Samples found in the daemon's cache or the kernel's"),
+    ("pushed", "kernel_pushed_samples", "Samples pushed into the kernel page cache"),
+    ("misses", "cache_misses", "Samples fetched on demand (not read ahead)"),
+    ("eio", "eio", "Reads answered with EIO"),
+    ("evictions", "cache_evictions", "Samples evicted from the cache"),
+    ("orders_accepted", "orders_accepted", "Order files committed"),
+    ("orders_refused", "orders_refused", "Order files refused"),
+    ("local_hits", "local_hits", "Samples read from the local cache tier"),
+)
+GAUGES = (
+    ("cache_bytes", "cache_bytes", "Bytes of samples in the cache"),
+    ("cache_reserved", "cache_reserved_bytes", "Bytes reserved for fetches under way"),
+    ("cache_budget", "cache_budget_bytes", "The cache's byte budget"),
+    ("cache_samples", "cache_samples", "Samples in the cache"),
+    ("open_handles", "open_handles", "Files open now"),
+    ("samples", "dataset_samples", "Samples in the packed dataset"),
+    ("dataset_bytes", "dataset_bytes", "Bytes of the packed dataset"),
+)
+NODE_COUNTERS = (("requests", "backend_requests"), ("reads", "backend_reads"),
+                 ("bytes", "backend_bytes"), ("samples", "backend_samples"),
+                 ("errors", "backend_errors"), ("retries", "backend_retries"))
+
+
+def families(s: dict):
+    """Metric families of one statistics snapshot."""
+    for key, name, doc in COUNTERS:
+        yield CounterMetricFamily(f"fusefs_{name}", doc, value=s.get(key) or 0)
+    for key, name, doc in GAUGES:
+        yield GaugeMetricFamily(f"fusefs_{name}", doc, value=s.get(key) or 0)
+    yield CounterMetricFamily("fusefs_daemon_cpu_seconds", "CPU time of the daemon, every thread "
+                              "(getrusage)", value=s["cpu_s"])
+    yield SummaryMetricFamily("fusefs_read_wait_seconds", "Reads that waited for a fetch, and how long",
+                              count_value=s["read_waits"], sum_value=s["read_wait_s"])
+    requests = CounterMetricFamily("fusefs_fuse_requests", "FUSE requests answered, by type",
+                                   labels=["type"])
+    for kind, n in s["requests"].items():
+        requests.add_metric([kind], n)
+    yield requests
+    nodes = s["nodes"]
+    for key, name in NODE_COUNTERS:
+        fam = CounterMetricFamily(f"fusefs_{name}", f"Backend {key} per storage node", labels=["node"])
+        for node, st in nodes.items():
+            fam.add_metric([node], st[key])
+        yield fam
+    up = GaugeMetricFamily("fusefs_backend_node_up", "1 while the node answers, 0 once marked down",
+                           labels=["node"])
+    inflight = GaugeMetricFamily("fusefs_backend_inflight_requests", "Requests in flight per node",
+                                 labels=["node"])
+    for node, st in nodes.items():
+        up.add_metric([node], 0 if st["down"] else 1)
+        inflight.add_metric([node], st["inflight"])
+    yield up
+    yield inflight
+    plan_gauges = {"cursor": ("fusefs_plan_cursor", "Position of the readers in the rank's order"),
+                   "length": ("fusefs_plan_length", "Samples in the rank's order"),
+                   "epoch": ("fusefs_plan_epoch", "The epoch of the rank's order"),
+                   "ahead_ready": ("fusefs_plan_ahead_ready", "Samples ahead of the cursor cached now"),
+                   "ahead_planned": ("fusefs_plan_ahead_planned", "Samples ahead of the cursor the read-ahead covers")}
+    for key, (name, doc) in plan_gauges.items():
+        fam = GaugeMetricFamily(name, doc, labels=["rank"])
+        for rank, plan in s["plans"].items():
+            fam.add_metric([rank], plan[key])
+        yield fam
+
+
+class _Collector:
+    def __init__(self, snapshot: Callable[[], dict]):
+        self.snapshot = snapshot
+
+    def collect(self):
+        yield from families(self.snapshot())
+
+
+def registry(snapshot: Callable[[], dict]) -> CollectorRegistry:
+    """A registry that renders snapshot() (the core's statistics) at every scrape."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(_Collector(snapshot))
+    return reg
+
+
+def exposition(stats: dict) -> bytes:
+    """The text exposition of one snapshot (the control file `metrics`)."""
+    return generate_latest(registry(lambda: stats))
+
+
+def serve_http(snapshot: Callable[[], dict], port: int, address: str = "127.0.0.1"):
+    """Serve /metrics on address:port from a thread of prometheus_client's; snapshot() is
+    called in that thread and must hand the work to the event loop. Returns the server."""
+    server, _thread = start_http_server(port, addr=address, registry=registry(snapshot))
+    return server

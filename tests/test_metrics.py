@@ -1,0 +1,76 @@
+"""Prometheus metrics: `MNT/.fusefs/metrics` and `fusefs mount --metrics-port`, scraped from a
+real mount after real reads and parsed with prometheus_client's own parser."""
+import os
+import socket
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import read_tree
+from fusefs.client import mount_stats, write_order
+from fusefs.testing import running_mount
+
+
+def parse(text: str) -> dict:
+    """{(sample name, frozenset(labels)): value} of an exposition."""
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_metrics_file_and_http_agree_with_the_stats(tricky, tmp_path):
+    src, dst, files = tricky
+    mnt = str(tmp_path / "mnt")
+    port = free_port()
+    with running_mount(dst, mnt, "--metrics-port", port):
+        write_order(mnt, [0, 1, 2], epoch=4)
+        tree = read_tree(mnt)
+        assert {k: v for k, v in tree.items() if v is not None} == files_of(files)
+        stats = mount_stats(mnt)
+        with open(os.path.join(mnt, ".fusefs", "metrics")) as f:
+            m = parse(f.read())
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            h = parse(r.read().decode())
+    for scraped in (m, h):
+        assert scraped[("fusefs_opens_total", frozenset())] >= stats["opens"] >= len(files_of(files))
+        assert scraped[("fusefs_cache_budget_bytes", frozenset())] == stats["cache_budget"]
+        assert scraped[("fusefs_dataset_samples", frozenset())] == stats["samples"]
+        assert scraped[("fusefs_daemon_cpu_seconds_total", frozenset())] > 0
+        nodes = {dict(k[1])["node"] for k in scraped if k[0] == "fusefs_backend_bytes_total"}
+        assert nodes == set(stats["nodes"]) and nodes
+        assert sum(v for k, v in scraped.items() if k[0] == "fusefs_backend_bytes_total") > 0
+        assert scraped[("fusefs_backend_node_up", frozenset({("node", "local")}))] == 1
+        assert scraped[("fusefs_plan_epoch", frozenset({("rank", "0")}))] == 4
+        assert scraped[("fusefs_plan_length", frozenset({("rank", "0")}))] == 3
+        assert ("fusefs_read_wait_seconds_count", frozenset()) in scraped
+        assert scraped[("fusefs_fuse_requests_total", frozenset({("type", "open")}))] > 0
+    # a listing of the control folder shows the file; the root's listing never shows the folder
+    assert ".fusefs" not in tree
+
+
+def files_of(files: dict) -> dict:
+    return {os.path.normpath(k): v for k, v in files.items() if not k.endswith("/")}
+
+
+def test_a_metrics_port_in_use_is_refused_before_mounting(tricky, tmp_path):
+    import subprocess
+
+    from conftest import fusefs_cmd
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        mnt = tmp_path / "mnt"
+        mnt.mkdir()
+        r = subprocess.run(fusefs_cmd("mount", tricky[1], mnt, "--metrics-port", port),
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and f"127.0.0.1:{port}" in r.stderr, r.stderr
+    assert not os.path.ismount(mnt)
