@@ -1,0 +1,111 @@
+"""Readers no one here wrote, on the slowed GlusterFS test bed: fio's random-read job and
+`tar -cf - . | sha256sum`, over loose files on the volume against a fusefs mount of the
+packed copy on the same volume, side by side; prints figures, saves JSON.
+
+Set-up: --files synthetic JPEGs (~100 KB) generated locally, copied to the volume as loose
+files and packed there (scripts/testbed/gluster.sh up --delay-ms 2: every lookup, stat,
+open and read delayed 2 ms). For each reader the page cache is dropped, then the wall time
+of the whole command is taken (fio opens every file before its job starts: that is part of
+what a reader pays). fio: `--opendir` over the tree, `--rw=randread --bs=128k` with files
+chosen at random (`--file_service_type=random`), every whole block of every file read
+once. tar: `tar --sort=name -cf - . | sha256sum`, whose digests must agree. fusefs runs
+without an order (these readers write none): a cache of 10% of the set, a fresh daemon per
+reader.
+
+usage: .venv/bin/python scripts/bench/bench_clients.py [--files 2000] [--rounds 2] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from fusefs.pack import pack
+from fusefs.synth import make_imagefolder
+from fusefs.testbed import GLUSTER_SH, GMNT
+from fusefs.testing import running_mount
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def drop_caches() -> None:
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def fio(root: str) -> dict:
+    drop_caches()
+    t = time.perf_counter()
+    r = subprocess.run(["fio", "--name=randread", f"--opendir={root}", "--rw=randread", "--bs=128k",
+                        "--file_service_type=random", "--readonly", "--ioengine=psync",
+                        "--output-format=json"], capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - t
+    job = json.loads(r.stdout[r.stdout.index("{"):])["jobs"][0]
+    return {"wall_s": wall, "io_bytes": job["read"]["io_bytes"], "error": job["error"]}
+
+
+def tar_sha256(root: str) -> dict:
+    drop_caches()
+    t = time.perf_counter()
+    r = subprocess.run("tar --sort=name -cf - . | sha256sum", shell=True, cwd=root, capture_output=True,
+                       text=True, check=True)
+    return {"wall_s": time.perf_counter() - t, "sha256": r.stdout.split()[0]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--files", type=int, default=2000, help="JPEG files (default 2000)")
+    p.add_argument("--delay-ms", type=float, default=2.0, help="GlusterFS delay per operation (default 2)")
+    p.add_argument("--rounds", type=int, default=2, help="runs of each reader, in turn (default 2)")
+    p.add_argument("--out", default=os.path.join(REPO, "out", "bench_clients"))
+    a = p.parse_args()
+    subprocess.run(["bash", GLUSTER_SH, "up", "--delay-ms", str(a.delay_ms)], check=True, capture_output=True)
+    os.makedirs(a.out, exist_ok=True)
+    src = os.path.join(a.out, f"src-{a.files}")
+    if not os.path.isdir(src):
+        make_imagefolder(src, a.files, n_classes=10, mean_bytes=100_000, progress=False)
+    remote = os.path.join(GMNT, f"clients-{a.files}")
+    loose, packed = os.path.join(remote, "loose"), os.path.join(remote, "packed")
+    if not os.path.exists(os.path.join(packed, "index.fusefs")):
+        shutil.rmtree(remote, ignore_errors=True)
+        pairs = [(os.path.join(d, f), os.path.join(loose, os.path.relpath(d, src), f))
+                 for d, _, fs in os.walk(src) for f in fs]
+        for _, dst in pairs:
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda p: shutil.copy2(*p), pairs))
+        for d, _, _ in sorted(os.walk(src), key=lambda w: -w[0].count(os.sep)):  # folders last
+            shutil.copystat(d, os.path.join(loose, os.path.relpath(d, src)))
+        pack(src, packed, chunk_bytes=8 << 20, progress=False)
+    n = sum(len(fs) for _, _, fs in os.walk(src))
+    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip()
+    res = {"files": n, "delay_ms": a.delay_ms, "commit": commit, "rounds": []}
+    mnt = os.path.join(a.out, "mnt")
+    for _ in range(a.rounds):
+        row = {"fio_loose": fio(loose), "tar_loose": tar_sha256(loose)}
+        with running_mount(packed, mnt, "--cache-size", "10%"):
+            row["fio_fusefs"] = fio(mnt)
+        with running_mount(packed, mnt, "--cache-size", "10%"):
+            row["tar_fusefs"] = tar_sha256(mnt)
+        res["rounds"].append(row)
+        print(f"fio randread: loose {n / row['fio_loose']['wall_s']:6.0f} files/s, fusefs "
+              f"{n / row['fio_fusefs']['wall_s']:6.0f} files/s;  tar | sha256sum: loose "
+              f"{n / row['tar_loose']['wall_s']:6.0f} files/s, fusefs {n / row['tar_fusefs']['wall_s']:6.0f} "
+              f"files/s; digests {'agree' if row['tar_loose']['sha256'] == row['tar_fusefs']['sha256'] else 'DIFFER'}",
+              flush=True)
+    with open(os.path.join(a.out, "bench_clients.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"saved {a.out}/bench_clients.json (commit {commit})")
+    same = all(r["tar_loose"]["sha256"] == r["tar_fusefs"]["sha256"] for r in res["rounds"])
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
