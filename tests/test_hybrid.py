@@ -105,7 +105,7 @@ def test_the_accelerator_never_waits_for_the_cpu_replica():
 
 
 def test_a_cpu_too_slow_to_help_is_left_out():
-    ht = slow_cpu_trainer(Gate(delay=0.05), calibration_batches=2)
+    ht = slow_cpu_trainer(Gate(delay=0.25), calibration_batches=2)  # TC >= 0.25 s: TG would need 5 ms
     gain = ht.calibrate()
     assert gain < 0.02 and not ht.cpu_active
     row = ht.train_epoch()
