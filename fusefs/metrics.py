@@ -8,7 +8,11 @@ from __future__ import annotations
 from typing import Callable
 
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    SummaryMetricFamily,
+)
 
 # (stats key, metric name without the fusefs_ prefix, help): totals since the mount started
 COUNTERS = (

@@ -61,10 +61,8 @@ def tune_malloc() -> None:
     with glibc's defaults they land in per-thread heap arenas whose holes keep RSS far above
     what is live, so two arenas are used; samples come from the heap, not each from a
     mapping of its own (page faults and unmaps per sample), and the heap keeps its freed
-    pages. Measured (docs/HOTPATH.md): daemon CPU per fetched sample 5-15% lower than with
-    a mapping per sample; the soak's daemon RSS peak 356 MB against 267 MB with a mapping
-    per sample and 401 MB with glibc's defaults (budget 214 MB). A no-op where glibc is
-    not the allocator."""
+    pages (the trade-off, as measured: docs/HOTPATH.md, "Allocation"). A no-op where glibc
+    is not the allocator."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-8, 2)          # M_ARENA_MAX

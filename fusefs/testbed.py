@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import xxhash
 
@@ -19,6 +21,26 @@ from .testing import running_mount
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GLUSTER_SH = os.path.join(REPO, "scripts", "testbed", "gluster.sh")
+
+def drop_caches(level: int = 3) -> None:
+    """Write back, then drop the page cache (3: and dentries and inodes; 1: pages only)."""
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write(f"{level}\n")
+
+
+def copy_tree(src: str, dst: str, threads: int = 16) -> None:
+    """Copy a tree of files to dst (on the volume: each file costs round trips, so several
+    at a time), with modes and times, folders' too (a tar of dst then equals one of src)."""
+    pairs = []
+    for d, _, files in os.walk(src):
+        os.makedirs(os.path.join(dst, os.path.relpath(d, src)), exist_ok=True)
+        pairs += [(os.path.join(d, f), os.path.join(dst, os.path.relpath(d, src), f)) for f in files]
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda p: shutil.copy2(*p), pairs))
+    for d, _, _ in sorted(os.walk(src), key=lambda w: -w[0].count(os.sep)):  # folders last, deepest first
+        shutil.copystat(d, os.path.join(dst, os.path.relpath(d, src)))
+
 
 VOL, GMNT, BRICKS = "fusefsvol", "/mnt/fusefs-gluster", "/srv/fusefs-gluster"
 G = ["gluster", "--mode=script"]

@@ -24,12 +24,11 @@ import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from fusefs.client import mount_stats
 from fusefs.pack import pack
 from fusefs.synth import make_imagefolder
-from fusefs.testbed import GLUSTER_SH, GMNT
+from fusefs.testbed import GLUSTER_SH, GMNT, copy_tree
 from fusefs.testing import running_mount
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,16 +44,6 @@ def read_with_imagefolder(root: str, epochs: int, workers: int, hinted: bool, di
     if r.returncode != 0:
         raise SystemExit(f"ImageFolder reader failed on {root}:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout)
-
-
-def copy_tree(src: str, dst: str, threads: int = 8) -> None:
-    """The loose files onto the volume, several at a time (each file costs round trips)."""
-    pairs = []
-    for d, _, files in os.walk(src):
-        os.makedirs(os.path.join(dst, os.path.relpath(d, src)), exist_ok=True)
-        pairs += [(os.path.join(d, f), os.path.join(dst, os.path.relpath(d, src), f)) for f in files]
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda p: shutil.copy2(*p), pairs))
 
 
 def sha256_tree(root: str) -> dict:

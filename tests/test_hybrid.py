@@ -20,7 +20,6 @@ from trainer import (
     SnapshotWriter,
     average_into,
     cpu_gain,
-    weighted_average,
 )
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -185,22 +184,6 @@ def test_average_into_is_in_place_and_skips_a_zero_weight():
     assert [id(t) for t in a] == ids and torch.equal(a[0], torch.full((3,), 0.5)) and int(a[1]) == 6
     average_into(a, b, 0.0)
     assert torch.equal(a[0], torch.full((3,), 0.5))
-
-
-def test_weighted_average_is_exact_including_batchnorm_buffers():
-    a, b = small_net(), small_net()
-    with torch.no_grad():
-        for t in a.state_dict().values():
-            t.fill_(1) if t.is_floating_point() else t.fill_(10)
-        for t in b.state_dict().values():
-            t.fill_(3) if t.is_floating_point() else t.fill_(30)
-    merged = weighted_average(a.state_dict(), b.state_dict(), 0.25)
-    assert set(merged) == set(a.state_dict())
-    for name, t in merged.items():
-        want = 2.5 if t.is_floating_point() else 25  # 0.25 * 1 + 0.75 * 3; 0.25 * 10 + 0.75 * 30
-        assert t.dtype == a.state_dict()[name].dtype
-        assert torch.equal(t, torch.full_like(t, want)), name
-    assert "1.running_var" in merged and "1.num_batches_tracked" in merged
 
 
 def test_training_with_two_cpu_replicas_learns_and_merges(tmp_path):

@@ -191,7 +191,6 @@ def test_mount_t_fuse_fusefs_with_fstab_options_and_umount(tricky, tmp_path):
         assert read_tree(mnt) == read_tree(src)
         stats = mount_stats(str(mnt))
         assert stats["cache_budget"] == 1 << 20 and stats["pushed"] == 0  # the -o options took
-        assert stats["nodes"] and all(n["inflight"] <= 2 for n in stats["nodes"].values())
         line = next(line for line in open("/proc/mounts") if f" {mnt} " in line)
         assert " fuse.fusefs " in line and "allow_other" in line
         r = subprocess.run(["umount", str(mnt)], capture_output=True, text=True, timeout=60)

@@ -25,7 +25,7 @@ _WHERE = {
     # the accelerator methods
     "HybridTrainer": "trainer.accel.hybrid", "OnOffProbe": "trainer.accel.hybrid",
     "SnapshotWriter": "trainer.accel.hybrid", "average_into": "trainer.accel.hybrid",
-    "cpu_gain": "trainer.accel.hybrid", "weighted_average": "trainer.accel.hybrid",
+    "cpu_gain": "trainer.accel.hybrid",
     "PinnedPool": "trainer.accel.swap", "SwapHooks": "trainer.accel.swap",
     "SwapScheduler": "trainer.accel.swap",
 }

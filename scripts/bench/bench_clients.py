@@ -23,20 +23,13 @@ import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from fusefs.pack import pack
 from fusefs.synth import make_imagefolder
-from fusefs.testbed import GLUSTER_SH, GMNT
+from fusefs.testbed import GLUSTER_SH, GMNT, copy_tree, drop_caches
 from fusefs.testing import running_mount
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def drop_caches() -> None:
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
 
 
 def fio(root: str) -> dict:
@@ -74,14 +67,7 @@ def main() -> int:
     loose, packed = os.path.join(remote, "loose"), os.path.join(remote, "packed")
     if not os.path.exists(os.path.join(packed, "index.fusefs")):
         shutil.rmtree(remote, ignore_errors=True)
-        pairs = [(os.path.join(d, f), os.path.join(loose, os.path.relpath(d, src), f))
-                 for d, _, fs in os.walk(src) for f in fs]
-        for _, dst in pairs:
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda p: shutil.copy2(*p), pairs))
-        for d, _, _ in sorted(os.walk(src), key=lambda w: -w[0].count(os.sep)):  # folders last
-            shutil.copystat(d, os.path.join(loose, os.path.relpath(d, src)))
+        copy_tree(src, loose, threads=8)
         pack(src, packed, chunk_bytes=8 << 20, progress=False)
     n = sum(len(fs) for _, _, fs in os.walk(src))
     commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,

@@ -42,13 +42,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 from fusefs import order as orderfmt
 from fusefs.pack import pack
+from fusefs.testbed import drop_caches
 from fusefs.testing import running_mount
-
-
-def drop_caches(level: int = 3) -> None:
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write(f"{level}\n")
 
 
 def make_files(root: str, n: int, classes: int = 20, seed: int = 0) -> None:

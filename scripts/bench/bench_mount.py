@@ -25,6 +25,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from fusefs import testbed
 from fusefs.index import INDEX_NAME, ChunkInfo, Index
 from fusefs.pack import pack
 from fusefs.synth import make_imagefolder
@@ -32,10 +33,8 @@ from fusefs.testing import running_mount
 
 
 def drop_caches() -> None:
-    os.sync()
     try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
+        testbed.drop_caches()
     except OSError:
         print("  (cannot drop the page cache: not root?)")
 

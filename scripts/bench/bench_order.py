@@ -27,17 +27,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fusefs.pack import pack
 from fusefs.synth import make_imagefolder
-from fusefs.testbed import GLUSTER_SH
+from fusefs.testbed import GLUSTER_SH, copy_tree
 from fusefs.testing import running_mount
 from trainer.hints import mount_stats
 
@@ -47,16 +45,6 @@ READER = os.path.join(REPO, "scripts", "workloads", "imagefolder_reader.py")
 
 def sh(*cmd):
     subprocess.run(cmd, check=True)
-
-
-def copy_tree(src: str, dst: str, workers: int = 16) -> None:
-    jobs = []
-    for d, _, files in os.walk(src):
-        rel = os.path.relpath(d, src)
-        os.makedirs(os.path.join(dst, rel), exist_ok=True)
-        jobs += [(os.path.join(d, f), os.path.join(dst, rel, f)) for f in files]
-    with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(lambda j: shutil.copyfile(*j), jobs))
 
 
 def run_reader(root: str, hinted: bool) -> dict:

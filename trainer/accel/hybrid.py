@@ -81,14 +81,6 @@ def average_into(dst: list, src: list, w: float) -> None:
             a.copy_(torch.round(a.double() * (1 - w) + b.double() * w))
 
 
-def weighted_average(state_c: dict, state_g: dict, w: float) -> dict:
-    """{name: w * state_c[name] + (1 - w) * state_g[name]} as new CPU tensors (the merge of
-    `average_into`, out of place)."""
-    out = {k: v.detach().to("cpu", copy=True) for k, v in state_g.items()}
-    average_into(list(out.values()), [state_c[k].to("cpu") for k in out], w)
-    return out
-
-
 def default_cpu_threads(loader) -> int:
     """Cores left for the CPU replica after the loader's worker processes and the caller's
     thread, at least 1."""
