@@ -15,8 +15,10 @@ from .mounts import fusermount, is_mounted
 
 
 @contextlib.contextmanager
-def running_mount(dst, mnt, *args, timeout: float = 60.0, python: str = sys.executable):
-    """`fusefs mount DST MNT ARGS` in a child process; yield (process, log path).
+def running_mount(dst, mnt, *args, timeout: float = 60.0, python: str = sys.executable,
+                  env: dict | None = None):
+    """`fusefs mount DST MNT ARGS` in a child process (environment `env`, default this
+    process's); yield (process, log path).
 
     Always cleaned up: `fusermount3 -u -z` while MNT is in /proc/mounts, then wait,
     terminate, kill. And if the owner dies without cleaning up (SIGKILL, or a SIGTERM that
@@ -27,7 +29,7 @@ def running_mount(dst, mnt, *args, timeout: float = 60.0, python: str = sys.exec
     log_path = f"{mnt}.log"
     with open(log_path, "wb") as logf:
         proc = subprocess.Popen([python, "-m", "fusefs", "mount", str(dst), str(mnt), *map(str, args)],
-                                stdout=logf, stderr=subprocess.STDOUT,
+                                stdout=logf, stderr=subprocess.STDOUT, env=env,
                                 preexec_fn=_die_with(os.getpid()))
     try:
         deadline = time.monotonic() + timeout

@@ -71,3 +71,15 @@ def test_random_bytes_never_crash_the_parser(data):
         chunk.parse_header(data, file_size=len(data))
     except chunk.ChunkError:
         pass
+
+
+@pytest.mark.parametrize("size", [0, 1, 240, 87_499, 87_500, 110_000, 1 << 20])
+def test_checksum_is_xxh3_64_at_every_size(size):
+    """The format's checksum (docs/FORMAT.md) is xxh3-64 with seed 0, the same as xxhash's
+    streaming hasher gives, at sizes on both sides of where xxhash starts to release the GIL
+    (87,500 bytes in xxhash 4.1.0)."""
+    import xxhash
+    data = np.random.default_rng(size).bytes(size)
+    assert chunk.checksum(data) == xxhash.xxh3_64(data).intdigest()
+    assert chunk.checksum(memoryview(data)) == xxhash.xxh3_64_intdigest(data)
+    assert chunk.checksum(b"") == 0x2D06800538D394C2  # XXH3-64 of the empty input, seed 0

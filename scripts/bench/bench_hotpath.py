@@ -25,6 +25,12 @@ usage: .venv/bin/python scripts/bench/bench_hotpath.py [--quick] [--files N] [--
        (--quick: 2,000 files, under a minute; run it before every commit that touches fusefs/)
 Each fusefs regime runs --rounds times (3), each round with fresh daemons; the round of
 median CPU per sample is printed, with every round's figure beside it.
+
+--against REF measures two versions of fusefs/ side by side in one run: REF (a commit,
+checked out into a temporary git worktree) and the working tree, each round running both
+with fresh daemons, in alternating order (A B, B A, ...). Rows carry "version"; each
+regime's line for the working tree adds the per-round ratios to REF (round i of one against
+round i of the other, which ran next to it). This machine is noisy: compare code this way.
 """
 from __future__ import annotations
 
@@ -34,6 +40,7 @@ import multiprocessing as mp
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -128,13 +135,14 @@ def row(name: str, n: int, seconds: float, before: dict | None = None, after: di
     return out
 
 
-def fusefs_round(dst, mnt, pool, rels, orders, a) -> dict:
+def fusefs_round(dst, mnt, pool, rels, orders, a, env=None) -> dict:
     """One round of the fusefs regimes: chunks_cold (page cache dropped), then a fresh
-    daemon over chunk files warm in the page cache: chunks, kernel, daemon."""
+    daemon over chunk files warm in the page cache: chunks, kernel, daemon. env: the
+    daemons' environment (PYTHONPATH picks the version of fusefs)."""
     out = {}
     n = len(rels)
     drop_caches()
-    with running_mount(dst, mnt, "--cache-size", "120%", *a.mount_option):
+    with running_mount(dst, mnt, "--cache-size", "120%", *a.mount_option, env=env):
         list_tree(mnt)
         write_order(mnt, orders[0], 0)
         before = stats(mnt)
@@ -144,7 +152,7 @@ def fusefs_round(dst, mnt, pool, rels, orders, a) -> dict:
         with open(os.path.join(dst, "chunks", sorted(os.listdir(os.path.join(dst, "chunks")))[k]), "rb") as f:
             while f.read(16 << 20):
                 pass
-    with running_mount(dst, mnt, "--cache-size", "120%", *a.mount_option):
+    with running_mount(dst, mnt, "--cache-size", "120%", *a.mount_option, env=env):
         list_tree(mnt)
         for epoch, name in enumerate(("chunks", "kernel", "daemon")):
             if name == "daemon":
@@ -166,6 +174,8 @@ def main() -> int:
     p.add_argument("--no-peer", action="store_true", help="skip the minimal pyfuse3 daemon")
     p.add_argument("--mount-option", action="append", default=[], metavar="OPT",
                    help="an extra `fusefs mount` argument (repeat), e.g. --mount-option=--no-kernel-cache")
+    p.add_argument("--against", metavar="REF",
+                   help="also run fusefs/ of commit REF, side by side, alternating each round")
     a = p.parse_args()
     n = a.files or (2_000 if a.quick else 20_000)
     os.makedirs(a.out, exist_ok=True)
@@ -174,16 +184,43 @@ def main() -> int:
         make_files(src, n)
     if not os.path.exists(os.path.join(dst, "index.fusefs")):
         pack(src, dst, force=True, progress=False)
-    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "fusefs"], capture_output=True,
-                           text=True).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD")
+    dirty = git("status", "--porcelain", "fusefs")
+    here = commit + ("+dirty" if dirty else "")
+    # PYTHONSAFEPATH: `python -m fusefs` must not import fusefs/ from the current folder
+    versions = {here: dict(os.environ, PYTHONPATH=REPO, PYTHONSAFEPATH="1")}
+    worktree = None
+    if a.against:
+        ref = git("rev-parse", "--short", a.against)
+        worktree = tempfile.mkdtemp(prefix="fusefs-against-")
+        subprocess.run(["git", "-C", REPO, "worktree", "add", "-f", "--detach", worktree, ref],
+                       check=True, capture_output=True)
+        versions = {ref: dict(os.environ, PYTHONPATH=worktree, PYTHONSAFEPATH="1"), **versions}
     rows = []
 
     def emit(r):
         rows.append(r)
         print(json.dumps(r), flush=True)
 
+    try:
+        run(a, n, src, dst, mnt, versions, emit)
+    finally:
+        if worktree is not None:
+            subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", worktree],
+                           capture_output=True)
+    result = {"files": n, "readers": a.readers, "commit": here, "against": a.against,
+              "mount_options": a.mount_option, "rows": rows}
+    with open(os.path.join(a.out, "bench_hotpath.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"saved {a.out}/bench_hotpath.json (commit {result['commit']})")
+    return 0
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True).stdout.strip()
+
+
+def run(a, n, src, dst, mnt, versions, emit) -> None:
     with mp.get_context("fork").Pool(a.readers) as pool:
         from fusefs.index import INDEX_NAME, Index
         ix = Index.load(os.path.join(dst, INDEX_NAME))
@@ -196,24 +233,25 @@ def main() -> int:
         emit(row("loose_cold", n, read_epoch(pool, paths, a.readers)))
         emit(row("loose_warm", n, read_epoch(pool, paths, a.readers)))
 
-        trials: dict[str, list] = {}
-        for _ in range(a.rounds):  # a fresh daemon each round; the median round is reported
-            for name, r in fusefs_round(dst, mnt, pool, rels, orders, a).items():
-                trials.setdefault(name, []).append(r)
-        for name, rs in trials.items():
+        trials: dict[tuple, list] = {}
+        names = list(versions)
+        for i in range(a.rounds):  # fresh daemons each round; the median round is reported
+            for version in (names if i % 2 == 0 else names[::-1]):
+                for name, r in fusefs_round(dst, mnt, pool, rels, orders, a, versions[version]).items():
+                    trials.setdefault((name, version), []).append(r)
+        for (name, version), rs in trials.items():
             r = sorted(rs, key=lambda r: r["daemon_cpu_us_per_sample"])[len(rs) // 2]
-            r["cpu_us_per_sample_all_rounds"] = [x["daemon_cpu_us_per_sample"] for x in rs]
+            r["cpu_us_per_sample_all_rounds"] = cpu = [x["daemon_cpu_us_per_sample"] for x in rs]
+            if len(versions) > 1:
+                r["version"] = version
+                if version != names[0]:
+                    ref = [x["daemon_cpu_us_per_sample"] for x in trials[(name, names[0])]]
+                    r["cpu_ratio_to_" + names[0] + "_by_round"] = [round(x / y, 3) for x, y in zip(cpu, ref)]
             emit(r)
         if not a.no_peer:
             drop_caches()
             for r in minimal_peer(src, mnt + "-minimal", pool, rels, orders, a.readers):
                 emit(r)
-    result = {"files": n, "readers": a.readers, "commit": commit + ("+dirty" if dirty else ""),
-              "mount_options": a.mount_option, "rows": rows}
-    with open(os.path.join(a.out, "bench_hotpath.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"saved {a.out}/bench_hotpath.json (commit {result['commit']})")
-    return 0
 
 
 if __name__ == "__main__":
