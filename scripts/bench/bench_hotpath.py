@@ -19,7 +19,8 @@ readers on the loose source files (page cache cold and warm), and a minimal pyfu
 serving the files from RAM (scripts/bench/minimal_daemon.py: its first epoch reads through the
 daemon, its second is served from the kernel page cache), the floor of the binding on this
 machine. One JSON line per row: samples/s, daemon CPU us per sample (the daemon's own
-getrusage) and FUSE requests per sample by type.
+getrusage), the same split into the event-loop thread and the other (fetch) threads, user
+and system, and FUSE requests per sample by type.
 
 usage: .venv/bin/python scripts/bench/bench_hotpath.py [--quick] [--files N] [--readers 4] [--out DIR]
        (--quick: 2,000 files, under a minute; run it before every commit that touches fusefs/)
@@ -44,6 +45,7 @@ import tempfile
 import time
 
 import numpy as np
+import psutil
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -121,8 +123,24 @@ def write_order(mnt: str, ids, epoch: int) -> None:
         os.close(fd)
 
 
-def row(name: str, n: int, seconds: float, before: dict | None = None, after: dict | None = None) -> dict:
+def thread_cpu(pid: int) -> dict:
+    """CPU seconds (user, system) of the daemon's event-loop thread (the main thread, which
+    runs every FUSE handler) and of all its other threads (the fetches' worker threads)."""
+    out = {"loop": [0.0, 0.0], "threads": [0.0, 0.0]}
+    for t in psutil.Process(pid).threads():
+        side = out["loop" if t.id == pid else "threads"]
+        side[0] += t.user_time
+        side[1] += t.system_time
+    return out
+
+
+def row(name: str, n: int, seconds: float, before: dict | None = None, after: dict | None = None,
+        threads: tuple[dict, dict] | None = None) -> dict:
     out = {"regime": name, "samples": n, "samples_per_s": round(n / seconds, 1)}
+    if threads is not None:  # us per sample: [user, system]
+        t0, t1 = threads
+        for k in ("loop", "threads"):
+            out[f"{k}_cpu_us_per_sample"] = [round(1e6 * (t1[k][i] - t0[k][i]) / n) for i in (0, 1)]
     if before is not None:
         cpu = after["cpu_s"] - before["cpu_s"]
         reqs = {k: v - before["requests"].get(k, 0) for k, v in after["requests"].items()}
@@ -142,25 +160,25 @@ def fusefs_round(dst, mnt, pool, rels, orders, a, env=None) -> dict:
     out = {}
     n = len(rels)
     drop_caches()
-    with running_mount(dst, mnt, "--cache-size", "120%", *a.mount_option, env=env):
+    with running_mount(dst, mnt, "--cache-size", "120%", *a.mount_option, env=env) as (proc, _):
         list_tree(mnt)
         write_order(mnt, orders[0], 0)
-        before = stats(mnt)
+        before, t0 = stats(mnt), thread_cpu(proc.pid)
         dt = read_epoch(pool, [os.path.join(mnt, rels[i]) for i in orders[0]], a.readers)
-        out["chunks_cold"] = row("chunks_cold", n, dt, before, stats(mnt))
+        out["chunks_cold"] = row("chunks_cold", n, dt, before, stats(mnt), (t0, thread_cpu(proc.pid)))
     for k in range(len(os.listdir(os.path.join(dst, "chunks")))):  # chunk files into the page cache
         with open(os.path.join(dst, "chunks", sorted(os.listdir(os.path.join(dst, "chunks")))[k]), "rb") as f:
             while f.read(16 << 20):
                 pass
-    with running_mount(dst, mnt, "--cache-size", "120%", *a.mount_option, env=env):
+    with running_mount(dst, mnt, "--cache-size", "120%", *a.mount_option, env=env) as (proc, _):
         list_tree(mnt)
         for epoch, name in enumerate(("chunks", "kernel", "daemon")):
             if name == "daemon":
                 drop_caches(1)
             write_order(mnt, orders[epoch], epoch)
-            before = stats(mnt)
+            before, t0 = stats(mnt), thread_cpu(proc.pid)
             dt = read_epoch(pool, [os.path.join(mnt, rels[i]) for i in orders[epoch]], a.readers)
-            out[name] = row(name, n, dt, before, stats(mnt))
+            out[name] = row(name, n, dt, before, stats(mnt), (t0, thread_cpu(proc.pid)))
     return out
 
 
