@@ -54,7 +54,7 @@ class Stats:
     """Counters of the daemon; a snapshot goes to `.fusefs/stats`."""
 
     FIELDS = ("opens", "opens_pushed", "releases", "reads", "bytes_served", "hits", "pushed",
-              "push_skipped",
+              "push_skipped", "kernel_dropped",
               "misses", "read_waits", "eio", "orders_accepted", "orders_refused")
 
     def __init__(self):
@@ -100,7 +100,8 @@ class Core:
                                push=self.reads.push)
         self.reads.fetcher = self.fetcher
         self.prefetcher = Prefetcher(index, self.policy, self.cache, self.fetcher,
-                                     self.reads.fetch_batch, readahead)
+                                     self.reads.fetch_batch, readahead,
+                                     kernel_holds=self.reads.kernel_holds)
         self.reads.prefetcher = self.prefetcher
         self.reads.ino_of = lambda sid: self.file_base + sid
         self.uid = os.getuid() if uid is None else uid
@@ -264,6 +265,7 @@ class Core:
         if sid is None:
             return self.control.read(fh, off, size)
         self.stats.reads += 1
+        self.reads.lost(sid)
         if off >= int(self.index.size[sid]):
             return b""
         data = self._held.get(fh)
@@ -374,6 +376,7 @@ class Core:
                    pinned_samples=self.cache.pinned_samples, pinned_bytes=self.cache.pinned_bytes,
                    pins_picked=len(self.cache.pin_set),
                    in_kernel=int(np.count_nonzero(self.in_kernel)),
+                   kernel_drops=self.reads.kernel_drops,
                    local_hits=self.local.hits if self.local is not None else 0,
                    local=self.local.statistics() if self.local is not None else None,
                    nodes=self.fetcher.statistics())

@@ -284,12 +284,15 @@ class Prefetcher:
 
     MAX_BATCH_BYTES = 16 << 20
 
-    def __init__(self, index, policy, cache, fetcher, fetch_batch, readahead: int | None = None):
+    def __init__(self, index, policy, cache, fetcher, fetch_batch, readahead: int | None = None,
+                 kernel_holds=lambda sid: False):
         """index: sample sizes and chunks; policy: the plans and next-use keys; cache: where
         room is reserved; fetcher: node queues' requests; fetch_batch(sids, reserved,
-        claimed=...): runs a batch and delivers its samples (Core.fetch_batch)."""
+        claimed=...): runs a batch and delivers its samples (Core.fetch_batch);
+        kernel_holds(sid): whether the kernel page cache holds the sample (not read ahead)."""
         self.index, self.policy, self.cache, self.fetcher = index, policy, cache, fetcher
         self.fetch_batch = fetch_batch
+        self.kernel_holds = kernel_holds
         self._wake = trio.Event()
         self.nursery = None
         self.batches = 0
@@ -347,6 +350,13 @@ class Prefetcher:
         self.heads.clear()
         self._fresh = True
 
+    def rewind(self) -> None:
+        """Walk the plans again from the readers' cursors (what was passed over may need
+        fetching now: the kernel dropped pages it was thought to hold)."""
+        self.heads.clear()
+        self._fresh = True
+        self.wake()
+
     def schedule_now(self) -> None:
         """Plan and dispatch at once (a new order), not at the read-ahead task's next turn."""
         try:
@@ -369,6 +379,7 @@ class Prefetcher:
         than the head's sample or every plan is fully covered (round robin over ranks)."""
         cache, inflight, queued = self.cache, self.fetcher.inflight, self.queued
         sizes, node_of, key = self.index.size, self.fetcher.node_of, self.policy.key
+        kernel_holds = self.kernel_holds
         active = [(rank, plan) for rank, plan in self.policy.plans.items()
                   if self.heads.get(rank, 0) < len(plan.ids) + len(plan.next_ids)]
         while active:
@@ -385,7 +396,7 @@ class Prefetcher:
                             continue
                     else:
                         sid = int(nxt[pos - n])
-                    if sid in cache or sid in inflight or sid in queued:
+                    if sid in cache or sid in inflight or sid in queued or kernel_holds(sid):
                         pos += 1
                         continue
                     break

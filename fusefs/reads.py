@@ -41,6 +41,10 @@ class Reads:
         self.kernel = None
         self.ino_of = None
         self.in_kernel = np.zeros(index.n_files, dtype=bool)  # pushed, not forgotten since
+        # The kernel drops pushed pages under memory pressure without telling the daemon (it
+        # tells only when it forgets an inode). A read that reaches the daemon for a pushed
+        # sample shows it did (`lost`); from then on in_kernel is no longer trusted.
+        self.kernel_drops = False
         self.corrupt: dict[int, str] = {}  # samples whose stored bytes fail their checksum
         self._recent = collections.deque(maxlen=32)  # recently read samples (scan detection)
         self.nursery: trio.Nursery | None = None  # where fetches of missed samples run (Core.run)
@@ -50,7 +54,7 @@ class Reads:
         thread, after the event loop has them: a push waits for the locks of the file's
         pages, and a reader's read of that file holds one until the loop answers it)."""
         kernel = self.kernel
-        if kernel is None or self.in_kernel[sid]:
+        if kernel is None or self.kernel_holds(sid):
             self.stats.push_skipped += kernel is not None
             return
         try:
@@ -63,6 +67,29 @@ class Reads:
             return
         self.in_kernel[sid] = True
         self.stats.pushed += 1
+
+    def kernel_holds(self, sid: int) -> bool:
+        """Whether the kernel page cache holds sample sid's pages, as far as the daemon can
+        tell: pushed and not forgotten since, as long as the kernel has not been seen to drop
+        pushed pages. Such a sample is neither pushed again nor fetched ahead."""
+        return bool(self.in_kernel[sid]) and not self.kernel_drops
+
+    def lost(self, sid: int) -> None:
+        """A read of sample sid reached the daemon: the kernel does not hold all its pages.
+        If they had been pushed, the kernel dropped them (memory pressure): from then on
+        every fetched sample is pushed and the read-ahead fetches what the kernel was thought
+        to hold (Prefetcher.rewind)."""
+        if not self.in_kernel[sid]:
+            return
+        self.in_kernel[sid] = False
+        self.stats.kernel_dropped += 1
+        if not self.kernel_drops:
+            self.kernel_drops = True
+            log.info("the kernel dropped pages pushed to it (%s): from now on every fetched "
+                     "sample is pushed, and read ahead also when it was pushed before",
+                     os.fsdecode(self.index.file_path(sid)))
+            if self.prefetcher is not None:
+                self.prefetcher.rewind()
 
     async def fetch(self, sid: int) -> bytes:
         """Sample sid's verified bytes, from the cache, a fetch under way, or the backend."""

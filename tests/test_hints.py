@@ -237,6 +237,55 @@ def test_read_ahead_bytes_pushed_to_the_kernel_page_cache(tricky, tmp_path, kern
             assert s["cache_samples"] == len(rels)  # kept: room is not needed
 
 
+def _epoch(mnt, rels, files, ids, epoch, pause=0.01):
+    """Write an order of rels and read them in it (pausing between files, so that the
+    read-ahead keeps ahead of this one reader); the stats' changes over the epoch, with
+    the FUSE requests it cost by type."""
+    write_order(mnt, [ids[os.fsencode(r)] for r in rels], epoch=epoch)
+    before = mount_stats(mnt)
+    for r in rels:
+        with open(os.path.join(mnt, r), "rb") as f:
+            assert f.read() == files[r], r
+        time.sleep(pause)
+    after = mount_stats(mnt)
+    delta = {k: after[k] - before[k] for k in ("pushed", "backend_samples", "kernel_dropped")}
+    delta["requests"] = {k: v - before["requests"].get(k, 0) for k, v in after["requests"].items()
+                         if v - before["requests"].get(k, 0)}
+    return delta, after
+
+
+def test_samples_the_kernel_holds_are_not_fetched_again_until_it_drops_pages(tricky, tmp_path):
+    """A cache of a fifth of the set: a sample pushed to the kernel page cache is not read
+    ahead from the backend again while the kernel holds it. When the kernel drops pushed
+    pages (here POSIX_FADV_DONTNEED through the mount, as memory pressure does without
+    telling the daemon), the first read of such a sample shows it: from then on fetched
+    samples are pushed again and the read-ahead fetches what it skipped."""
+    src, dst, files = tricky
+    rels = sorted(k for k, v in files.items() if not k.endswith("/") and v)
+    mnt = str(tmp_path / "mnt")
+    with running_mount(dst, mnt, "--cache-size", "20%"):
+        assert len([f for _, _, fs in os.walk(mnt) for f in fs]) == len(files) - 2  # listed
+        ids = mount_ids(mnt)
+        first, s = _epoch(mnt, rels, files, ids, 0)
+        pushed = s["in_kernel"]
+        assert pushed >= len(rels) // 2, s  # most samples arrived before their reader
+        assert s["cache_samples"] < len(rels) // 2  # the daemon's cache holds few of them
+        again, s = _epoch(mnt, rels, files, ids, 1)
+        # only what was not pushed is fetched (before: everything the cache did not hold)
+        assert again["backend_samples"] <= len(rels) - pushed, (again, s)
+        assert again["kernel_dropped"] == 0 and not s["kernel_drops"]
+        for r in rels:  # the kernel drops the pages of every file
+            fd = os.open(os.path.join(mnt, r), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        dropped, s = _epoch(mnt, rels, files, ids, 2)  # bytes still exact (checked in _epoch)
+        assert dropped["kernel_dropped"] >= 1 and s["kernel_drops"], (dropped, s)
+        assert dropped["pushed"] >= len(rels) // 2, dropped  # pushing again
+        assert dropped["requests"].get("read", 0) < len(rels) // 2, dropped  # not a read each
+
+
 def _rank_reads(args):
     mnt, rels, rank = args
     paths = [os.path.join(mnt, r) for r in rels]

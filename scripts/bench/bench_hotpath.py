@@ -12,6 +12,10 @@ workers do). Three regimes, each one epoch in a fresh order:
   kernel   the next epoch: the kernel page cache holds every sample
   daemon   the kernel page cache dropped (echo 1 > drop_caches), the daemon's cache holds
            every sample
+  small_*  a fresh daemon with a cache of a tenth of the set (as in training): small_fill
+           (first epoch), small_kernel (the next: the kernel page cache still holds what was
+           pushed), small_dropped (the kernel page cache dropped before the epoch, as memory
+           pressure drops it, and the chunk files read back into it)
 
 The tree is listed first, as ImageFolder does (the kernel then knows every inode, so
 fetched samples can be pushed into its page cache). Side by side in the same run: the same
@@ -30,8 +34,10 @@ median CPU per sample is printed, with every round's figure beside it.
 --against REF measures two versions of fusefs/ side by side in one run: REF (a commit,
 checked out into a temporary git worktree) and the working tree, each round running both
 with fresh daemons, in alternating order (A B, B A, ...). Rows carry "version"; each
-regime's line for the working tree adds the per-round ratios to REF (round i of one against
-round i of the other, which ran next to it). This machine is noisy: compare code this way.
+regime's line of the second version adds the per-round ratios to the first (round i of one
+against round i of the other, which ran next to it). --against-options ARGS does the same
+for the working tree with and without extra mount arguments. This machine is noisy:
+compare code and settings this way.
 """
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -124,14 +131,14 @@ def write_order(mnt: str, ids, epoch: int) -> None:
 
 
 def thread_cpu(pid: int) -> dict:
-    """CPU seconds (user, system) of the daemon's event-loop thread (the main thread, which
-    runs every FUSE handler) and of all its other threads (the fetches' worker threads)."""
-    out = {"loop": [0.0, 0.0], "threads": [0.0, 0.0]}
-    for t in psutil.Process(pid).threads():
-        side = out["loop" if t.id == pid else "threads"]
-        side[0] += t.user_time
-        side[1] += t.system_time
-    return out
+    """CPU seconds [user, system] of the daemon's event-loop thread (the main thread, which
+    runs every FUSE handler) and of all its other threads, those that exited included (the
+    fetches' worker threads: trio retires idle ones)."""
+    proc = psutil.Process(pid)
+    total = proc.cpu_times()
+    loop = next((t for t in proc.threads() if t.id == pid), None)
+    lu, ls = (loop.user_time, loop.system_time) if loop else (0.0, 0.0)
+    return {"loop": [lu, ls], "threads": [total.user - lu, total.system - ls]}
 
 
 def row(name: str, n: int, seconds: float, before: dict | None = None, after: dict | None = None,
@@ -153,33 +160,49 @@ def row(name: str, n: int, seconds: float, before: dict | None = None, after: di
     return out
 
 
-def fusefs_round(dst, mnt, pool, rels, orders, a, env=None) -> dict:
+def fusefs_round(dst, mnt, pool, rels, orders, a, env=None, options=()) -> dict:
     """One round of the fusefs regimes: chunks_cold (page cache dropped), then a fresh
-    daemon over chunk files warm in the page cache: chunks, kernel, daemon. env: the
-    daemons' environment (PYTHONPATH picks the version of fusefs)."""
+    daemon over chunk files warm in the page cache: chunks, kernel, daemon; then a fresh
+    daemon with a cache of a tenth of the set: small_fill, small_kernel, small_dropped. env:
+    the daemons' environment (PYTHONPATH picks the version of fusefs); options: more mount
+    arguments."""
+    options = [*a.mount_option, *options]
     out = {}
     n = len(rels)
-    drop_caches()
-    with running_mount(dst, mnt, "--cache-size", "120%", *a.mount_option, env=env) as (proc, _):
-        list_tree(mnt)
-        write_order(mnt, orders[0], 0)
+
+    def epoch(name, proc, order, number):
+        write_order(mnt, order, number)
         before, t0 = stats(mnt), thread_cpu(proc.pid)
-        dt = read_epoch(pool, [os.path.join(mnt, rels[i]) for i in orders[0]], a.readers)
-        out["chunks_cold"] = row("chunks_cold", n, dt, before, stats(mnt), (t0, thread_cpu(proc.pid)))
-    for k in range(len(os.listdir(os.path.join(dst, "chunks")))):  # chunk files into the page cache
-        with open(os.path.join(dst, "chunks", sorted(os.listdir(os.path.join(dst, "chunks")))[k]), "rb") as f:
-            while f.read(16 << 20):
-                pass
-    with running_mount(dst, mnt, "--cache-size", "120%", *a.mount_option, env=env) as (proc, _):
+        dt = read_epoch(pool, [os.path.join(mnt, rels[i]) for i in order], a.readers)
+        out[name] = row(name, n, dt, before, stats(mnt), (t0, thread_cpu(proc.pid)))
+
+    drop_caches()
+    with running_mount(dst, mnt, "--cache-size", "120%", *options, env=env) as (proc, _):
         list_tree(mnt)
-        for epoch, name in enumerate(("chunks", "kernel", "daemon")):
+        epoch("chunks_cold", proc, orders[0], 0)
+    warm_chunks(dst)
+    with running_mount(dst, mnt, "--cache-size", "120%", *options, env=env) as (proc, _):
+        list_tree(mnt)
+        for number, name in enumerate(("chunks", "kernel", "daemon")):
             if name == "daemon":
                 drop_caches(1)
-            write_order(mnt, orders[epoch], epoch)
-            before, t0 = stats(mnt), thread_cpu(proc.pid)
-            dt = read_epoch(pool, [os.path.join(mnt, rels[i]) for i in orders[epoch]], a.readers)
-            out[name] = row(name, n, dt, before, stats(mnt), (t0, thread_cpu(proc.pid)))
+            epoch(name, proc, orders[number], number)
+    with running_mount(dst, mnt, "--cache-size", "10%", *options, env=env) as (proc, _):
+        list_tree(mnt)
+        for number, name in enumerate(("small_fill", "small_kernel", "small_dropped")):
+            if name == "small_dropped":  # as memory pressure does, without telling the daemon
+                drop_caches(1)
+                warm_chunks(dst)
+            epoch(name, proc, orders[number], number)
     return out
+
+
+def warm_chunks(dst: str) -> None:
+    """Read the chunk files into the page cache."""
+    for name in sorted(os.listdir(os.path.join(dst, "chunks"))):
+        with open(os.path.join(dst, "chunks", name), "rb") as f:
+            while f.read(16 << 20):
+                pass
 
 
 def main() -> int:
@@ -194,6 +217,9 @@ def main() -> int:
                    help="an extra `fusefs mount` argument (repeat), e.g. --mount-option=--no-kernel-cache")
     p.add_argument("--against", metavar="REF",
                    help="also run fusefs/ of commit REF, side by side, alternating each round")
+    p.add_argument("--against-options", metavar="ARGS",
+                   help="also run the working tree with these extra mount arguments (one string), "
+                        "side by side, e.g. --against-options=--no-willneed")
     a = p.parse_args()
     n = a.files or (2_000 if a.quick else 20_000)
     os.makedirs(a.out, exist_ok=True)
@@ -206,14 +232,17 @@ def main() -> int:
     dirty = git("status", "--porcelain", "fusefs")
     here = commit + ("+dirty" if dirty else "")
     # PYTHONSAFEPATH: `python -m fusefs` must not import fusefs/ from the current folder
-    versions = {here: dict(os.environ, PYTHONPATH=REPO, PYTHONSAFEPATH="1")}
+    # version name -> (the daemons' environment, extra mount arguments)
+    versions = {here: (dict(os.environ, PYTHONPATH=REPO, PYTHONSAFEPATH="1"), [])}
     worktree = None
     if a.against:
         ref = git("rev-parse", "--short", a.against)
         worktree = tempfile.mkdtemp(prefix="fusefs-against-")
         subprocess.run(["git", "-C", REPO, "worktree", "add", "-f", "--detach", worktree, ref],
                        check=True, capture_output=True)
-        versions = {ref: dict(os.environ, PYTHONPATH=worktree, PYTHONSAFEPATH="1"), **versions}
+        versions = {ref: (dict(os.environ, PYTHONPATH=worktree, PYTHONSAFEPATH="1"), []), **versions}
+    if a.against_options:
+        versions[f"{here} {a.against_options}"] = (versions[here][0], shlex.split(a.against_options))
     rows = []
 
     def emit(r):
@@ -255,7 +284,7 @@ def run(a, n, src, dst, mnt, versions, emit) -> None:
         names = list(versions)
         for i in range(a.rounds):  # fresh daemons each round; the median round is reported
             for version in (names if i % 2 == 0 else names[::-1]):
-                for name, r in fusefs_round(dst, mnt, pool, rels, orders, a, versions[version]).items():
+                for name, r in fusefs_round(dst, mnt, pool, rels, orders, a, *versions[version]).items():
                     trials.setdefault((name, version), []).append(r)
         for (name, version), rs in trials.items():
             r = sorted(rs, key=lambda r: r["daemon_cpu_us_per_sample"])[len(rs) // 2]
@@ -264,7 +293,8 @@ def run(a, n, src, dst, mnt, versions, emit) -> None:
                 r["version"] = version
                 if version != names[0]:
                     ref = [x["daemon_cpu_us_per_sample"] for x in trials[(name, names[0])]]
-                    r["cpu_ratio_to_" + names[0] + "_by_round"] = [round(x / y, 3) for x, y in zip(cpu, ref)]
+                    r["cpu_ratio_by_round"] = [round(x / y, 3) for x, y in zip(cpu, ref)]
+                    r["ratio_to"] = names[0]
             emit(r)
         if not a.no_peer:
             drop_caches()
