@@ -322,6 +322,7 @@ class Core:
             log.warning("order for rank %d refused, the previous one stays: %s", rank, e)
             raise FsError(errno.EINVAL, str(e)) from None
         self.policy.set_order(rank, order)
+        self.reads.trust_kernel()
         self.prefetcher.reset()
         self.stats.orders_accepted += 1
         if self.cache.static:

@@ -27,6 +27,11 @@ from .store import CorruptSample
 
 log = logging.getLogger("fusefs")
 
+# Distrust what was pushed to the kernel once this share of the pushed samples opened under
+# an order were found dropped (and at least MIN_DROPS of them): see Reads.lost.
+DROP_SHARE = 0.1
+MIN_DROPS = 16
+
 
 class Reads:
     def __init__(self, index, store, cache, policy, fetcher, stats, local=None):
@@ -41,10 +46,14 @@ class Reads:
         self.kernel = None
         self.ino_of = None
         self.in_kernel = np.zeros(index.n_files, dtype=bool)  # pushed, not forgotten since
-        # The kernel drops pushed pages under memory pressure without telling the daemon (it
-        # tells only when it forgets an inode). A read that reaches the daemon for a pushed
-        # sample shows it did (`lost`); from then on in_kernel is no longer trusted.
+        # The kernel drops pushed pages without telling the daemon (it tells only when it
+        # forgets an inode): under memory pressure, or reclaiming cold pages proactively. A
+        # read that reaches the daemon for a pushed sample shows it did (`lost`). When that
+        # happens to many of the pushed samples opened under an order, in_kernel is not
+        # trusted until the next order (kernel_drops).
         self.kernel_drops = False
+        self._drops = 0              # pushed samples found dropped since the last order
+        self._opens_at_order = 0     # stats.opens_pushed when the last order came
         self.corrupt: dict[int, str] = {}  # samples whose stored bytes fail their checksum
         self._recent = collections.deque(maxlen=32)  # recently read samples (scan detection)
         self.nursery: trio.Nursery | None = None  # where fetches of missed samples run (Core.run)
@@ -70,26 +79,36 @@ class Reads:
 
     def kernel_holds(self, sid: int) -> bool:
         """Whether the kernel page cache holds sample sid's pages, as far as the daemon can
-        tell: pushed and not forgotten since, as long as the kernel has not been seen to drop
-        pushed pages. Such a sample is neither pushed again nor fetched ahead."""
+        tell: pushed and not forgotten or found dropped since, and in_kernel is trusted.
+        Such a sample is neither pushed again nor read ahead."""
         return bool(self.in_kernel[sid]) and not self.kernel_drops
 
     def lost(self, sid: int) -> None:
         """A read of sample sid reached the daemon: the kernel does not hold all its pages.
-        If they had been pushed, the kernel dropped them (memory pressure): from then on
-        every fetched sample is pushed and the read-ahead fetches what the kernel was thought
-        to hold (Prefetcher.rewind)."""
+        If they had been pushed, the kernel dropped some. One such sample costs its reader a
+        fetch (a miss); once more than DROP_SHARE of the pushed samples opened under this
+        order (and at least MIN_DROPS) were dropped, in_kernel is not trusted until the next
+        order: every fetched sample is pushed, and the read-ahead goes back to the cursors
+        to fetch what it skipped (Prefetcher.rewind)."""
         if not self.in_kernel[sid]:
             return
         self.in_kernel[sid] = False
         self.stats.kernel_dropped += 1
-        if not self.kernel_drops:
+        self._drops += 1
+        opened = self.stats.opens_pushed - self._opens_at_order
+        if not self.kernel_drops and self._drops >= MIN_DROPS and self._drops > DROP_SHARE * opened:
             self.kernel_drops = True
-            log.info("the kernel dropped pages pushed to it (%s): from now on every fetched "
-                     "sample is pushed, and read ahead also when it was pushed before",
-                     os.fsdecode(self.index.file_path(sid)))
+            log.info("the kernel dropped pages of %d of the %d pushed samples opened under the "
+                     "current order(s): until the next order, every fetched sample is pushed "
+                     "and read ahead also when it was pushed before", self._drops, opened)
             if self.prefetcher is not None:
                 self.prefetcher.rewind()
+
+    def trust_kernel(self) -> None:
+        """A new order: trust in_kernel again, and count drops afresh."""
+        self.kernel_drops = False
+        self._drops = 0
+        self._opens_at_order = self.stats.opens_pushed
 
     async def fetch(self, sid: int) -> bytes:
         """Sample sid's verified bytes, from the cache, a fetch under way, or the backend."""
