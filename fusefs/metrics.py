@@ -21,6 +21,8 @@ COUNTERS = (
     ("bytes_served", "served_bytes", "Bytes returned by read() requests"),
     ("hits", "cache_hits", "Samples found in the daemon's cache or the kernel's"),
     ("pushed", "kernel_pushed_samples", "Samples pushed into the kernel page cache"),
+    ("kernel_dropped", "kernel_dropped_samples",
+     "Pushed samples whose pages the kernel was found to have dropped (a read reached the daemon)"),
     ("misses", "cache_misses", "Samples fetched on demand (not read ahead)"),
     ("eio", "eio", "Reads answered with EIO"),
     ("evictions", "cache_evictions", "Samples evicted from the cache"),

@@ -52,6 +52,7 @@ def test_metrics_file_and_http_agree_with_the_stats(tricky, tmp_path):
         assert scraped[("fusefs_plan_epoch", frozenset({("rank", "0")}))] == 4
         assert scraped[("fusefs_plan_length", frozenset({("rank", "0")}))] == 3
         assert ("fusefs_read_wait_seconds_count", frozenset()) in scraped
+        assert scraped[("fusefs_kernel_dropped_samples_total", frozenset())] >= stats["kernel_dropped"]
         assert scraped[("fusefs_fuse_requests_total", frozenset({("type", "open")}))] > 0
     assert ".fusefs" not in root_listing  # the control folder is reached by path, never listed
 
