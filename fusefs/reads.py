@@ -7,7 +7,9 @@ as a task of `Reads.nursery` (Core.run opens it), in a batch on one node
 (prefetch.Fetcher: worker threads, retries, per-node bounds). As each sample arrives,
 `deliver` keeps it where the orders need it before something cached (cache.py, by
 policy.py's keys), offers it to the local tier, and the worker thread pushes it into the
-kernel page cache (`push`), after the event loop has it.
+kernel page cache (`push`), after the event loop has it. A sample the kernel holds is
+neither pushed again nor read ahead (`kernel_holds`); a read that reaches the daemon for
+one shows that the kernel dropped its pages (`lost`).
 """
 from __future__ import annotations
 
