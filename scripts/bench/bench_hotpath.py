@@ -1,9 +1,10 @@
 """The daemon's hot path: CPU and FUSE requests per sample (the regression guard for fusefs/).
 
 A local packed set of random files (~110 KB each, like ImageNet JPEGs) is mounted with a
-cache larger than the set; 4 reader processes read whole files in an epoch order written
-to the mount (as HintedSampler writes it), each taking every 4th position (as DataLoader
-workers do). Three regimes, each one epoch in a fresh order:
+cache larger than the set (a tenth of it in the small_* regimes); 4 reader processes read
+whole files in an epoch order written to the mount (as HintedSampler writes it), each
+taking every 4th position (as DataLoader workers do). The regimes, each one epoch in a
+fresh order:
 
   chunks_cold  fresh daemon, page cache dropped: every sample is fetched from the local
            chunk files on disk (read, checksummed, pushed to the kernel, delivered)
