@@ -12,7 +12,7 @@ from fusefs.testing import running_mount
 
 def tar_sha256(root) -> str:
     """sha256 of `tar --sort=name -cf - .` in root: names, modes, owners, mtimes and bytes."""
-    out = subprocess.run(f"tar --sort=name -cf - . | sha256sum", shell=True, cwd=root,
+    out = subprocess.run("tar --sort=name -cf - . | sha256sum", shell=True, cwd=root,
                          capture_output=True, text=True, check=True)
     return out.stdout.split()[0]
 

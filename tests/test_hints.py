@@ -274,9 +274,11 @@ def test_samples_the_kernel_holds_are_not_fetched_again_until_it_drops_pages(tri
         assert pushed >= len(rels) // 2, s  # most samples arrived before their reader
         assert s["cache_samples"] < len(rels) // 2  # the daemon's cache holds few of them
         again, s = _epoch(mnt, rels, files, ids, 1)
-        # only what was not pushed is fetched (before: everything the cache did not hold)
-        assert again["backend_samples"] <= len(rels) - pushed, (again, s)
-        assert again["kernel_dropped"] == 0 and not s["kernel_drops"]
+        # only what was not pushed is fetched, and what the kernel was found to have dropped
+        # meanwhile (it may reclaim cold pages at any time); before: everything the cache
+        # did not hold
+        assert again["backend_samples"] <= len(rels) - pushed + again["kernel_dropped"], (again, s)
+        assert again["kernel_dropped"] < MIN_DROPS and not s["kernel_drops"], again
         for r in rels:  # the kernel drops the pages of every file
             fd = os.open(os.path.join(mnt, r), os.O_RDONLY)
             try:

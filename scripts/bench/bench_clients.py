@@ -29,7 +29,7 @@ from fusefs.synth import make_imagefolder
 from fusefs.testbed import GLUSTER_SH, GMNT, copy_tree, drop_caches
 from fusefs.testing import running_mount
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import REPO, commit as common_commit
 
 
 def fio(root: str) -> dict:
@@ -70,8 +70,7 @@ def main() -> int:
         copy_tree(src, loose, threads=8)
         pack(src, packed, chunk_bytes=8 << 20, progress=False)
     n = sum(len(fs) for _, _, fs in os.walk(src))
-    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, check=False).stdout.strip()
+    commit = common_commit()
     res = {"files": n, "delay_ms": a.delay_ms, "commit": commit, "rounds": []}
     mnt = os.path.join(a.out, "mnt")
     for _ in range(a.rounds):

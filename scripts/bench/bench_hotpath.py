@@ -55,7 +55,7 @@ import time
 import numpy as np
 import psutil
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import REPO, commit as common_commit, git
 
 from fusefs import order as orderfmt
 from fusefs.pack import pack
@@ -229,9 +229,7 @@ def main() -> int:
         make_files(src, n)
     if not os.path.exists(os.path.join(dst, "index.fusefs")):
         pack(src, dst, force=True, progress=False)
-    commit = git("rev-parse", "--short", "HEAD")
-    dirty = git("status", "--porcelain", "fusefs")
-    here = commit + ("+dirty" if dirty else "")
+    here = common_commit()
     # PYTHONSAFEPATH: `python -m fusefs` must not import fusefs/ from the current folder
     # version name -> (the daemons' environment, extra mount arguments)
     versions = {here: (dict(os.environ, PYTHONPATH=REPO, PYTHONSAFEPATH="1"), [])}
@@ -262,10 +260,6 @@ def main() -> int:
         json.dump(result, f, indent=1)
     print(f"saved {a.out}/bench_hotpath.json (commit {result['commit']})")
     return 0
-
-
-def git(*args: str) -> str:
-    return subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True).stdout.strip()
 
 
 def run(a, n, src, dst, mnt, versions, emit) -> None:

@@ -21,9 +21,8 @@ import statistics
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import run_trainer
+from common import REPO, run_trainer, commit as common_commit
 
 from fusefs.pack import pack
 from fusefs.synth import make_digits
@@ -91,8 +90,7 @@ def main() -> int:
                            capture_output=True, text=True).stdout.split(maxsplit=1)
     gpu = probe[0] == "True"
     machine = probe[1].strip() if len(probe) > 1 else ""
-    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit = common_commit()
     mnt = os.path.join(a.out, "mnt")
     runs: dict = {}
     for model in a.models.split(","):

@@ -45,9 +45,8 @@ import sys
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import run_trainer
+from common import REPO, run_trainer
 
 from fusefs.pack import pack
 from fusefs.synth import make_digits, make_imagefolder

@@ -27,9 +27,8 @@ import shutil
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import run_trainer
+from common import REPO, run_trainer
 
 from fusefs.pack import pack
 from fusefs.synth import (

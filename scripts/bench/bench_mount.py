@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import REPO
 
 from fusefs import testbed
 from fusefs.index import INDEX_NAME, ChunkInfo, Index

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import REPO, commit as common_commit
 
 from fusefs.pack import pack
 from fusefs.synth import make_imagefolder
@@ -172,12 +172,7 @@ def main() -> int:
         print(f"wrote one tar of the loose files to GlusterFS in {time.perf_counter() - t:.0f} s")
 
     mnt = os.path.join(a.out, "mnt")
-    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "fusefs", "trainer"],
-                           capture_output=True, text=True).stdout.strip()
-    results = {"probe": probe, "files": a.files, "delay_ms": a.delay_ms,
-               "commit": commit + ("+dirty" if dirty else "")}
+    results = {"probe": probe, "files": a.files, "delay_ms": a.delay_ms, "commit": common_commit()}
     print(f"commit {results['commit']}")
     rows = []
     settings = [

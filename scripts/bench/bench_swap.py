@@ -26,7 +26,6 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -34,7 +33,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import REPO, commit as common_commit
 
 from trainer import SwapScheduler
 from trainer.accel.swap import is_oom, largest_batch
@@ -239,8 +238,7 @@ def main() -> int:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     a.batch = a.batch or (128 if dev.type == "cuda" else 32)
     models = (a.models or ("resnet50,transformer" if dev.type == "cuda" else "cnn,transformer")).split(",")
-    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, check=False).stdout.strip()
+    commit = common_commit()
     out = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "commit": commit,
            "timing": {"rounds": a.rounds_timed, "steps": a.steps}, "models": {}}
     points = {}

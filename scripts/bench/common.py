@@ -10,6 +10,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 WORKLOADS = os.path.join(REPO, "scripts", "workloads")
 
 
+def git(*args: str) -> str:
+    """git's output in the repository, stripped ('' when git fails)."""
+    return subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True).stdout.strip()
+
+
+def commit() -> str:
+    """The commit the figures come from: HEAD, short, with "+dirty" when fusefs/ or
+    trainer/ differ from it."""
+    return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain", "fusefs", "trainer") else "")
+
+
 def run_trainer(script: str, args: list[str], show=None) -> list[dict]:
     """Run scripts/workloads/<script> under Debian's /usr/bin/python3 (torchvision) with the
     repository on PYTHONPATH; it prints one JSON row per epoch, each handed to show(row)

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import REPO
 
 from fusefs.index import INDEX_NAME, Index
 from fusefs.testing import running_mount
