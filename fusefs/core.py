@@ -97,7 +97,7 @@ class Core:
         self.local = local  # the local cache tier (local.LocalTier) or None
         self.reads = Reads(index, store, self.cache, self.policy, None, self.stats, local)
         self.fetcher = Fetcher(store, per_node=per_node, batch=batch, retries=retries, local=local,
-                               push=self.reads.push)
+                               push=None)  # (set with the kernel page cache, below)
         self.reads.fetcher = self.fetcher
         self.prefetcher = Prefetcher(index, self.policy, self.cache, self.fetcher,
                                      self.reads.fetch_batch, readahead,
@@ -136,6 +136,7 @@ class Core:
     @kernel.setter
     def kernel(self, kernel) -> None:
         self.reads.kernel = kernel
+        self.fetcher.push = None if kernel is None else self.reads.push
 
     @property
     def corrupt(self) -> dict:

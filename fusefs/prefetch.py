@@ -100,8 +100,14 @@ class Fetcher:
         self.store = store
         self.local = local  # a LocalTier looked in before the backend, or None
         # push(sid, bytes), called in the worker thread for each sample read, after the
-        # event loop has been handed it (the kernel page cache push, see Core._push)
+        # event loop has been handed it (the kernel page cache push, Reads.push; None
+        # without the kernel page cache)
         self.push = push
+        # sid -> bytes while a worker thread pushes them. A push waits for the locks of the
+        # file's pages, and a reader's read of that file holds one until the loop answers
+        # it: the loop answers such a read from here (Reads.fetch), never with a new fetch,
+        # which could wait for a thread slot that pushes hold (every slot so held: a stall).
+        self.pushing: dict[int, bytes] = {}
         self._inbox: Inbox | None = None
         index = store.index
         self.chunk_node = np.array([c.node for c in index.chunks], dtype=np.int32)
@@ -177,12 +183,18 @@ class Fetcher:
                     except Exception:
                         log.exception("delivering sample %d on arrival failed", sid)
 
+        pushing = self.pushing
+
         def on_read(got: dict, local: bool = False) -> None:  # in the worker thread
+            todo = [] if push is None else [(sid, r) for sid, r in got.items()
+                                            if sid != unpushed and not isinstance(r, Exception)]
+            pushing.update(todo)  # (before the loop can learn that they arrived)
             inbox.post(arrived, (got, local))
-            if push is not None:
-                for sid, r in got.items():
-                    if sid != unpushed and not isinstance(r, Exception):
-                        push(sid, r)
+            for sid, r in todo:
+                try:
+                    push(sid, r)
+                finally:
+                    pushing.pop(sid, None)
 
         try:
             todo, attempt = sids, 0

@@ -119,6 +119,8 @@ class Reads:
             self.stats.eio += 1
             raise FsError(errno.EIO, self.corrupt[sid])
         data = self.cache.get(sid)
+        if data is None:
+            data = self.fetcher.pushing.get(sid)  # (arrived, not kept, still being pushed)
         if data is not None:
             self.stats.hits += 1
             return data

@@ -130,3 +130,21 @@ def test_concurrent_readers_of_one_sample_share_one_fetch(tricky):
     trio.run(go)
     s = core.statistics()
     assert s["backend_samples"] == 1 and s["read_waits"] == 7
+
+
+def test_a_read_during_a_push_is_answered_from_the_pushed_bytes(tricky):
+    """A push into the kernel page cache waits for a reader's read of that file, which the
+    loop answers: from the bytes being pushed (a fetch could wait for the thread slot the
+    push holds), not with a fetch, even when the cache did not keep the sample."""
+    core = _core(tricky[1])
+    sid = resolve(core.index, "cat/img 004.jpg")[1]
+    data = core.store.read_sample(sid)
+    assert sid not in core.cache and sid not in core.fetcher.inflight
+    core.fetcher.pushing[sid] = data  # a worker thread is pushing it now
+
+    async def go():
+        async with serving(core):
+            return await core.reads.fetch(sid)
+    assert trio.run(go) == data
+    s = core.statistics()
+    assert s["misses"] == 0 and s["backend_samples"] == 0
