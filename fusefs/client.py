@@ -102,7 +102,8 @@ def write_order(mount: str, paths_or_ids, importance=None, epoch: int = 0, rank:
         ids = paths_to_ids(items, mount)
     else:
         ids = np.asarray(items, dtype=np.int64)
-    data = orderfmt.encode(ids, epoch=epoch, importance=importance)
+    data = orderfmt.encode(ids, epoch=epoch, importance=importance,
+                           next_follows=next_ids is not None)
     if next_ids is not None:
         data += orderfmt.encode(np.asarray(next_ids, dtype=np.int64), epoch=epoch + 1,
                                 importance=next_importance)

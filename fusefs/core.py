@@ -88,8 +88,15 @@ class Core:
                  static_bytes: int = DEFAULTS.static_bytes, per_node: int = DEFAULTS.per_node,
                  batch: int = DEFAULTS.batch, retries: int = DEFAULTS.retries,
                  local=None, uid: int | None = None, gid: int | None = None,
-                 control_gid: int | None = None, readahead: int | None = DEFAULTS.readahead):
+                 control_gid: int | None = None, readahead: int | None = DEFAULTS.readahead,
+                 kernel_opens: bool = False):
         self.index = index
+        # the kernel opens files without asking the daemon (fs.py): no handles; reads,
+        # writes and fsyncs name the inode (*_inode below). A file's name is then looked up
+        # at every open (its entry's timeout is 0): that lookup is the sample's open, and its
+        # use when the kernel holds its pages, else its last read is (_unused until then)
+        self.kernel_opens = kernel_opens
+        self._unused: set[int] = set()
         self.store = store
         self.policy = Policy(index.size)
         self.cache = SampleCache(cache_bytes, static_bytes)
@@ -113,7 +120,9 @@ class Core:
             statistics=self.statistics, ids_table=self.ids_table,
             chunk_table=lambda: index.chunk.astype("<u4").tobytes(), set_order=self.set_order,
             may_control=self.may_control, control_gid=control_gid, started=self.stats.started),
-            self.ctrl_dir)
+            self.ctrl_dir, kernel_opens=kernel_opens)
+        if kernel_opens:
+            self.reads.arrived = self._arrived
         self._open = 0                       # data files open
         self._serial = 0
         self._held: dict[int, bytes] = {}   # open file handle -> its sample's bytes, once read
@@ -165,7 +174,7 @@ class Core:
     def file_attr(self, sid: int) -> Attr:
         ix = self.index
         return Attr(self.file_base + sid, stat.S_IFREG | int(ix.mode[sid]), int(ix.size[sid]),
-                    int(ix.mtime_ns[sid]))
+                    int(ix.mtime_ns[sid]), entry_timeout=0.0 if self.kernel_opens else None)
 
     def dir_attr(self, d: int) -> Attr:
         ix = self.index
@@ -183,6 +192,8 @@ class Core:
             raise FsError(errno.ENOTDIR)
         sid = self.index.lookup_file(d, name)
         if sid is not None:
+            if self.kernel_opens:
+                self._opened(sid)
             return self.file_attr(sid)
         sub = self.index.lookup_dir(d, name)
         if sub is not None:
@@ -279,6 +290,52 @@ class Core:
         self.stats.bytes_served += len(out)
         return out
 
+    # ---- data, when the kernel opens files: requests name the inode -------------------
+    def _opened(self, sid: int) -> None:
+        """The lookup of a sample's name, which every open of it makes: count the open, and
+        the use if the kernel holds its pages or is being handed them (its reads may never
+        reach the daemon), else when its bytes arrive or its last read does."""
+        self.stats.opens += 1
+        if self.in_kernel[sid]:
+            self.stats.opens_pushed += 1
+        if self.reads.kernel_holds(sid) or sid in self.fetcher.pushing or not self.index.size[sid]:
+            self.use(sid)  # (its reads are answered by the kernel, from the pushed bytes, or empty)
+        else:
+            self._unused.add(sid)
+
+    def _arrived(self, sid: int) -> None:
+        """A sample arrived: one opened before is used now (its reader's read is answered
+        from these bytes, which are being pushed, or from the kernel page cache after)."""
+        if sid in self._unused:
+            self._unused.discard(sid)
+            self.use(sid)
+
+    async def read_inode(self, ino: int, off: int, size: int) -> bytes:
+        """A read the kernel page cache could not serve; a sample's last read is its use."""
+        sid = self.sid_of(ino)
+        if sid is None:
+            return self.control.read_inode(ino, off, size)
+        self.stats.reads += 1
+        self.reads.lost(sid)
+        end = int(self.index.size[sid])
+        if off >= end:
+            return b""
+        out = (await self.reads.fetch(sid))[off:off + size]
+        self.stats.bytes_served += len(out)
+        if off + size >= end and sid in self._unused:
+            self._unused.discard(sid)
+            self.use(sid)
+        return out
+
+    def write_inode(self, ino: int, off: int, data: bytes) -> int:
+        if not self.control.owns(ino) or ino == self.ctrl_dir:
+            raise FsError(errno.EROFS)
+        return self.control.write_inode(ino, off, data)
+
+    def fsync_inode(self, ino: int) -> None:
+        if self.control.owns(ino) and ino != self.ctrl_dir and self.control.writable(ino):
+            self.control.commit_inode(ino)
+
     def write(self, fh: int, off: int, data: bytes) -> int:
         if fh < FH_BASE:
             raise FsError(errno.EROFS)
@@ -306,6 +363,8 @@ class Core:
         if not other and size in (None, 0) and self.control.owns(ino) and self.control.writable(ino):
             if not self.may_control(uid):
                 raise FsError(errno.EACCES)
+            if size == 0:
+                self.control.truncate(ino)
             return self.getattr(ino)
         raise FsError(errno.EROFS)
 

@@ -22,6 +22,7 @@ class Attr:
     nlink: int = 1
     timeout: float = DATA_TIMEOUT
     gid: int | None = None  # None: the mount's group
+    entry_timeout: float | None = None  # of the name (None: timeout)
 
 
 @dataclass(frozen=True)

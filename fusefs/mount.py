@@ -16,7 +16,7 @@ import trio
 from .config import DEFAULTS, MountConfig
 from .core import Core
 from .errors import UserError
-from .fs import KernelCache, Operations
+from .fs import KernelCache, Operations, binding_passes_inode
 from .index import INDEX_NAME, Index, IndexFormatError
 from .local import LocalTier, LocalTierError
 from .mounts import fusermount
@@ -82,6 +82,14 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
         raise MountError(f"{mnt}: mount point is not a folder")
     if os.path.ismount(mnt):
         raise MountError(f"{mnt}: something is already mounted there")
+    kernel_opens = config.kernel_opens
+    if kernel_opens is None:
+        kernel_opens = config.kernel_cache and binding_passes_inode()
+    elif kernel_opens and not binding_passes_inode():
+        raise MountError("--kernel-opens needs pyfuse3 built by scripts/pyfuse3_inode.py "
+                         "(scripts/setup.sh builds it); this pyfuse3 does not pass the inode")
+    log.info("opens: %s", "by the kernel (no request for a file it holds)" if kernel_opens
+             else "answered by the daemon")
     tune_malloc()
     local = None
     if config.local_dir is not None:
@@ -89,7 +97,7 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
             local = LocalTier(config.local_dir, config.local_bytes, index)
         except LocalTierError as e:
             raise MountError(str(e)) from None
-    core = Core(index, store, local=local, **config.core_args())
+    core = Core(index, store, local=local, kernel_opens=kernel_opens, **config.core_args())
     if config.kernel_cache:
         core.kernel = KernelCache()
     ops = Operations(core)

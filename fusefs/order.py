@@ -5,7 +5,8 @@ Binary, little-endian:
     offset  size  field
     0       8     magic b"FUSEFSOR"
     8       4     format version (u32) = 1
-    12      4     flags (u32): bit 0 set = an importance table follows the ids
+    12      4     flags (u32): bit 0 set = an importance table follows the ids;
+                         bit 1 set = the next epoch's record follows this one
     16      8     epoch (u64)
     24      8     n, the number of entries (u64)
     32      4n    sample ids (u32), the mount's own ids, in the order they will be read
@@ -16,7 +17,9 @@ relative path, NUL-terminated. An id may occur more than once (its bytes are the
 until its last occurrence).
 
 A second record of the same layout may follow the first: the order of the next epoch
-(HintedSampler knows it: an order is a function of seed and epoch). The cache then keeps
+(HintedSampler knows it: an order is a function of seed and epoch); the first record's
+flag bit 1 says that it follows (files written without the flag are read the same way),
+so a reader of the bytes as they arrive knows when the file is whole (`complete`). The cache then keeps
 what the next epoch needs first across the epoch boundary, and the read-ahead goes on into
 it before the next epoch's order file is written. This module imports only numpy, so training code running in
 another Python can write orders without fusefs's FUSE dependencies.
@@ -31,6 +34,7 @@ import numpy as np
 MAGIC = b"FUSEFSOR"
 VERSION = 1
 FLAG_IMPORTANCE = 1
+FLAG_NEXT = 2  # the next epoch's record follows
 _HEAD = struct.Struct("<8sIIQQ")
 HEAD_SIZE = _HEAD.size
 
@@ -50,13 +54,13 @@ class Order:
         return len(self.ids)
 
 
-def encode(ids, epoch: int = 0, importance=None) -> bytes:
+def encode(ids, epoch: int = 0, importance=None, next_follows: bool = False) -> bytes:
     ids = np.asarray(ids)
     if ids.ndim != 1:
         raise OrderError("ids must be one-dimensional")
     if len(ids) and (ids.min() < 0 or ids.max() >= 2**32):
         raise OrderError("ids must lie in 0 .. 2**32-1")
-    flags = 0
+    flags = FLAG_NEXT if next_follows else 0
     body = ids.astype("<u4").tobytes()
     if importance is not None:
         imp = np.asarray(importance, dtype="<f4")
@@ -75,12 +79,32 @@ def parse(data: bytes, n_samples: int, max_entries: int | None = None) -> Order:
     first = _record_size(data, 0)
     if len(data) > first:
         try:
-            nxt = _parse_one(memoryview(data)[first:], n_samples, max_entries)
+            nxt = _parse_one(memoryview(data)[first:], n_samples, max_entries, last=True)
         except OrderError as e:
             raise OrderError(f"trailing bytes after the order are not a next-epoch order: {e}") from None
         cur = _parse_one(memoryview(data)[:first], n_samples, max_entries)
         return Order(cur.ids, cur.epoch, cur.importance, nxt)
-    return _parse_one(data, n_samples, max_entries)
+    cur = _parse_one(data, n_samples, max_entries)
+    if _HEAD.unpack_from(data, 0)[2] & FLAG_NEXT:
+        raise OrderError("truncated: the order says the next epoch's order follows, and none does")
+    return cur
+
+
+def complete(data) -> bool:
+    """Whether data, the bytes of an order file as they arrive, is whole: every record its
+    headers announce is there and nothing else. An unreadable header also counts as whole
+    (parse then says what is wrong), so a writer learns of it at once."""
+    pos = 0
+    for record in range(2):
+        if len(data) - pos < HEAD_SIZE:
+            return False
+        magic, _, flags, _, n = _HEAD.unpack_from(data, pos)
+        if magic != MAGIC:
+            return True
+        pos += HEAD_SIZE + (8 if flags & FLAG_IMPORTANCE else 4) * n
+        if len(data) <= pos:
+            return len(data) == pos and not (record == 0 and flags & FLAG_NEXT)
+    return True  # bytes after a second record: parse refuses them
 
 
 def _record_size(data, start: int) -> int:
@@ -94,7 +118,7 @@ def _record_size(data, start: int) -> int:
     return HEAD_SIZE + (8 if flags & FLAG_IMPORTANCE else 4) * n
 
 
-def _parse_one(data, n_samples: int, max_entries: int | None = None) -> Order:
+def _parse_one(data, n_samples: int, max_entries: int | None = None, last: bool = False) -> Order:
     if max_entries is None:
         max_entries = max(16 * n_samples, 1 << 20)
     if len(data) < HEAD_SIZE:
@@ -104,7 +128,7 @@ def _parse_one(data, n_samples: int, max_entries: int | None = None) -> Order:
         raise OrderError("not an order file (bad magic number; see fusefs/order.py for the format)")
     if version != VERSION:
         raise OrderError(f"unsupported order format version {version} (this fusefs reads {VERSION})")
-    if flags & ~FLAG_IMPORTANCE:
+    if flags & ~(FLAG_IMPORTANCE | FLAG_NEXT) or (last and flags & FLAG_NEXT):
         raise OrderError(f"unknown flags {flags:#x}")
     if n > max_entries:
         raise OrderError(f"too large: {n} entries (at most {max_entries} for {n_samples} samples)")

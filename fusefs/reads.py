@@ -45,6 +45,7 @@ class Reads:
         self.index, self.store, self.cache, self.policy = index, store, cache, policy
         self.fetcher, self.stats, self.local = fetcher, stats, local
         self.prefetcher = None
+        self.arrived = None  # called with each sample that arrives whole (Core, kernel opens)
         self.kernel = None
         self.ino_of = None
         self.in_kernel = np.zeros(index.n_files, dtype=bool)  # pushed, not forgotten since
@@ -206,3 +207,5 @@ class Reads:
             # the budget is reserved for read-ahead needed later: take some back
             if self.prefetcher.yield_room(len(result), key):
                 self.cache.put(sid, result, key)
+        if self.arrived is not None:
+            self.arrived(sid)

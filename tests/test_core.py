@@ -148,3 +148,46 @@ def test_a_read_during_a_push_is_answered_from_the_pushed_bytes(tricky):
     assert trio.run(go) == data
     s = core.statistics()
     assert s["misses"] == 0 and s["backend_samples"] == 0
+
+
+def test_kernel_opens_lookups_are_opens_and_control_files_are_snapshots(tricky):
+    """Without opens (the kernel's no_open mode): a file's name has entry timeout 0 and its
+    lookup counts as the open; reads name the inode; a control file's lookup renders a
+    new snapshot whose size its attributes report; an order commits at the write that
+    completes it, and a bad one fails that write."""
+    from fusefs import order as orderfmt
+    src, dst, files = tricky
+    core = _core(dst, kernel_opens=True)
+    ctrl = core.lookup(ROOT, b".fusefs").ino
+    rel = "cat/img 001.jpg"
+    d = core.lookup(ROOT, b"cat").ino
+
+    async def main():
+        async with serving(core):
+            attr = core.lookup(d, b"img 001.jpg")
+            assert attr.entry_timeout == 0.0 and attr.timeout > 0
+            assert core.stats.opens == 1
+            got = await core.read_inode(attr.ino, 0, 1 << 20)
+            assert got == files[rel]
+            stats = core.lookup(ctrl, b"stats")
+            first = await core.read_inode(stats.ino, 0, 1 << 20)
+            assert len(first) == stats.size and b'"opens": 1' in first
+            core.lookup(d, b"img 002.jpg")
+            again = core.lookup(ctrl, b"stats")
+            assert again.mtime_ns != stats.mtime_ns
+            assert b'"opens": 2' in await core.read_inode(again.ino, 0, 1 << 20)
+            order_ino = core.lookup(ctrl, b"order").ino
+            data = orderfmt.encode([2, 0, 1], epoch=7)
+            assert core.write_inode(order_ino, 0, data[:20]) == 20
+            assert 0 not in core.plans  # not whole yet
+            core.write_inode(order_ino, 20, data[20:])
+            assert core.plans[0].epoch == 7
+            bad = orderfmt.encode([0, 10**6], epoch=8)
+            with pytest.raises(FsError) as e:
+                core.write_inode(order_ino, 0, bad)
+            assert e.value.errno == errno.EINVAL and core.plans[0].epoch == 7
+            with pytest.raises(FsError) as e:
+                core.write_inode(attr.ino, 0, b"x")
+            assert e.value.errno == errno.EROFS
+
+    trio.run(main)
