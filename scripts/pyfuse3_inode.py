@@ -51,7 +51,10 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
                         "--no-binary", ":all:", f"pyfuse3=={VERSION}", "-d", tmp], check=True)
         with tarfile.open(next(pathlib.Path(tmp).glob("pyfuse3-*.tar.gz"))) as tar:
-            tar.extractall(tmp, filter="data")
+            if hasattr(tarfile, "data_filter"):  # (Python 3.11.4 and later)
+                tar.extractall(tmp, filter="data")
+            else:
+                tar.extractall(tmp)
         src = pathlib.Path(tmp, f"pyfuse3-{VERSION}", "src", "pyfuse3")
         handlers = src / "handlers.pxi"
         handlers.write_text(patch_handlers(handlers.read_text()))
