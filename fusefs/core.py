@@ -328,12 +328,12 @@ class Core:
         return out
 
     def write_inode(self, ino: int, off: int, data: bytes) -> int:
-        if not self.control.owns(ino) or ino == self.ctrl_dir:
+        if not self.control.owns(ino):
             raise FsError(errno.EROFS)
         return self.control.write_inode(ino, off, data)
 
     def fsync_inode(self, ino: int) -> None:
-        if self.control.owns(ino) and ino != self.ctrl_dir and self.control.writable(ino):
+        if self.control.owns(ino) and self.control.writable(ino):
             self.control.commit_inode(ino)
 
     def write(self, fh: int, off: int, data: bytes) -> int:

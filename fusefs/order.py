@@ -101,10 +101,15 @@ def complete(data) -> bool:
         magic, _, flags, _, n = _HEAD.unpack_from(data, pos)
         if magic != MAGIC:
             return True
-        pos += HEAD_SIZE + (8 if flags & FLAG_IMPORTANCE else 4) * n
+        pos += _size(flags, n)
         if len(data) <= pos:
             return len(data) == pos and not (record == 0 and flags & FLAG_NEXT)
     return True  # bytes after a second record: parse refuses them
+
+
+def _size(flags: int, n: int) -> int:
+    """The size of a record of n entries with these flags, header included."""
+    return HEAD_SIZE + (8 if flags & FLAG_IMPORTANCE else 4) * n
 
 
 def _record_size(data, start: int) -> int:
@@ -115,7 +120,7 @@ def _record_size(data, start: int) -> int:
     magic, _, flags, _, n = _HEAD.unpack_from(data, start)
     if magic != MAGIC:
         return len(data)
-    return HEAD_SIZE + (8 if flags & FLAG_IMPORTANCE else 4) * n
+    return _size(flags, n)
 
 
 def _parse_one(data, n_samples: int, max_entries: int | None = None, last: bool = False) -> Order:
@@ -132,10 +137,10 @@ def _parse_one(data, n_samples: int, max_entries: int | None = None, last: bool 
         raise OrderError(f"unknown flags {flags:#x}")
     if n > max_entries:
         raise OrderError(f"too large: {n} entries (at most {max_entries} for {n_samples} samples)")
-    width = 8 if flags & FLAG_IMPORTANCE else 4
-    if len(data) != HEAD_SIZE + width * n:
-        raise OrderError(f"{'truncated' if len(data) < HEAD_SIZE + width * n else 'trailing bytes'}: "
-                         f"{len(data)} bytes for {n} entries (expected {HEAD_SIZE + width * n})")
+    size = _size(flags, n)
+    if len(data) != size:
+        raise OrderError(f"{'truncated' if len(data) < size else 'trailing bytes'}: "
+                         f"{len(data)} bytes for {n} entries (expected {size})")
     ids = np.frombuffer(data, dtype="<u4", count=n, offset=HEAD_SIZE)
     if n and int(ids.max()) >= n_samples:
         bad = int(ids[np.argmax(ids >= n_samples)])
