@@ -24,6 +24,7 @@ import os
 import resource
 import stat
 import time
+from dataclasses import replace
 
 import numpy as np
 import trio
@@ -31,7 +32,7 @@ import trio
 from . import order as orderfmt
 from .cache import SampleCache
 from .control import FH_BASE, FILES, ControlHooks, ControlNamespace
-from .entries import Attr, FsError, OpenResult
+from .entries import UNORDERED_ENTRY_TIMEOUT, Attr, FsError, OpenResult
 from .config import DEFAULTS
 from .index import CONTROL_NAME, Index
 from .policy import Policy
@@ -92,10 +93,12 @@ class Core:
                  kernel_opens: bool = False):
         self.index = index
         # the kernel opens files without asking the daemon (fs.py): no handles; reads,
-        # writes and fsyncs name the inode (*_inode below). A file's name is then looked up
-        # at every open (its entry's timeout is 0): that lookup is the sample's open, and its
-        # use when the kernel holds its pages, else its last read is (_unused until then)
+        # writes and fsyncs name the inode (*_inode below). Under an order a file's name is
+        # looked up at every open (its entry's timeout is 0; listings too): that lookup is
+        # the sample's open, and its use when the kernel holds its pages, else its last
+        # read is (_unused until then)
         self.kernel_opens = kernel_opens
+        self._entry_timeout = 0.0 if kernel_opens else None  # of a file's name (None: Attr's)
         self._unused: set[int] = set()
         self.store = store
         self.policy = Policy(index.size)
@@ -174,7 +177,7 @@ class Core:
     def file_attr(self, sid: int) -> Attr:
         ix = self.index
         return Attr(self.file_base + sid, stat.S_IFREG | int(ix.mode[sid]), int(ix.size[sid]),
-                    int(ix.mtime_ns[sid]), entry_timeout=0.0 if self.kernel_opens else None)
+                    int(ix.mtime_ns[sid]), entry_timeout=self._entry_timeout)
 
     def dir_attr(self, d: int) -> Attr:
         ix = self.index
@@ -194,6 +197,8 @@ class Core:
         if sid is not None:
             if self.kernel_opens:
                 self._opened(sid)
+                if not self.policy.plans:  # (entries.UNORDERED_ENTRY_TIMEOUT)
+                    return replace(self.file_attr(sid), entry_timeout=UNORDERED_ENTRY_TIMEOUT)
             return self.file_attr(sid)
         sub = self.index.lookup_dir(d, name)
         if sub is not None:

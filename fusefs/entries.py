@@ -5,6 +5,13 @@ import os
 from dataclasses import dataclass
 
 DATA_TIMEOUT = 24 * 3600.0  # the dataset is immutable: let the kernel keep entries a day
+# With kernel opens (core.Core.kernel_opens) a file's name gets entry timeout 0 (every open
+# looks it up again, which tells the read-ahead where the readers are), except in answer to
+# a lookup while no order is set: nothing needs the signal then, and a reader that makes
+# several path calls per file (stat, then open: fio, tar) has them answered by the kernel
+# for this long. (Listings always give 0, so a tree listed before the first order, as
+# ImageFolder does, is looked up at its opens under it.)
+UNORDERED_ENTRY_TIMEOUT = 1.0
 
 
 class FsError(Exception):

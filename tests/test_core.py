@@ -6,7 +6,7 @@ import pytest
 import trio
 
 from fusefs.core import ROOT, Core
-from fusefs.entries import FsError
+from fusefs.entries import UNORDERED_ENTRY_TIMEOUT, FsError
 from fusefs.index import INDEX_NAME, Index
 from fusefs.store import ChunkStore
 from fusefs.testing import resolve
@@ -164,9 +164,11 @@ def test_kernel_opens_lookups_are_opens_and_control_files_are_snapshots(tricky):
 
     async def main():
         async with serving(core):
-            attr = core.lookup(d, b"img 001.jpg")
-            assert attr.entry_timeout == 0.0 and attr.timeout > 0
+            attr = core.lookup(d, b"img 001.jpg")  # no order: the kernel may keep the name
+            assert attr.entry_timeout == UNORDERED_ENTRY_TIMEOUT and attr.timeout > 0
             assert core.stats.opens == 1
+            listed = dict((n, a) for n, a, _ in core.readdir(d, 0))[b"img 001.jpg"]
+            assert listed.entry_timeout == 0.0
             got = await core.read_inode(attr.ino, 0, 1 << 20)
             assert got == files[rel]
             stats = core.lookup(ctrl, b"stats")
@@ -182,6 +184,7 @@ def test_kernel_opens_lookups_are_opens_and_control_files_are_snapshots(tricky):
             assert 0 not in core.plans  # not whole yet
             core.write_inode(order_ino, 20, data[20:])
             assert core.plans[0].epoch == 7
+            assert core.lookup(d, b"img 001.jpg").entry_timeout == 0.0  # under an order
             bad = orderfmt.encode([0, 10**6], epoch=8)
             with pytest.raises(FsError) as e:
                 core.write_inode(order_ino, 0, bad)

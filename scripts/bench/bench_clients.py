@@ -12,13 +12,18 @@ once. tar: `tar --sort=name -cf - . | sha256sum`, whose digests must agree. fuse
 without an order (these readers write none): a cache of 10% of the set, a fresh daemon per
 reader.
 
+`--also-options ARGS` also runs each reader over a mount with those arguments, in the
+same rounds (e.g. `--also-options=--no-kernel-opens`: the daemon answers opens).
+
 usage: .venv/bin/python scripts/bench/bench_clients.py [--files 2000] [--rounds 2] [--out DIR]
+       [--also-options ARGS]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -57,6 +62,7 @@ def main() -> int:
     p.add_argument("--delay-ms", type=float, default=2.0, help="GlusterFS delay per operation (default 2)")
     p.add_argument("--rounds", type=int, default=2, help="runs of each reader, in turn (default 2)")
     p.add_argument("--out", default=os.path.join(REPO, "out", "bench_clients"))
+    p.add_argument("--also-options", metavar="ARGS", help="mount arguments of a second fusefs, side by side")
     a = p.parse_args()
     subprocess.run(["bash", GLUSTER_SH, "up", "--delay-ms", str(a.delay_ms)], check=True, capture_output=True)
     os.makedirs(a.out, exist_ok=True)
@@ -73,22 +79,27 @@ def main() -> int:
     commit = common_commit()
     res = {"files": n, "delay_ms": a.delay_ms, "commit": commit, "rounds": []}
     mnt = os.path.join(a.out, "mnt")
+    mounts = {"fusefs": []}
+    if a.also_options:
+        mounts[f"fusefs {a.also_options}"] = shlex.split(a.also_options)
+    res["mounts"] = list(mounts)
     for _ in range(a.rounds):
         row = {"fio_loose": fio(loose), "tar_loose": tar_sha256(loose)}
-        with running_mount(packed, mnt, "--cache-size", "10%"):
-            row["fio_fusefs"] = fio(mnt)
-        with running_mount(packed, mnt, "--cache-size", "10%"):
-            row["tar_fusefs"] = tar_sha256(mnt)
+        line = f"loose: fio {n / row['fio_loose']['wall_s']:4.0f}, tar {n / row['tar_loose']['wall_s']:4.0f}"
+        for name, extra in mounts.items():
+            with running_mount(packed, mnt, "--cache-size", "10%", *extra):
+                row[f"fio_{name}"] = fio(mnt)
+            with running_mount(packed, mnt, "--cache-size", "10%", *extra):
+                row[f"tar_{name}"] = tar_sha256(mnt)
+            same = row[f"tar_{name}"]["sha256"] == row["tar_loose"]["sha256"]
+            line += (f";  {name}: fio {n / row[f'fio_{name}']['wall_s']:4.0f}, tar "
+                     f"{n / row[f'tar_{name}']['wall_s']:4.0f} (digest {'agrees' if same else 'DIFFERS'})")
         res["rounds"].append(row)
-        print(f"fio randread: loose {n / row['fio_loose']['wall_s']:6.0f} files/s, fusefs "
-              f"{n / row['fio_fusefs']['wall_s']:6.0f} files/s;  tar | sha256sum: loose "
-              f"{n / row['tar_loose']['wall_s']:6.0f} files/s, fusefs {n / row['tar_fusefs']['wall_s']:6.0f} "
-              f"files/s; digests {'agree' if row['tar_loose']['sha256'] == row['tar_fusefs']['sha256'] else 'DIFFER'}",
-              flush=True)
+        print(f"files/s, {line}", flush=True)
     with open(os.path.join(a.out, "bench_clients.json"), "w") as f:
         json.dump(res, f, indent=1)
     print(f"saved {a.out}/bench_clients.json (commit {commit})")
-    same = all(r["tar_loose"]["sha256"] == r["tar_fusefs"]["sha256"] for r in res["rounds"])
+    same = all(r["tar_loose"]["sha256"] == r[f"tar_{name}"]["sha256"] for r in res["rounds"] for name in mounts)
     return 0 if same else 1
 
 
