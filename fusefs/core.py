@@ -18,6 +18,7 @@ Errors are FsError(errno); the FUSE adapter (fs.py) turns them into FUSEError.
 """
 from __future__ import annotations
 
+import collections
 import errno
 import logging
 import os
@@ -96,10 +97,13 @@ class Core:
         # writes and fsyncs name the inode (*_inode below). Under an order a file's name is
         # looked up at every open (its entry's timeout is 0; listings too): that lookup is
         # the sample's open, and its use when the kernel holds its pages, else its last
-        # read is (_unused until then)
+        # read is (_unused counts the opens waiting for that)
         self.kernel_opens = kernel_opens
         self._entry_timeout = 0.0 if kernel_opens else None  # of a file's name (None: Attr's)
-        self._unused: set[int] = set()
+        self._unused: dict[int, int] = {}
+        # names looked up while no order was set, which the kernel may keep for a while
+        # (time, parent, name): a new order makes it forget them (set_order)
+        self._names_kept: collections.deque = collections.deque()
         self.store = store
         self.policy = Policy(index.size)
         self.cache = SampleCache(cache_bytes, static_bytes)
@@ -198,6 +202,7 @@ class Core:
             if self.kernel_opens:
                 self._opened(sid)
                 if not self.policy.plans:  # (entries.UNORDERED_ENTRY_TIMEOUT)
+                    self._keep_name(parent, name)
                     return replace(self.file_attr(sid), entry_timeout=UNORDERED_ENTRY_TIMEOUT)
             return self.file_attr(sid)
         sub = self.index.lookup_dir(d, name)
@@ -283,7 +288,8 @@ class Core:
             return self.control.read(fh, off, size)
         self.stats.reads += 1
         self.reads.lost(sid)
-        if off >= int(self.index.size[sid]):
+        end = int(self.index.size[sid])
+        if off >= end:
             return b""
         data = self._held.get(fh)
         if data is None:  # an open file keeps its bytes, whatever the cache does meanwhile
@@ -293,9 +299,28 @@ class Core:
             self.stats.hits += 1
         out = data[off:off + size]
         self.stats.bytes_served += len(out)
+        if off + size >= end:
+            self.reads.read_through(sid)
         return out
 
     # ---- data, when the kernel opens files: requests name the inode -------------------
+    def _keep_name(self, parent: int, name: bytes) -> None:
+        now = time.monotonic()
+        kept = self._names_kept
+        while kept and now - kept[0][0] > UNORDERED_ENTRY_TIMEOUT:
+            kept.popleft()
+        kept.append((now, parent, name))
+
+    def _forget_kept_names(self) -> None:
+        """An order came: the names the kernel may still keep from lookups made without
+        one are to be looked up again, so that their opens under the order are seen."""
+        kernel = self.kernel
+        now = time.monotonic()
+        for t, parent, name in self._names_kept:
+            if kernel is not None and now - t <= UNORDERED_ENTRY_TIMEOUT:
+                kernel.forget_name(parent, name)
+        self._names_kept.clear()
+
     def _opened(self, sid: int) -> None:
         """The lookup of a sample's name, which every open of it makes: count the open, and
         the use if the kernel holds its pages or is being handed them (its reads may never
@@ -303,16 +328,20 @@ class Core:
         self.stats.opens += 1
         if self.in_kernel[sid]:
             self.stats.opens_pushed += 1
+        if not self.policy.plans:
+            return  # (no order to count uses in)
         if self.reads.kernel_holds(sid) or sid in self.fetcher.pushing or not self.index.size[sid]:
             self.use(sid)  # (its reads are answered by the kernel, from the pushed bytes, or empty)
         else:
-            self._unused.add(sid)
+            self._unused[sid] = self._unused.get(sid, 0) + 1
 
     def _arrived(self, sid: int) -> None:
-        """A sample arrived: one opened before is used now (its reader's read is answered
-        from these bytes, which are being pushed, or from the kernel page cache after)."""
-        if sid in self._unused:
-            self._unused.discard(sid)
+        """A sample's bytes arrived, or the daemon answered its last read: its opens made
+        before are uses now (their reads are answered from these bytes, which are being
+        pushed, or by the kernel page cache, which now holds them). Two readers can open
+        it before either read reaches the daemon (data echoing), and the second then
+        never asks: each of those opens is a use."""
+        for _ in range(self._unused.pop(sid, 0)):
             self.use(sid)
 
     async def read_inode(self, ino: int, off: int, size: int) -> bytes:
@@ -327,9 +356,9 @@ class Core:
             return b""
         out = (await self.reads.fetch(sid))[off:off + size]
         self.stats.bytes_served += len(out)
-        if off + size >= end and sid in self._unused:
-            self._unused.discard(sid)
-            self.use(sid)
+        if off + size >= end:
+            self.reads.read_through(sid)
+            self._arrived(sid)
         return out
 
     def write_inode(self, ino: int, off: int, data: bytes) -> int:
@@ -387,6 +416,7 @@ class Core:
             log.warning("order for rank %d refused, the previous one stays: %s", rank, e)
             raise FsError(errno.EINVAL, str(e)) from None
         self.policy.set_order(rank, order)
+        self._forget_kept_names()
         self.reads.trust_kernel()
         self.prefetcher.reset()
         self.stats.orders_accepted += 1

@@ -10,7 +10,8 @@ DATA_TIMEOUT = 24 * 3600.0  # the dataset is immutable: let the kernel keep entr
 # a lookup while no order is set: nothing needs the signal then, and a reader that makes
 # several path calls per file (stat, then open: fio, tar) has them answered by the kernel
 # for this long. (Listings always give 0, so a tree listed before the first order, as
-# ImageFolder does, is looked up at its opens under it.)
+# ImageFolder does, is looked up at its opens under it; and an order makes the kernel
+# forget the names it keeps from lookups made without one: core.Core.set_order.)
 UNORDERED_ENTRY_TIMEOUT = 1.0
 
 

@@ -60,6 +60,12 @@ class KernelCache:
     def push(ino: int, data: bytes) -> None:
         pyfuse3.notify_store(ino, 0, data)
 
+    @staticmethod
+    def forget_name(parent: int, name: bytes) -> None:
+        """Make the kernel look the name up again at its next use (from the loop: pyfuse3
+        queues it to a thread of its own)."""
+        pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
+
 
 class Operations(pyfuse3.Operations):
     supports_dot_lookup = False

@@ -52,8 +52,9 @@ class Reads:
         # The kernel drops pushed pages without telling the daemon (it tells only when it
         # forgets an inode): under memory pressure, or reclaiming cold pages proactively. A
         # read that reaches the daemon for a pushed sample shows it did (`lost`). When that
-        # happens to many of the pushed samples opened under an order, in_kernel is not
-        # trusted until the next order (kernel_drops).
+        # happens to many of the pushed samples opened under an order, in_kernel is cleared:
+        # only what is pushed from then on is taken as held (kernel_drops, until the next
+        # order).
         self.kernel_drops = False
         self._drops = 0              # pushed samples found dropped since the last order
         self._opens_at_order = 0     # stats.opens_pushed when the last order came
@@ -82,17 +83,26 @@ class Reads:
 
     def kernel_holds(self, sid: int) -> bool:
         """Whether the kernel page cache holds sample sid's pages, as far as the daemon can
-        tell: pushed and not forgotten or found dropped since, and in_kernel is trusted.
-        Such a sample is neither pushed again nor read ahead."""
-        return bool(self.in_kernel[sid]) and not self.kernel_drops
+        tell: pushed (or read through the daemon) and not forgotten, found dropped or
+        cleared since. Such a sample is neither pushed again nor read ahead."""
+        return bool(self.in_kernel[sid])
+
+    def read_through(self, sid: int) -> None:
+        """The daemon answered the read that reached the end of sample sid: the kernel keeps
+        the pages of what it read (keep_cache), as it keeps pushed ones."""
+        if self.kernel is not None:
+            self.in_kernel[sid] = True
 
     def lost(self, sid: int) -> None:
         """A read of sample sid reached the daemon: the kernel does not hold all its pages.
         If they had been pushed, the kernel dropped some. One such sample costs its reader a
         fetch (a miss); once more than DROP_SHARE of the pushed samples opened under this
-        order (and at least MIN_DROPS) were dropped, in_kernel is not trusted until the next
-        order: every fetched sample is pushed, and the read-ahead goes back to the cursors
-        to fetch what it skipped (Prefetcher.rewind)."""
+        order (and at least MIN_DROPS) were dropped, the kernel has likely dropped most of
+        them: in_kernel is cleared, so every sample is pushed again as it is fetched, and
+        the read-ahead goes back to the cursors to fetch what it skipped (Prefetcher.rewind).
+        What is pushed from then on is held again (a global distrust instead, as before,
+        took fresh pushes for dropped too: with kernel opens their opens were then never
+        counted as uses, and the read-ahead stalled)."""
         if not self.in_kernel[sid]:
             return
         self.in_kernel[sid] = False
@@ -101,14 +111,15 @@ class Reads:
         opened = self.stats.opens_pushed - self._opens_at_order
         if not self.kernel_drops and self._drops >= MIN_DROPS and self._drops > DROP_SHARE * opened:
             self.kernel_drops = True
+            self.in_kernel[:] = False
             log.info("the kernel dropped pages of %d of the %d pushed samples opened under the "
-                     "current order(s): until the next order, every fetched sample is pushed "
-                     "and read ahead also when it was pushed before", self._drops, opened)
+                     "current order(s): what it was thought to hold is fetched and pushed again",
+                     self._drops, opened)
             if self.prefetcher is not None:
                 self.prefetcher.rewind()
 
     def trust_kernel(self) -> None:
-        """A new order: trust in_kernel again, and count drops afresh."""
+        """A new order: count drops afresh."""
         self.kernel_drops = False
         self._drops = 0
         self._opens_at_order = self.stats.opens_pushed

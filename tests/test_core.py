@@ -194,3 +194,65 @@ def test_kernel_opens_lookups_are_opens_and_control_files_are_snapshots(tricky):
             assert e.value.errno == errno.EROFS
 
     trio.run(main)
+
+
+def test_kernel_opens_count_every_open_made_before_the_bytes_came(tricky):
+    """Data echoing: a sample occurs twice in the order, and two readers open it before
+    either read reaches the daemon; the second reader's read is then served by the kernel
+    page cache and never asks. Both opens are uses once the first read is answered, so the
+    plan's cursor passes both occurrences (with one counted, it stopped at the second)."""
+    from fusefs import order as orderfmt
+    src, dst, files = tricky
+    core = _core(dst, kernel_opens=True)
+    d = core.lookup(ROOT, b"cat").ino
+    first, other = core.lookup(d, b"img 001.jpg"), core.lookup(d, b"img 002.jpg")
+    a, b = first.ino - core.file_base, other.ino - core.file_base
+    ctrl = core.lookup(ROOT, b".fusefs").ino
+    order_ino = core.lookup(ctrl, b"order").ino
+
+    async def main():
+        async with serving(core):
+            core.write_inode(order_ino, 0, orderfmt.encode([a, a, b], epoch=1))
+            core.lookup(d, b"img 001.jpg")
+            core.lookup(d, b"img 001.jpg")  # the echo's reader, before the first read
+            assert core.plans[0].cursor == 0
+            await core.read_inode(first.ino, 0, 1 << 20)
+            assert core.plans[0].cursor == 2
+
+    trio.run(main)
+
+
+def test_an_order_makes_the_kernel_forget_names_it_keeps_from_before(tricky):
+    """Without an order a name's lookup lets the kernel keep it for a while (a reader's
+    later open of it would then not be seen); the order's arrival asks the kernel to
+    forget the names looked up within that while, and only those."""
+    from fusefs import order as orderfmt
+
+    class Kernel:
+        forgotten = []
+
+        def push(self, ino, data):
+            pass
+
+        def forget_name(self, parent, name):
+            self.forgotten.append((parent, name))
+
+    src, dst, files = tricky
+    core = _core(dst, kernel_opens=True)
+    core.kernel = kernel = Kernel()
+    d = core.lookup(ROOT, b"cat").ino
+    core.lookup(d, b"img 001.jpg")
+    core._names_kept[0] = (core._names_kept[0][0] - 60, d, b"img 001.jpg")  # long ago
+    core.lookup(d, b"img 002.jpg")
+    ctrl = core.lookup(ROOT, b".fusefs").ino
+    order_ino = core.lookup(ctrl, b"order").ino
+
+    async def main():
+        async with serving(core):
+            core.write_inode(order_ino, 0, orderfmt.encode([0, 1], epoch=1))
+            assert kernel.forgotten == [(d, b"img 002.jpg")]
+            core.lookup(d, b"img 003.jpg")  # under the order: timeout 0, nothing kept
+            core.write_inode(order_ino, 0, orderfmt.encode([1, 0], epoch=2))
+            assert kernel.forgotten == [(d, b"img 002.jpg")]
+
+    trio.run(main)
