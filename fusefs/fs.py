@@ -4,7 +4,7 @@ All filesystem logic lives in core.Core; this class only translates. With
 `core.kernel_opens`, `open` answers ENOSYS: the kernel then opens every file of the mount
 by itself (its no_open mode), sends neither open nor release, and serves a file whose
 pages it holds without any request; read, write and fsync arrive with the inode in place
-of the handle, which needs pyfuse3 built with scripts/pyfuse3_inode.py
+of the handle, which needs pyfuse3 built with scripts/pyfuse3_patched.py
 (`binding_passes_inode`). No exception other
 than FUSEError may escape a handler (it would end pyfuse3.main and leave a dead mount):
 FsError becomes its errno, anything unexpected is logged with a traceback and is EIO.
@@ -45,7 +45,7 @@ def _translate(fn):
 
 def binding_passes_inode() -> bool:
     """Whether this pyfuse3 hands read, write and fsync the inode when there was no open
-    (built by scripts/pyfuse3_inode.py)."""
+    (built by scripts/pyfuse3_patched.py)."""
     return bool(getattr(pyfuse3, "INODE_WITHOUT_OPEN", False))
 
 
@@ -78,7 +78,7 @@ class Operations(pyfuse3.Operations):
         self.requests = core.stats.requests
         self.kernel_opens = core.kernel_opens
         if core.kernel_opens and not binding_passes_inode():
-            raise RuntimeError("kernel opens need pyfuse3 built by scripts/pyfuse3_inode.py")
+            raise RuntimeError("kernel opens need pyfuse3 built by scripts/pyfuse3_patched.py")
 
     def _entry(self, a: Attr) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()

@@ -36,12 +36,13 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q -e ".[trainer,bench,test]"
     touch "$stamp"
 fi
-# pyfuse3 with the inode passed to read/write/fsync when open answers ENOSYS: the mode in
-# which the kernel serves opens of files it holds without asking the daemon
-# (scripts/pyfuse3_inode.py; fusefs falls back to answering opens without it)
-if ! .venv/bin/python -c 'import sys, pyfuse3; sys.exit(not getattr(pyfuse3, "INODE_WITHOUT_OPEN", False))'; then
-    echo "setup: building pyfuse3 with the inode patch"
-    .venv/bin/python scripts/pyfuse3_inode.py
+# pyfuse3 with two patches (scripts/pyfuse3_patched.py): the inode passed to read, write and
+# fsync when open answers ENOSYS (the mode in which the kernel serves opens of files it
+# holds without asking the daemon; fusefs falls back to answering opens without it), and a
+# request loop that takes queued requests without waiting for the fd
+if ! .venv/bin/python -c 'import sys, pyfuse3; sys.exit(not (getattr(pyfuse3, "INODE_WITHOUT_OPEN", False) and getattr(pyfuse3, "REQUESTS_WITHOUT_WAIT", False)))'; then
+    echo "setup: building pyfuse3 with fusefs's patches"
+    .venv/bin/python scripts/pyfuse3_patched.py
 fi
 # mount(8) runs `fusefs` for an fstab line of type fuse.fusefs (through mount.fuse3) with
 # the system's PATH: put the command there too

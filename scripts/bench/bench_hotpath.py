@@ -37,8 +37,9 @@ checked out into a temporary git worktree) and the working tree, each round runn
 with fresh daemons, in alternating order (A B, B A, ...). Rows carry "version"; each
 regime's line of the second version adds the per-round ratios to the first (round i of one
 against round i of the other, which ran next to it). --against-options ARGS does the same
-for the working tree with and without extra mount arguments. This machine is noisy:
-compare code and settings this way.
+for the working tree with and without extra mount arguments, and --against-pyfuse3 DIR with
+the pyfuse3 installed in DIR (scripts/pyfuse3_patched.py --target DIR) instead of the
+venv's. This machine is noisy: compare code and settings this way.
 """
 from __future__ import annotations
 
@@ -221,6 +222,8 @@ def main() -> int:
     p.add_argument("--against-options", metavar="ARGS",
                    help="also run the working tree with these extra mount arguments (one string), "
                         "side by side, e.g. --against-options=--no-willneed")
+    p.add_argument("--against-pyfuse3", metavar="DIR",
+                   help="also run the working tree with the pyfuse3 installed in DIR, side by side")
     a = p.parse_args()
     n = a.files or (2_000 if a.quick else 20_000)
     os.makedirs(a.out, exist_ok=True)
@@ -240,6 +243,9 @@ def main() -> int:
         subprocess.run(["git", "-C", REPO, "worktree", "add", "-f", "--detach", worktree, ref],
                        check=True, capture_output=True)
         versions = {ref: (dict(os.environ, PYTHONPATH=worktree, PYTHONSAFEPATH="1"), []), **versions}
+    if a.against_pyfuse3:
+        versions[f"{here} pyfuse3={a.against_pyfuse3}"] = (
+            dict(versions[here][0], PYTHONPATH=f"{os.path.abspath(a.against_pyfuse3)}:{REPO}"), [])
     if a.against_options:
         versions[f"{here} {a.against_options}"] = (versions[here][0], shlex.split(a.against_options))
     rows = []

@@ -1,0 +1,161 @@
+"""Build and install pyfuse3 with two changes to its Cython sources, each found by measuring.
+
+1. inode: without `open`, a handler gets the inode. When a file system answers `open` with
+   ENOSYS, the kernel stops sending `open` and `release` for every file of the mount and
+   serves each open itself (`no_open`, Linux 4.19+): a file whose pages the kernel holds
+   then costs the daemon no open and no release. Its reads, writes and fsyncs still reach
+   the daemon, with handle 0 and the file's inode; pyfuse3 passes the handle only, so such
+   a read cannot tell which file it is for. The handlers of read, write, write_buf, flush
+   and fsync get the inode where the handle is 0 (five lines of handlers.pxi). Mark:
+   `pyfuse3.INODE_WITHOUT_OPEN`; fusefs uses that mode only when it is there (fusefs/fs.py).
+2. loop: a request that is already queued is taken at once. pyfuse3's request loop
+   (`_session_loop`, internal.pxi) took a trio lock and waited for the FUSE fd to become
+   readable (an epoll round trip and a pass of trio's scheduler) before every request, also
+   when the kernel had many queued. With the fd non-blocking, the loop reads first and
+   waits only when the read finds nothing (EAGAIN); a task yields to the others at least
+   every 16 requests it takes in a row. Mark: `pyfuse3.REQUESTS_WITHOUT_WAIT`. Nothing in
+   fusefs depends on it; it halves the daemon's CPU per request (docs/HOTPATH.md).
+
+    .venv/bin/python scripts/pyfuse3_patched.py        # (scripts/setup.sh runs it)
+    .venv/bin/python scripts/pyfuse3_patched.py --patches inode --target DIR
+        (a build with some patches into DIR, e.g. for bench_hotpath.py --against-pyfuse3 DIR)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+VERSION = "3.5.0"
+HANDLE_LINE = "    c.fh = fi.fh\n"
+HANDLERS = ("fuse_read ", "fuse_write ", "fuse_write_buf", "fuse_flush ", "fuse_fsync ")
+
+
+def patch_handlers(text: str) -> str:
+    """The handlers' text with `c.fh = fi.fh or ino` in the five that take a handle."""
+    out, done = [], set()
+    current = None
+    for line in text.splitlines(keepends=True):
+        if line.startswith("cdef void "):
+            name = line[len("cdef void "):]
+            current = next((h for h in HANDLERS if name.startswith(h)), None)
+        if current and line == HANDLE_LINE:
+            line = "    c.fh = fi.fh if fi.fh != 0 else ino\n"
+            done.add(current)
+            current = None
+        out.append(line)
+    missing = set(HANDLERS) - done
+    if missing:
+        raise SystemExit(f"pyfuse3 {VERSION}'s handlers changed: no handle line in {sorted(missing)}")
+    return "".join(out)
+
+
+# The request loop of internal.pxi's _session_loop: every request waited for a trio lock
+# and for the FUSE fd to become readable (an epoll round trip and a pass of trio's
+# scheduler), also when requests were already queued.
+LOOP_WAIT = """\
+        if not await _wait_fuse_readable():
+            break
+
+        res = fuse_session_receive_buf(session, &buf)
+"""
+LOOP_TAKE = """\
+        # fusefs: take a request that is already queued without waiting for the fd (the fd
+        # is non-blocking); wait only when there is none
+        res = fuse_session_receive_buf(session, &buf)
+        if res == -errno.EAGAIN:
+            in_a_row = 0
+            if not await _wait_fuse_readable():
+                break
+            res = fuse_session_receive_buf(session, &buf)
+            if res == -errno.EAGAIN:
+                continue
+"""
+LOOP_START = "    cdef fuse_buf buf\n\n"
+LOOP_START_NEW = """\
+    cdef fuse_buf buf
+    cdef int in_a_row = 0
+
+    import fcntl
+    fcntl.fcntl(session_fd, fcntl.F_SETFL, fcntl.fcntl(session_fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+
+"""
+LOOP_END = """\
+        if py_retval is not None:
+            await py_retval
+"""
+LOOP_END_NEW = LOOP_END + """\
+        # fusefs: other tasks run at least every 16 requests taken in a row
+        in_a_row += 1
+        if in_a_row >= 16:
+            in_a_row = 0
+            await trio.lowlevel.checkpoint()
+"""
+
+
+def patch_session_loop(text: str) -> str:
+    """internal.pxi's text with _session_loop taking queued requests without waiting."""
+    start = text.index("async def _session_loop(")
+    end = text.find("\nasync def ", start + 1)  # (the next function, or the end of the file)
+    end = len(text) if end < 0 else end
+    loop = text[start:end]
+    for old, new in ((LOOP_START, LOOP_START_NEW), (LOOP_WAIT, LOOP_TAKE), (LOOP_END, LOOP_END_NEW)):
+        if loop.count(old) != 1:
+            raise SystemExit(f"pyfuse3 {VERSION}'s _session_loop changed: no {old.strip()!r}")
+        loop = loop.replace(old, new)
+    return text[:start] + loop + text[end:]
+
+
+# name -> (the source file it changes, the change, the mark it sets on the module, why)
+PATCHES = {
+    "inode": ("handlers.pxi", patch_handlers, "INODE_WITHOUT_OPEN",
+              "read, write, flush and fsync get the inode as their handle when the file system "
+              "answered open with ENOSYS (the kernel's no_open mode: handle 0)"),
+    "loop": ("internal.pxi", patch_session_loop, "REQUESTS_WITHOUT_WAIT",
+             "the request loop takes a queued request without waiting for the fd"),
+}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--patches", default="inode,loop", help="which patches (default inode,loop)")
+    p.add_argument("--target", help="install into this folder instead of the running Python")
+    a = p.parse_args()
+    patches = [x for x in a.patches.split(",") if x]
+    if set(patches) - set(PATCHES):
+        raise SystemExit(f"unknown patch in {a.patches!r}: choose from {','.join(PATCHES)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                        "--no-binary", ":all:", f"pyfuse3=={VERSION}", "-d", tmp], check=True)
+        with tarfile.open(next(pathlib.Path(tmp).glob("pyfuse3-*.tar.gz"))) as tar:
+            if hasattr(tarfile, "data_filter"):  # (Python 3.11.4 and later)
+                tar.extractall(tmp, filter="data")
+            else:
+                tar.extractall(tmp)
+        src = pathlib.Path(tmp, f"pyfuse3-{VERSION}", "src", "pyfuse3")
+        marks = []
+        for name in patches:
+            file, patch, mark, why = PATCHES[name]
+            (src / file).write_text(patch((src / file).read_text()))
+            marks.append(f"\n# fusefs: {why}\n{mark} = True\n")
+        init = src / "__init__.pyx"
+        init.write_text(init.read_text() + "".join(marks))
+        (src / "__init__.c").unlink(missing_ok=True)  # generated from the .pyx: regenerate
+        where = ["--target", a.target, "--upgrade"] if a.target else ["--force-reinstall"]
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", *where, "--no-deps",
+                        str(src.parent.parent)], check=True)
+    marks = [PATCHES[x][2] for x in patches]
+    check = f"import pyfuse3, sys; sys.exit(not all(getattr(pyfuse3, m, False) for m in {marks!r}))"
+    env = dict(os.environ, PYTHONPATH=a.target) if a.target else None
+    if subprocess.run([sys.executable, "-c", check], env=env).returncode:
+        raise SystemExit("pyfuse3 was installed without the patches")
+    print(f"pyfuse3 {VERSION} installed with the patches: {', '.join(patches) or 'none'}"
+          + (f" (in {a.target})" if a.target else ""))
+
+
+if __name__ == "__main__":
+    main()
