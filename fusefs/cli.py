@@ -301,8 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kernel-opens", action=argparse.BooleanOptionalAction, default=DEFAULTS.kernel_opens,
                    help="let the kernel open files by itself: a file whose pages it holds then costs "
                         "the daemon one request (the lookup of its name) instead of an open and a "
-                        "release (needs pyfuse3 built by scripts/pyfuse3_patched.py, and --kernel-cache; "
-                        "default: on where both are)")
+                        "release, which on pyfuse3 with the request-loop patch measured no cheaper "
+                        "(docs/HOTPATH.md; needs pyfuse3 built by scripts/pyfuse3_patched.py, and "
+                        "--kernel-cache; default off)")
     s.add_argument("--willneed", action=argparse.BooleanOptionalAction, default=DEFAULTS.willneed,
                    help="ask the backend's client for all of a request's reads at once "
                         "(posix_fadvise WILLNEED), so it fetches them concurrently while the "

@@ -83,9 +83,7 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
     if os.path.ismount(mnt):
         raise MountError(f"{mnt}: something is already mounted there")
     kernel_opens = config.kernel_opens
-    if kernel_opens is None:
-        kernel_opens = config.kernel_cache and binding_passes_inode()
-    elif kernel_opens and not binding_passes_inode():
+    if kernel_opens and not binding_passes_inode():
         raise MountError("--kernel-opens needs pyfuse3 built by scripts/pyfuse3_patched.py "
                          "(scripts/setup.sh builds it); this pyfuse3 does not pass the inode")
     log.info("opens: %s", "by the kernel (no request for a file it holds)" if kernel_opens

@@ -1,0 +1,48 @@
+"""scripts/pyfuse3_patched.py: the patches apply to the text they were written for, and
+refuse text that changed (a new pyfuse3 must be looked at, not patched blindly)."""
+import importlib.util
+import os
+
+import pyfuse3
+import pytest
+
+from conftest import REPO
+
+spec = importlib.util.spec_from_file_location(
+    "pyfuse3_patched", os.path.join(REPO, "scripts", "pyfuse3_patched.py"))
+patched = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(patched)
+
+# The parts of pyfuse3 3.5.0's internal.pxi and handlers.pxi that the patches touch.
+LOOP = ("async def _session_loop(nursery, int min_tasks, int max_tasks):\n"
+        "    cdef int res\n" + patched.LOOP_START + "    while not fuse_session_exited(session):\n"
+        + patched.LOOP_WAIT + "        save_retval(None)\n" + patched.LOOP_END
+        + "    worker_data.task_count -= 1\n")
+HANDLER = "cdef void fuse_read (fuse_req_t req, fuse_ino_t ino, size_t size):\n" + patched.HANDLE_LINE
+
+
+def test_the_loop_reads_first_and_waits_only_when_nothing_is_queued():
+    out = patched.patch_session_loop("# before\n" + LOOP + "\nasync def _next():\n    pass\n")
+    take = out.index("res = fuse_session_receive_buf(session, &buf)\n        if res == -errno.EAGAIN:")
+    assert take < out.index("await _wait_fuse_readable()")
+    assert "os.O_NONBLOCK" in out and "await trio.lowlevel.checkpoint()" in out
+    assert out.startswith("# before\n") and out.endswith("\nasync def _next():\n    pass\n")
+    assert patched.LOOP_WAIT not in out
+
+
+def test_a_changed_loop_is_refused():
+    with pytest.raises(SystemExit, match="_session_loop changed"):
+        patched.patch_session_loop(LOOP.replace("await _wait_fuse_readable()", "await wait()"))
+
+
+def test_handlers_get_the_inode_where_the_handle_is_zero():
+    handlers = "".join(HANDLER.replace("fuse_read ", h) for h in patched.HANDLERS)
+    out = patched.patch_handlers(handlers)
+    assert out.count("c.fh = fi.fh if fi.fh != 0 else ino") == len(patched.HANDLERS)
+    with pytest.raises(SystemExit, match="handlers changed"):
+        patched.patch_handlers(handlers.replace("fuse_flush ", "fuse_flush2 "))
+
+
+def test_the_venv_has_both_patches():
+    """scripts/setup.sh builds them; the hot-path figures in docs are measured with them."""
+    assert pyfuse3.INODE_WITHOUT_OPEN and pyfuse3.REQUESTS_WITHOUT_WAIT
