@@ -417,7 +417,7 @@ class Core:
             raise FsError(errno.EINVAL, str(e)) from None
         self.policy.set_order(rank, order)
         self._forget_kept_names()
-        self.reads.trust_kernel()
+        self.reads.new_order()
         self.prefetcher.reset()
         self.stats.orders_accepted += 1
         if self.cache.static:

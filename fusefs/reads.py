@@ -118,7 +118,7 @@ class Reads:
             if self.prefetcher is not None:
                 self.prefetcher.rewind()
 
-    def trust_kernel(self) -> None:
+    def new_order(self) -> None:
         """A new order: count drops afresh."""
         self.kernel_drops = False
         self._drops = 0

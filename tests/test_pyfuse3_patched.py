@@ -1,5 +1,8 @@
-"""scripts/pyfuse3_patched.py: the patches apply to the text they were written for, and
-refuse text that changed (a new pyfuse3 must be looked at, not patched blindly)."""
+"""scripts/pyfuse3_patched.py: each patch changes what it is meant to change in a stand-in
+for the part of pyfuse3 3.5.0 it touches (built from the script's own patterns: whether
+they match the real sources is checked by the build in scripts/setup.sh, which fails
+loudly), and refuses text that changed (a new pyfuse3 must be looked at, not patched
+blindly)."""
 import importlib.util
 import os
 
@@ -13,7 +16,7 @@ spec = importlib.util.spec_from_file_location(
 patched = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(patched)
 
-# The parts of pyfuse3 3.5.0's internal.pxi and handlers.pxi that the patches touch.
+# Stand-ins for the parts of internal.pxi and handlers.pxi that the patches touch.
 LOOP = ("async def _session_loop(nursery, int min_tasks, int max_tasks):\n"
         "    cdef int res\n" + patched.LOOP_START + "    while not fuse_session_exited(session):\n"
         + patched.LOOP_WAIT + "        save_retval(None)\n" + patched.LOOP_END
