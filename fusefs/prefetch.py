@@ -99,9 +99,9 @@ class Fetcher:
                  local=None, push=None):
         self.store = store
         self.local = local  # a LocalTier looked in before the backend, or None
-        # push(sid, bytes), called in the worker thread for each sample read, after the
-        # event loop has been handed it (the kernel page cache push, Reads.push; None
-        # without the kernel page cache)
+        # push([(sid, bytes)]), called in the worker thread with the samples of each group
+        # of reads, after the event loop has been handed them (the kernel page cache push,
+        # Reads.push; None without the kernel page cache)
         self.push = push
         # sid -> bytes while a worker thread pushes them. A push waits for the locks of the
         # file's pages, and a reader's read of that file holds one until the loop answers
@@ -190,11 +190,12 @@ class Fetcher:
                                             if sid != unpushed and not isinstance(r, Exception)]
             pushing.update(todo)  # (before the loop can learn that they arrived)
             inbox.post(arrived, (got, local))
-            for sid, r in todo:
+            if todo:
                 try:
-                    push(sid, r)
+                    push(todo)
                 finally:
-                    pushing.pop(sid, None)
+                    for sid, _ in todo:
+                        pushing.pop(sid, None)
 
         try:
             todo, attempt = sids, 0
@@ -238,7 +239,7 @@ class Fetcher:
 
     def _read(self, sids: list[int], on_read):
         """(results, backend reads, backend bytes, sids served by the local tier); blocking.
-        on_read(results of one backend read) after each."""
+        on_read(results) after each group of backend reads (ChunkStore.read_batch)."""
         got = self.local.read_many(sids) if self.local is not None else {}
         if got:
             on_read(got, True)

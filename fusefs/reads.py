@@ -62,24 +62,26 @@ class Reads:
         self._recent = collections.deque(maxlen=32)  # recently read samples (scan detection)
         self.nursery: trio.Nursery | None = None  # where fetches of missed samples run (Core.run)
 
-    def push(self, sid: int, data: bytes) -> None:
-        """Hand a fetched sample's bytes to the kernel page cache (in the fetch's worker
-        thread, after the event loop has them: a push waits for the locks of the file's
-        pages, and a reader's read of that file holds one until the loop answers it)."""
+    def push(self, items) -> None:
+        """Hand fetched samples' bytes, [(sid, bytes)], to the kernel page cache (in the
+        fetch's worker thread, after the event loop has them: a push waits for the locks of
+        the file's pages, and a reader's read of that file holds one until the loop answers
+        it)."""
         kernel = self.kernel
-        if kernel is None or self.kernel_holds(sid):
-            self.stats.push_skipped += kernel is not None
+        todo = [(sid, data) for sid, data in items if not self.kernel_holds(sid)]
+        if kernel is not None:
+            self.stats.push_skipped += len(items) - len(todo)
+        if kernel is None or not todo:
             return
-        try:
-            kernel.push(self.ino_of(sid), data)
-        except OSError as e:
-            if e.errno != errno.ENOENT:  # ENOENT: the kernel does not know the inode yet
+        errs = kernel.push([(self.ino_of(sid), data) for sid, data in todo])
+        for (sid, _), err in zip(todo, errs):
+            if err == 0:
+                self.in_kernel[sid] = True
+                self.stats.pushed += 1
+            elif err != errno.ENOENT and self.kernel is not None:  # (ENOENT: the kernel
                 log.warning("the kernel refused a page cache push (%s): serving reads from "
-                            "the daemon", e)
+                            "the daemon", os.strerror(err))  # does not know the inode yet)
                 self.kernel = None
-            return
-        self.in_kernel[sid] = True
-        self.stats.pushed += 1
 
     def kernel_holds(self, sid: int) -> bool:
         """Whether the kernel page cache holds sample sid's pages, as far as the daemon can

@@ -1,4 +1,4 @@
-"""Build and install pyfuse3 with two changes to its Cython sources, each found by measuring.
+"""Build and install pyfuse3 with three changes to its Cython sources, each found by measuring.
 
 1. inode: without `open`, a handler gets the inode. When a file system answers `open` with
    ENOSYS, the kernel stops sending `open` and `release` for every file of the mount and
@@ -15,6 +15,10 @@
    waits only when the read finds nothing (EAGAIN); a task yields to the others at least
    every 16 requests it takes in a row. Mark: `pyfuse3.REQUESTS_WITHOUT_WAIT`. Nothing in
    fusefs depends on it; it halves the daemon's CPU per request (docs/HOTPATH.md).
+3. store: `notify_store_many(items)` pushes many (inode, data) into the kernel page cache
+   in one stretch without the GIL, where notify_store releases and retakes it for each:
+   a fetch thread pushes a group of samples with one GIL hand-off (docs/HOTPATH.md). Mark:
+   `pyfuse3.STORE_MANY`; fusefs pushes one by one with notify_store without it (fs.py).
 
     .venv/bin/python scripts/pyfuse3_patched.py        # (scripts/setup.sh runs it)
     .venv/bin/python scripts/pyfuse3_patched.py --patches inode --target DIR
@@ -110,6 +114,58 @@ def patch_session_loop(text: str) -> str:
     return text[:start] + loop + text[end:]
 
 
+# notify_store_many: what notify_store does, for many (inode, data) in one stretch without
+# the GIL (appended to __init__.pyx, whose notify_store it follows).
+STORE_ANCHOR = "        ret = fuse_lowlevel_notify_store(session, ino, off, &bufvec, 0)\n"
+STORE_MANY = """
+
+def notify_store_many(items):
+    '''notify_store(inode, 0, data) for each (inode, data) of items, one after the other
+    and all without the GIL (fusefs: one GIL hand-off per group of pushes, not one per
+    sample). Returns a list of errnos, 0 for each store that was made.'''
+
+    cdef Py_ssize_t n = len(items), i, held = 0
+    cdef int *rets = <int *> stdlib.calloc(<size_t> max(n, 1), sizeof(int))
+    cdef fuse_ino_t *inos = <fuse_ino_t *> stdlib.calloc(<size_t> max(n, 1), sizeof(fuse_ino_t))
+    cdef Py_buffer *bufs = <Py_buffer *> stdlib.calloc(<size_t> max(n, 1), sizeof(Py_buffer))
+    cdef fuse_bufvec bufvec
+    if rets == NULL or inos == NULL or bufs == NULL:
+        stdlib.free(rets)
+        stdlib.free(inos)
+        stdlib.free(bufs)
+        raise MemoryError()
+    try:
+        for i in range(n):
+            inode, data = items[i]
+            inos[i] = inode
+            PyObject_GetBuffer(data, &bufs[i], PyBUF_CONTIG_RO)
+            held += 1
+        with nogil:
+            for i in range(n):
+                bufvec.count = 1
+                bufvec.idx = 0
+                bufvec.off = 0
+                bufvec.buf[0].flags = 0
+                bufvec.buf[0].mem = bufs[i].buf
+                bufvec.buf[0].size = <size_t> bufs[i].len
+                rets[i] = fuse_lowlevel_notify_store(session, inos[i], 0, &bufvec, 0)
+        return [-rets[i] for i in range(n)]
+    finally:
+        for i in range(held):
+            PyBuffer_Release(&bufs[i])
+        stdlib.free(rets)
+        stdlib.free(inos)
+        stdlib.free(bufs)
+"""
+
+
+def patch_store_many(text: str) -> str:
+    """__init__.pyx's text with notify_store_many at its end."""
+    if text.count(STORE_ANCHOR) != 1 or "\ndef notify_store(inode, offset, data):\n" not in text:
+        raise SystemExit(f"pyfuse3 {VERSION}'s notify_store changed: no {STORE_ANCHOR.strip()!r}")
+    return text + STORE_MANY
+
+
 # name -> (the source file it changes, the change, the mark it sets on the module, why)
 PATCHES = {
     "inode": ("handlers.pxi", patch_handlers, "INODE_WITHOUT_OPEN",
@@ -117,12 +173,15 @@ PATCHES = {
               "answered open with ENOSYS (the kernel's no_open mode: handle 0)"),
     "loop": ("internal.pxi", patch_session_loop, "REQUESTS_WITHOUT_WAIT",
              "the request loop takes a queued request without waiting for the fd"),
+    "store": ("__init__.pyx", patch_store_many, "STORE_MANY",
+              "notify_store_many pushes many samples to the page cache without the GIL"),
 }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--patches", default="inode,loop", help="which patches (default inode,loop)")
+    p.add_argument("--patches", default="inode,loop,store",
+                   help="which patches (default inode,loop,store)")
     p.add_argument("--target", help="install into this folder instead of the running Python")
     a = p.parse_args()
     patches = [x for x in a.patches.split(",") if x]

@@ -12,7 +12,7 @@ missing() {
     done
 }
 export DEBIAN_FRONTEND=noninteractive
-need_apt=($(missing fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv python3-torchvision \
+need_apt=($(missing fuse3 libfuse3-dev libxxhash-dev pkg-config gcc python3-dev python3-venv python3-torchvision \
                     python3-pil glusterfs-server glusterfs-client attr procps))
 # scikit-learn for trainer/ in the training runs by /usr/bin/python3, and fio, a reader of
 # the mount that no one here wrote (both without their recommended packages)
@@ -30,17 +30,21 @@ if [ ! -x .venv/bin/python ]; then
     $PY -m venv .venv
 fi
 stamp=.venv/.fusefs-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
+        || [ fusefs/_fetchio.c -nt "$stamp" ] || ! .venv/bin/python -c 'import fusefs._fetchio' 2>/dev/null; then
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q torch==2.13.0
     .venv/bin/python -m pip install -q -e ".[trainer,bench,test]"
+    # the compiled fetch reads (setup.py): optional for pip, required here
+    .venv/bin/python -c 'import fusefs._fetchio' || { echo "setup: fusefs/_fetchio.c did not build"; exit 1; }
     touch "$stamp"
 fi
-# pyfuse3 with two patches (scripts/pyfuse3_patched.py): the inode passed to read, write and
-# fsync when open answers ENOSYS (the mode in which the kernel serves opens of files it
-# holds without asking the daemon; fusefs falls back to answering opens without it), and a
-# request loop that takes queued requests without waiting for the fd
-if ! .venv/bin/python -c 'import sys, pyfuse3; sys.exit(not (getattr(pyfuse3, "INODE_WITHOUT_OPEN", False) and getattr(pyfuse3, "REQUESTS_WITHOUT_WAIT", False)))'; then
+# pyfuse3 with three patches (scripts/pyfuse3_patched.py): the inode passed to read, write
+# and fsync when open answers ENOSYS (the mode in which the kernel serves opens of files it
+# holds without asking the daemon; fusefs falls back to answering opens without it), a
+# request loop that takes queued requests without waiting for the fd, and notify_store_many
+# (many page cache pushes with one GIL hand-off)
+if ! .venv/bin/python -c 'import sys, pyfuse3; sys.exit(not all(getattr(pyfuse3, m, False) for m in ("INODE_WITHOUT_OPEN", "REQUESTS_WITHOUT_WAIT", "STORE_MANY")))'; then
     echo "setup: building pyfuse3 with fusefs's patches"
     .venv/bin/python scripts/pyfuse3_patched.py
 fi

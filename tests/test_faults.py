@@ -27,10 +27,11 @@ from conftest import corrupt_sample, fusefs_cmd, make_core, read_tree, read_whol
 
 
 class FlakyStore(ChunkStore):
-    """Reads of the chunks in `down` fail with EIO; the first `flaky` reads of the others too."""
+    """Reads of the chunks in `down` fail with EIO; the first `flaky` reads of the others too
+    (reads in Python, through read_range; the compiled reads' errors: test_fetchio.py)."""
 
     def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
+        super().__init__(*a, native=False, **kw)
         self.down, self.flaky, self.calls = set(), 0, 0
 
     def read_range(self, k, offset, length):

@@ -46,6 +46,21 @@ def test_handlers_get_the_inode_where_the_handle_is_zero():
         patched.patch_handlers(handlers.replace("fuse_flush ", "fuse_flush2 "))
 
 
-def test_the_venv_has_both_patches():
+def test_the_venv_has_the_first_two_patches():
     """scripts/setup.sh builds them; the hot-path figures in docs are measured with them."""
     assert pyfuse3.INODE_WITHOUT_OPEN and pyfuse3.REQUESTS_WITHOUT_WAIT
+
+
+def test_notify_store_many_is_added_after_notify_store():
+    init = ("# before\ndef notify_store(inode, offset, data):\n    cdef int ret\n    with nogil:\n"
+            + patched.STORE_ANCHOR + "\n\ndef get_sup_groups(pid):\n    pass\n")
+    out = patched.patch_store_many(init)
+    assert out.startswith(init) and "\ndef notify_store_many(items):\n" in out
+    assert out.count("fuse_lowlevel_notify_store(session, inos[i], 0, &bufvec, 0)") == 1
+    with pytest.raises(SystemExit, match="notify_store changed"):
+        patched.patch_store_many(init.replace("&bufvec, 0)", "&bufvec, flags)"))
+
+
+def test_the_venv_has_notify_store_many():
+    assert pyfuse3.STORE_MANY and callable(pyfuse3.notify_store_many)
+    assert pyfuse3.notify_store_many([]) == []

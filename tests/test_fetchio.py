@@ -1,0 +1,146 @@
+"""The compiled fetch reads (fusefs/_fetchio.c; ChunkStore(native=True), the default where
+it is built) give what the reads in Python give: the same bytes, and the same errors for a
+corrupt sample, a short chunk and a failing read. And read_batch hands results on in
+groups of 1, 1, 2, 4... reads; a group of pushes goes to the kernel in one call."""
+import errno
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from fusefs import store as storemod
+from fusefs.index import INDEX_NAME, Index
+from fusefs.store import ChunkStore, CorruptSample, StoreError, _groups
+
+from conftest import corrupt_sample
+
+
+def both(dst, ix, sids, **kw):
+    """read_batch of sids by the compiled reads and by Python: (native, python), each
+    (results, reads, bytes, [the results of each on_read call])."""
+    out = []
+    for native in (True, False):
+        calls = []
+        got, nreads, nbytes = ChunkStore(dst, ix, native=native).read_batch(
+            sids, on_read=calls.append, **kw)
+        out.append((got, nreads, nbytes, calls))
+    return out
+
+
+def same(a, b) -> bool:
+    if isinstance(a, Exception) or isinstance(b, Exception):
+        return type(a) is type(b) and str(a) == str(b) and getattr(a, "errno", None) == getattr(b, "errno", None)
+    return type(a) is bytes and type(b) is bytes and a == b
+
+
+def test_the_compiled_reads_are_built_and_used(tricky):
+    """scripts/setup.sh builds them (setup.py); the figures in docs are measured with them."""
+    src, dst, files = tricky
+    assert storemod._fetchio is not None
+    assert ChunkStore(dst, Index.load(os.path.join(dst, INDEX_NAME))).native is True
+
+
+@pytest.mark.parametrize("max_gap", [0, 256 << 10])
+def test_native_and_python_reads_agree(tricky, max_gap):
+    """Random batches of the tricky set (empty files, 1 byte to 300 KB, coalesced reads of
+    neighbours with max_gap): the same bytes, reads and bytes read, and the same groups."""
+    src, dst, files = tricky
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        sids = rng.choice(ix.n_files, size=int(rng.integers(1, ix.n_files)), replace=False).tolist()
+        (a, na, ba, ca), (b, nb, bb, cb) = both(dst, ix, sids, max_gap=max_gap)
+        for s in sids:
+            assert a[s] == b[s] == files[os.fsdecode(ix.file_path(s))]
+            assert type(a[s]) is bytes
+        assert (na, ba) == (nb, bb) and na <= len(sids)
+        assert [sorted(c) for c in ca] == [sorted(c) for c in cb]
+
+
+def test_a_corrupt_sample_fails_alone_in_both(tricky, tmp_path):
+    src, dst, files = tricky
+    ix, bad, _ = corrupt_sample(dst, tmp_path / "copy", "cat/img 004.jpg", at=-1)
+    copy = str(tmp_path / "copy")
+    same_chunk = [s for s in range(ix.n_files) if ix.chunk[s] == ix.chunk[bad]]
+    (a, *_), (b, *_) = both(copy, ix, same_chunk)
+    assert isinstance(a[bad], CorruptSample) and "checksum mismatch" in str(a[bad])
+    assert all(same(a[s], b[s]) for s in same_chunk)
+    assert all(type(a[s]) is bytes for s in same_chunk if s != bad)
+
+
+def test_a_short_chunk_and_a_failing_read_give_the_same_errors(tricky, tmp_path):
+    src, dst, files = tricky
+    copy = tmp_path / "copy"
+    shutil.copytree(dst, copy)
+    ix = Index.load(os.path.join(copy, INDEX_NAME))
+    sizes = ix.size
+    big = max(range(ix.n_files), key=lambda s: int(sizes[s]))
+    k = int(ix.chunk[big])
+    path = os.path.join(copy, ix.chunks[k].path)
+    with open(path, "r+b") as f:  # the chunk ends in the middle of its largest sample
+        f.truncate(int(ix.offset[big]) + int(sizes[big]) // 2)
+    on_k = [s for s in range(ix.n_files) if ix.chunk[s] == k]
+    (a, *_), (b, *_) = both(str(copy), ix, on_k)
+    assert isinstance(a[big], CorruptSample) and "short read" in str(a[big])
+    assert all(same(a[s], b[s]) for s in on_k)
+
+    os.unlink(path)
+    os.mkdir(path)  # a read of a folder fails (EISDIR): every sample of the chunk, both ways
+    (a, na, _, _), (b, nb, _, _) = both(str(copy), ix, on_k)
+    assert all(isinstance(a[s], OSError) and a[s].errno == errno.EISDIR and same(a[s], b[s])
+               for s in on_k if sizes[s] > 0)
+    assert na == nb == 0
+
+
+def test_reads_are_handed_on_in_groups_of_1_1_2_4():
+    assert [len(g) for g in _groups(list(range(16)))] == [1, 1, 2, 4, 8]
+    assert [len(g) for g in _groups(list(range(5)))] == [1, 1, 2, 1]
+    assert list(_groups([])) == []
+    assert sum(_groups(list(range(40))), []) == list(range(40))
+
+
+def test_bad_arguments_are_refused(tricky):
+    from fusefs import _fetchio
+    src, dst, files = tricky
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    fd = os.open(os.path.join(dst, ix.chunks[0].path), os.O_RDONLY)
+    try:
+        with pytest.raises(ValueError, match="overlap"):
+            _fetchio.read_verified([(fd, 0, 100, [(0, 60, 0), (50, 10, 0)])])
+        with pytest.raises(ValueError, match="leave the read"):
+            _fetchio.read_verified([(fd, 0, 100, [(90, 20, 0)])])
+        with pytest.raises(TypeError):
+            _fetchio.read_verified([(fd, 0, 100)])
+        assert _fetchio.read_verified([(-1, 0, 10, [(0, 10, 0)])]) == [errno.EBADF]
+        assert _fetchio.read_verified([]) == []
+    finally:
+        os.close(fd)
+
+
+def test_native_reads_are_refused_where_they_are_not_built(tricky, monkeypatch):
+    src, dst, files = tricky
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    monkeypatch.setattr(storemod, "_fetchio", None)
+    with pytest.raises(StoreError, match="not built"):
+        ChunkStore(dst, ix, native=True)
+    assert ChunkStore(dst, ix).native is False
+
+
+def test_a_group_of_pushes_is_one_call_and_falls_back_to_one_by_one(monkeypatch):
+    import pyfuse3
+    from fusefs.fs import KernelCache
+    calls = []
+    monkeypatch.setattr(pyfuse3, "notify_store_many", lambda items: calls.append(list(items)) or [0, 2],
+                        raising=False)
+    assert KernelCache.push([(5, b"a"), (6, b"b")]) == [0, 2] and calls == [[(5, b"a"), (6, b"b")]]
+    monkeypatch.delattr(pyfuse3, "notify_store_many")
+    one = []
+
+    def notify_store(ino, off, data):
+        one.append((ino, off, data))
+        if ino == 6:
+            raise OSError(errno.ENOENT, "unknown inode")
+    monkeypatch.setattr(pyfuse3, "notify_store", notify_store)
+    assert KernelCache.push([(5, b"a"), (6, b"b")]) == [0, errno.ENOENT]
+    assert one == [(5, 0, b"a"), (6, 0, b"b")]
