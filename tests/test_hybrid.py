@@ -153,7 +153,9 @@ class Hog(nn.Module):
 
 
 def test_a_cpu_replica_that_slows_training_is_switched_off_by_the_probe():
-    ht = slow_cpu_trainer(Hog(0.2), probe_windows=4, probe_batches=3)
+    # three windows each way: the median of three ignores one window that this noisy
+    # machine timed far off (seen in CI with two: "on" windows of 44,642 and 251 samples/s)
+    ht = slow_cpu_trainer(Hog(0.2), probe_windows=6, probe_batches=3)
     ht.gain = 0.5  # as if calibration had found it worth a third of the work
     rows = [ht.train_epoch() for _ in range(4)]
     assert ht.probe.verdict is False and not ht.cpu_active, ht.probe.rates
