@@ -78,9 +78,10 @@ class Reads:
             if err == 0:
                 self.in_kernel[sid] = True
                 self.stats.pushed += 1
-            elif err != errno.ENOENT and self.kernel is not None:  # (ENOENT: the kernel
+            elif err != errno.ENOENT and self.kernel is not None:
+                # (ENOENT: the kernel does not know the inode yet; that sample is not held)
                 log.warning("the kernel refused a page cache push (%s): serving reads from "
-                            "the daemon", os.strerror(err))  # does not know the inode yet)
+                            "the daemon", os.strerror(err))
                 self.kernel = None
 
     def kernel_holds(self, sid: int) -> bool:

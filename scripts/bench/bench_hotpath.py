@@ -25,7 +25,8 @@ serving the files from RAM (scripts/bench/minimal_daemon.py: its first epoch rea
 daemon, its second is served from the kernel page cache), the floor of the binding on this
 machine. One JSON line per row: samples/s, daemon CPU us per sample (the daemon's own
 getrusage), the same split into the event-loop thread and the other (fetch) threads, user
-and system, and FUSE requests per sample by type.
+and system, their voluntary context switches and the daemon's minor page faults per
+sample, and FUSE requests per sample by type.
 
 usage: .venv/bin/python scripts/bench/bench_hotpath.py [--quick] [--files N] [--readers 4] [--out DIR]
        (--quick: 2,000 files, under a minute; run it before every commit that touches fusefs/)
@@ -135,12 +136,25 @@ def write_order(mnt: str, ids, epoch: int) -> None:
 def thread_cpu(pid: int) -> dict:
     """CPU seconds [user, system] of the daemon's event-loop thread (the main thread, which
     runs every FUSE handler) and of all its other threads, those that exited included (the
-    fetches' worker threads: trio retires idle ones)."""
+    fetches' worker threads: trio retires idle ones); the voluntary context switches of the
+    loop and of the other threads alive (a thread that waits for the GIL or for work makes
+    one); and the daemon's minor page faults."""
     proc = psutil.Process(pid)
     total = proc.cpu_times()
     loop = next((t for t in proc.threads() if t.id == pid), None)
     lu, ls = (loop.user_time, loop.system_time) if loop else (0.0, 0.0)
-    return {"loop": [lu, ls], "threads": [total.user - lu, total.system - ls]}
+    switches = {"loop": 0, "threads": 0}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                line = next(x for x in f if x.startswith("voluntary_ctxt_switches:"))
+        except (OSError, StopIteration):
+            continue  # (the thread exited meanwhile)
+        switches["loop" if tid == str(pid) else "threads"] += int(line.split()[1])
+    with open(f"/proc/{pid}/stat") as f:
+        minflt = int(f.read().rsplit(")", 1)[1].split()[7])
+    return {"loop": [lu, ls], "threads": [total.user - lu, total.system - ls],
+            "switches": switches, "minflt": minflt}
 
 
 def row(name: str, n: int, seconds: float, before: dict | None = None, after: dict | None = None,
@@ -150,6 +164,9 @@ def row(name: str, n: int, seconds: float, before: dict | None = None, after: di
         t0, t1 = threads
         for k in ("loop", "threads"):
             out[f"{k}_cpu_us_per_sample"] = [round(1e6 * (t1[k][i] - t0[k][i]) / n) for i in (0, 1)]
+        out["switches_per_sample"] = {k: round((t1["switches"][k] - t0["switches"][k]) / n, 2)
+                                      for k in ("loop", "threads")}
+        out["minor_faults_per_sample"] = round((t1["minflt"] - t0["minflt"]) / n, 1)
     if before is not None:
         cpu = after["cpu_s"] - before["cpu_s"]
         reqs = {k: v - before["requests"].get(k, 0) for k, v in after["requests"].items()}
