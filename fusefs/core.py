@@ -65,6 +65,9 @@ class Stats:
         self.wait_s = 0.0
         self.started = time.time()
         self.requests: dict[str, int] = {}  # FUSE requests answered, by type (fs.Operations)
+        # () -> {type: count} of requests the binding answers without a handler (fs.Operations
+        # sets it: ioctl), or None
+        self.binding_requests = None
         self.cpu_start = cpu_seconds()
 
     def snapshot(self) -> dict:
@@ -72,10 +75,13 @@ class Stats:
         out["read_wait_s"] = round(self.wait_s, 4)
         out["uptime_s"] = round(time.time() - self.started, 3)
         out["cpu_s"] = round(cpu_seconds() - self.cpu_start, 4)
-        out["requests"] = dict(sorted(self.requests.items()))
+        requests = dict(self.requests)
+        if self.binding_requests is not None:
+            requests.update(self.binding_requests())
+        out["requests"] = dict(sorted((k, v) for k, v in requests.items() if v))
         opens = max(1, self.opens)
         out["cpu_us_per_sample"] = round(1e6 * out["cpu_s"] / opens, 1)
-        out["requests_per_sample"] = round(sum(self.requests.values()) / opens, 3)
+        out["requests_per_sample"] = round(sum(requests.values()) / opens, 3)
         return out
 
 

@@ -89,6 +89,9 @@ class Operations(pyfuse3.Operations):
         super().__init__()
         self.core = core
         self.requests = core.stats.requests
+        if hasattr(pyfuse3, "ioctl_requests"):  # (scripts/pyfuse3_patched.py: answered in C)
+            base = pyfuse3.ioctl_requests()
+            core.stats.binding_requests = lambda: {"ioctl": pyfuse3.ioctl_requests() - base}
         self.kernel_opens = core.kernel_opens
         if core.kernel_opens and not binding_passes_inode():
             raise RuntimeError("kernel opens need pyfuse3 built by scripts/pyfuse3_patched.py")

@@ -1,4 +1,4 @@
-"""Build and install pyfuse3 with three changes to its Cython sources, each found by measuring.
+"""Build and install pyfuse3 with four changes to its Cython sources, each found by measuring.
 
 1. inode: without `open`, a handler gets the inode. When a file system answers `open` with
    ENOSYS, the kernel stops sending `open` and `release` for every file of the mount and
@@ -19,6 +19,13 @@
    in one stretch without the GIL, where notify_store releases and retakes it for each:
    a fetch thread pushes a group of samples with one GIL hand-off (docs/HOTPATH.md). Mark:
    `pyfuse3.STORE_MANY`; fusefs pushes one by one with notify_store without it (fs.py).
+4. ioctl: FUSE_IOCTL requests are counted. Python's `open()` (3.13 and earlier) asks every
+   file it opens whether it is a terminal (`isatty`: ioctl TCGETS), and the kernel sends
+   that to the file system: one request per sample read by ImageFolder's loader. pyfuse3
+   has no ioctl handler, so libfuse answered it by itself and the daemon never saw it.
+   The patch answers it the same way, in C without the GIL (ENOTTY, which is what the
+   kernel made of libfuse's ENOSYS), and counts it: `pyfuse3.ioctl_requests()`, which
+   fusefs adds to its request counts. Mark: `pyfuse3.IOCTL_COUNTED`.
 
     .venv/bin/python scripts/pyfuse3_patched.py        # (scripts/setup.sh runs it)
     .venv/bin/python scripts/pyfuse3_patched.py --patches inode --target DIR
@@ -166,6 +173,40 @@ def patch_store_many(text: str) -> str:
     return text + STORE_MANY
 
 
+# The ioctl handler, in C (internal.pxi): count the request and answer ENOTTY.
+IOCTL_ANCHOR = "    fuse_ops.poll = fuse_poll\n"
+IOCTL_HANDLER = '''
+
+# fusefs: FUSE_IOCTL requests (Python's open() asks isatty of every file) are answered
+# here, in C, as libfuse answered them without a handler, and counted
+cdef extern from *:
+    """
+    static unsigned long long fusefs_ioctl_requests = 0;
+    static void fusefs_ioctl(fuse_req_t req, fuse_ino_t ino, int cmd, void *arg,
+                             struct fuse_file_info *fi, unsigned flags, const void *in_buf,
+                             size_t in_bufsz, size_t out_bufsz) {
+        fusefs_ioctl_requests++;
+        fuse_reply_err(req, ENOTTY);
+    }
+    static void fusefs_set_ioctl(struct fuse_lowlevel_ops *ops) { ops->ioctl = fusefs_ioctl; }
+    """
+    unsigned long long fusefs_ioctl_requests
+    void fusefs_set_ioctl(fuse_lowlevel_ops *ops)
+
+
+def ioctl_requests():
+    "FUSE_IOCTL requests answered since the module was loaded (fusefs: each was ENOTTY)."
+    return fusefs_ioctl_requests
+'''
+
+
+def patch_ioctl(text: str) -> str:
+    """internal.pxi's text with the counting ioctl handler set among the operations."""
+    if text.count(IOCTL_ANCHOR) != 1:
+        raise SystemExit(f"pyfuse3 {VERSION}'s init_fuse_ops changed: no {IOCTL_ANCHOR.strip()!r}")
+    return text.replace(IOCTL_ANCHOR, IOCTL_ANCHOR + "    fusefs_set_ioctl(&fuse_ops)\n") + IOCTL_HANDLER
+
+
 # name -> (the source file it changes, the change, the mark it sets on the module, why)
 PATCHES = {
     "inode": ("handlers.pxi", patch_handlers, "INODE_WITHOUT_OPEN",
@@ -175,13 +216,15 @@ PATCHES = {
              "the request loop takes a queued request without waiting for the fd"),
     "store": ("__init__.pyx", patch_store_many, "STORE_MANY",
               "notify_store_many pushes many samples to the page cache without the GIL"),
+    "ioctl": ("internal.pxi", patch_ioctl, "IOCTL_COUNTED",
+              "ioctl requests are answered in C (ENOTTY) and counted: ioctl_requests()"),
 }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--patches", default="inode,loop,store",
-                   help="which patches (default inode,loop,store)")
+    p.add_argument("--patches", default=",".join(PATCHES),
+                   help=f"which patches (default {','.join(PATCHES)})")
     p.add_argument("--target", help="install into this folder instead of the running Python")
     a = p.parse_args()
     patches = [x for x in a.patches.split(",") if x]

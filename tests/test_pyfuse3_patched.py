@@ -64,3 +64,16 @@ def test_notify_store_many_is_added_after_notify_store():
 def test_the_venv_has_notify_store_many():
     assert pyfuse3.STORE_MANY and callable(pyfuse3.notify_store_many)
     assert pyfuse3.notify_store_many([]) == []
+
+
+def test_ioctl_requests_are_answered_in_c_and_counted():
+    init_ops = "cdef void init_fuse_ops():\n    fuse_ops.statfs = fuse_statfs\n" + patched.IOCTL_ANCHOR
+    out = patched.patch_ioctl(init_ops + "\ncdef make_fuse_args(args):\n    pass\n")
+    assert out.index(patched.IOCTL_ANCHOR) < out.index("    fusefs_set_ioctl(&fuse_ops)\n")
+    assert "fuse_reply_err(req, ENOTTY)" in out and "\ndef ioctl_requests():\n" in out
+    with pytest.raises(SystemExit, match="init_fuse_ops changed"):
+        patched.patch_ioctl(init_ops.replace("fuse_poll", "fuse_poll2"))
+
+
+def test_the_venv_counts_ioctl_requests():
+    assert pyfuse3.IOCTL_COUNTED and pyfuse3.ioctl_requests() >= 0

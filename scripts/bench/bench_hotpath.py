@@ -11,6 +11,9 @@ fresh order:
   chunks   as chunks_cold with the chunk files in the page cache (a fresh daemon): the
            daemon's own cost of a fetched sample, without the disk's
   kernel   the next epoch: the kernel page cache holds every sample
+  kernel_os  as kernel, the readers opening files with os.open instead of Python's open():
+           no isatty, so no ioctl request per file (Python up to 3.13 asks isatty of every
+           file it opens, ImageFolder's loader included)
   daemon   the kernel page cache dropped (echo 1 > drop_caches), the daemon's cache holds
            every sample
   small_*  a fresh daemon with a cache of a tenth of the set (as in training): small_fill
@@ -83,10 +86,26 @@ def _read_share(paths: list[str]) -> int:
     return n
 
 
-def read_epoch(pool, paths: list[str], readers: int) -> float:
-    """Wall seconds for readers processes to read paths, reader i taking positions i::readers."""
+def _read_share_os(paths: list[str]) -> int:
+    """As _read_share with os.open and os.read: no isatty, so no ioctl request per file
+    (Python's open() asks isatty of every file it opens, up to Python 3.13)."""
+    n = 0
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            while chunk := os.read(fd, 1 << 20):
+                n += len(chunk)
+        finally:
+            os.close(fd)
+    return n
+
+
+def read_epoch(pool, paths: list[str], readers: int, os_reads: bool = False) -> float:
+    """Wall seconds for readers processes to read paths, reader i taking positions i::readers
+    (with Python's open(), or os.open and os.read)."""
     t = time.perf_counter()
-    pool.map(_read_share, [paths[i::readers] for i in range(readers)], chunksize=1)
+    pool.map(_read_share_os if os_reads else _read_share,
+             [paths[i::readers] for i in range(readers)], chunksize=1)
     return time.perf_counter() - t
 
 
@@ -181,7 +200,7 @@ def row(name: str, n: int, seconds: float, before: dict | None = None, after: di
 
 def fusefs_round(dst, mnt, pool, rels, orders, a, env=None, options=()) -> dict:
     """One round of the fusefs regimes: chunks_cold (page cache dropped), then a fresh
-    daemon over chunk files warm in the page cache: chunks, kernel, daemon; then a fresh
+    daemon over chunk files warm in the page cache: chunks, kernel, kernel_os, daemon; then a fresh
     daemon with a cache of a tenth of the set: small_fill, small_kernel, small_dropped. env:
     the daemons' environment (PYTHONPATH picks the version of fusefs); options: more mount
     arguments."""
@@ -192,7 +211,8 @@ def fusefs_round(dst, mnt, pool, rels, orders, a, env=None, options=()) -> dict:
     def epoch(name, proc, order, number):
         write_order(mnt, order, number)
         before, t0 = stats(mnt), thread_cpu(proc.pid)
-        dt = read_epoch(pool, [os.path.join(mnt, rels[i]) for i in order], a.readers)
+        dt = read_epoch(pool, [os.path.join(mnt, rels[i]) for i in order], a.readers,
+                        os_reads=name == "kernel_os")
         out[name] = row(name, n, dt, before, stats(mnt), (t0, thread_cpu(proc.pid)))
 
     drop_caches()
@@ -202,10 +222,11 @@ def fusefs_round(dst, mnt, pool, rels, orders, a, env=None, options=()) -> dict:
     warm_chunks(dst)
     with running_mount(dst, mnt, "--cache-size", "120%", *options, env=env) as (proc, _):
         list_tree(mnt)
-        for number, name in enumerate(("chunks", "kernel", "daemon")):
+        for number, (name, order) in enumerate((("chunks", orders[0]), ("kernel", orders[1]),
+                                                ("kernel_os", orders[1][::-1]), ("daemon", orders[2]))):
             if name == "daemon":
                 drop_caches(1)
-            epoch(name, proc, orders[number], number)
+            epoch(name, proc, order, number)
     with running_mount(dst, mnt, "--cache-size", "10%", *options, env=env) as (proc, _):
         list_tree(mnt)
         for number, name in enumerate(("small_fill", "small_kernel", "small_dropped")):

@@ -32,6 +32,7 @@ class RamFS(pyfuse3.Operations):
         self.children: dict[int, dict[bytes, int]] = {pyfuse3.ROOT_INODE: {}}
         self.data: dict[int, bytes] = {}
         self.requests: dict[str, int] = {}
+        self.ioctl0 = pyfuse3.ioctl_requests() if hasattr(pyfuse3, "ioctl_requests") else 0
         self.cpu0 = self._cpu()
         next_ino = pyfuse3.ROOT_INODE + 1
         inos = {os.path.abspath(src): pyfuse3.ROOT_INODE}
@@ -60,7 +61,10 @@ class RamFS(pyfuse3.Operations):
         self.requests[name] = self.requests.get(name, 0) + 1
 
     def _stats(self) -> bytes:
-        return json.dumps({"cpu_s": self._cpu() - self.cpu0, "requests": self.requests}).encode()
+        requests = dict(self.requests)
+        if hasattr(pyfuse3, "ioctl_requests"):  # (answered in C: scripts/pyfuse3_patched.py)
+            requests["ioctl"] = pyfuse3.ioctl_requests() - self.ioctl0
+        return json.dumps({"cpu_s": self._cpu() - self.cpu0, "requests": requests}).encode()
 
     def _attr(self, ino: int) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()
