@@ -11,7 +11,8 @@ of a sample gets its whole verified bytes from reads.Reads (cache, fetch under w
 backend, batched with the samples the order needs next on the same storage node) and
 serves any offset and size from them. A fetched sample's bytes are also pushed into the
 kernel page cache as they arrive, so a reader's read() of it never reaches the daemon: a
-cached sample costs an open and a release. Closing a file is a use of its sample in the
+cached sample costs an open and a release (and the ioctl with which Python's open() asks
+isatty, answered by the binding in C: docs/HOTPATH.md). Closing a file is a use of its sample in the
 order (policy.py); the cache keeps it until its room is needed (cache.py). Core wires the
 parts: policy, cache, fetcher and read-ahead (prefetch.py), reads, control namespace.
 Errors are FsError(errno); the FUSE adapter (fs.py) turns them into FUSEError.

@@ -173,7 +173,10 @@ class Fetcher:
         inbox, push = self._inbox, self.push
 
         def arrived(item) -> None:  # in the trio thread, while the batch goes on
-            got, local = item
+            got, local, nreads, nbytes = item
+            # (counted as the samples arrive: a sample served is a read counted)
+            stats["reads"] += nreads
+            stats["bytes"] += nbytes
             if local:
                 from_local.update(got)
             for sid, r in got.items():
@@ -185,11 +188,12 @@ class Fetcher:
 
         pushing = self.pushing
 
-        def on_read(got: dict, local: bool = False) -> None:  # in the worker thread
+        def on_read(got: dict, nreads: int = 0, nbytes: int = 0, local: bool = False) -> None:
+            # (in the worker thread)
             todo = [] if push is None else [(sid, r) for sid, r in got.items()
                                             if sid != unpushed and not isinstance(r, Exception)]
             pushing.update(todo)  # (before the loop can learn that they arrived)
-            inbox.post(arrived, (got, local))
+            inbox.post(arrived, (got, local, nreads, nbytes))
             if todo:
                 try:
                     push(todo)
@@ -201,19 +205,17 @@ class Fetcher:
             todo, attempt = sids, 0
             while todo:
                 try:
-                    results, nreads, nbytes, local = await trio.to_thread.run_sync(
+                    results, local = await trio.to_thread.run_sync(
                         self._read, todo, on_read, limiter=self.limiters[node])
                 except Exception as e:  # a bug, not a backend error (read_batch returns those)
                     log.exception("fetch of %d samples from node %s failed", len(todo),
                                   self.node_names[node])
-                    results, nreads, nbytes, local = {s: OSError(errno.EIO, f"internal error: {e}")
-                                                      for s in todo}, 0, 0, ()
+                    results, local = {s: OSError(errno.EIO, f"internal error: {e}")
+                                      for s in todo}, ()
                 from_local.update(local)
                 backend = len(todo) - len(local)
                 if backend:
                     stats["requests"] += 1
-                stats["reads"] += nreads
-                stats["bytes"] += nbytes
                 failed = [s for s in todo if isinstance(results[s], OSError)
                           and not isinstance(results[s], CorruptSample)]
                 stats["errors"] += len(failed)
@@ -238,16 +240,16 @@ class Fetcher:
                 finish(sid, FetchCancelled())
 
     def _read(self, sids: list[int], on_read):
-        """(results, backend reads, backend bytes, sids served by the local tier); blocking.
-        on_read(results) after each group of backend reads (ChunkStore.read_batch)."""
+        """(results, sids served by the local tier); blocking. on_read(results, reads, bytes)
+        after each group of backend reads (ChunkStore.read_batch), and once with what the
+        local tier held (local=True)."""
         got = self.local.read_many(sids) if self.local is not None else {}
         if got:
-            on_read(got, True)
+            on_read(got, local=True)
         rest = [s for s in sids if s not in got]
-        results, nreads, nbytes = (self.store.read_batch(rest, self.max_gap, on_read) if rest
-                                   else ({}, 0, 0))
+        results = self.store.read_batch(rest, self.max_gap, on_read)[0] if rest else {}
         results.update(got)
-        return results, nreads, nbytes, got.keys()
+        return results, got.keys()
 
     def _set_down(self, node: int, down: bool, error=None) -> None:
         stats = self.node_stats[node]

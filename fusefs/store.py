@@ -119,14 +119,18 @@ class ChunkStore:
 
     def verify(self, sid: int, data) -> bytes:
         """data if it is sample sid's exact bytes, else CorruptSample."""
-        ix = self.index
-        if len(data) != int(ix.size[sid]):
-            raise CorruptSample(self.chunk_path(int(ix.chunk[sid])), os.fsdecode(ix.file_path(sid)),
-                                f"short read ({len(data)} of {int(ix.size[sid])} bytes)")
-        if chunkfmt.checksum(data) != int(ix.checksum[sid]):
-            raise CorruptSample(self.chunk_path(int(ix.chunk[sid])), os.fsdecode(ix.file_path(sid)),
-                                "checksum mismatch")
+        if len(data) != int(self.index.size[sid]):
+            raise self.corrupt(sid, len(data))
+        if chunkfmt.checksum(data) != int(self.index.checksum[sid]):
+            raise self.corrupt(sid)
         return data if type(data) is bytes else bytes(data)
+
+    def corrupt(self, sid: int, held: int | None = None) -> CorruptSample:
+        """The error of sample sid: a checksum mismatch, or (held: the bytes its chunk held)
+        a short read."""
+        ix = self.index
+        why = "checksum mismatch" if held is None else f"short read ({held} of {int(ix.size[sid])} bytes)"
+        return CorruptSample(self.chunk_path(int(ix.chunk[sid])), os.fsdecode(ix.file_path(sid)), why)
 
     def coalesce(self, sids, max_gap: int = 256 << 10, max_read: int = 16 << 20) -> list[tuple[int, int, int, list[int]]]:
         """Group samples into reads: (chunk, offset, length, sids) with samples of one chunk
@@ -163,7 +167,8 @@ class ChunkStore:
 
         Returns ({sid: bytes or the exception for that sample}, reads made, bytes read).
         A failed read fails only the samples in it; a corrupt sample fails alone.
-        on_read, if given, is called after each group with {sid: result} of its samples.
+        on_read, if given, is called after each group with {sid: result} of its samples,
+        and the group's reads made and bytes read.
         """
         out, nreads, nbytes = {}, 0, 0
         reads = self.coalesce(sids, max_gap)
@@ -176,7 +181,7 @@ class ChunkStore:
             nbytes += b
             out.update(got)
             if on_read is not None:
-                on_read(got)
+                on_read(got, n, b)
         return out, nreads, nbytes
 
     def _read_python(self, reads) -> tuple[dict, int, int]:
@@ -233,13 +238,8 @@ class ChunkStore:
             nread, r = r
             nreads += 1
             nbytes += nread
-            for sid, v in zip(members, r):
-                if type(v) is bytes:
-                    got[sid] = v
-                else:
-                    got[sid] = CorruptSample(
-                        self.chunk_path(k), os.fsdecode(ix.file_path(sid)),
-                        "checksum mismatch" if v < 0 else f"short read ({v} of {int(ix.size[sid])} bytes)")
+            for sid, v in zip(members, r):  # (v: bytes, -1: a mismatch, or the bytes held)
+                got[sid] = v if type(v) is bytes else self.corrupt(sid, None if v < 0 else v)
         return got, nreads, nbytes
 
     def advise(self, reads) -> None:

@@ -23,7 +23,7 @@ def both(dst, ix, sids, **kw):
     for native in (True, False):
         calls = []
         got, nreads, nbytes = ChunkStore(dst, ix, native=native).read_batch(
-            sids, on_read=calls.append, **kw)
+            sids, on_read=lambda got, n, b: calls.append((got, n, b)), **kw)
         out.append((got, nreads, nbytes, calls))
     return out
 
@@ -55,7 +55,9 @@ def test_native_and_python_reads_agree(tricky, max_gap):
             assert a[s] == b[s] == files[os.fsdecode(ix.file_path(s))]
             assert type(a[s]) is bytes
         assert (na, ba) == (nb, bb) and na <= len(sids)
-        assert [sorted(c) for c in ca] == [sorted(c) for c in cb]
+        # the same groups, each with the same reads and bytes, which add up to the totals
+        assert [(sorted(g), n, by) for g, n, by in ca] == [(sorted(g), n, by) for g, n, by in cb]
+        assert (sum(n for _, n, _ in ca), sum(by for _, _, by in ca)) == (na, ba)
 
 
 def test_a_corrupt_sample_fails_alone_in_both(tricky, tmp_path):

@@ -188,7 +188,8 @@ def test_each_sample_reaches_its_reader_when_its_own_read_is_done(three_nodes, r
     after at most about 2i reads on that node, the first two after one and two reads, not
     after the whole batch of k (one request at a time per node here). Also in a second
     trio run of the same core (the results' inbox belongs to the run: one bound to a
-    finished run dropped every early delivery)."""
+    finished run dropped every early delivery). The node's reads and bytes are counted as
+    the samples arrive, not when the batch ends: a sample its reader has is counted."""
     dst, _ = three_nodes
     ix = Index.load(os.path.join(dst, INDEX_NAME))
     store = SlowStore(dst, ix)
@@ -202,6 +203,7 @@ def test_each_sample_reaches_its_reader_when_its_own_read_is_done(three_nodes, r
     node = core.fetcher.node_of(order[0])
     mine = [s for s in order if core.fetcher.node_of(s) == node][:8]  # its first batch
     reads_done = []  # reads finished on the node when each of `mine` reached its reader
+    counted = []  # the node's reads and bytes in its statistics then
 
     async def main():
         async with trio.open_nursery() as n:
@@ -212,6 +214,7 @@ def test_each_sample_reaches_its_reader_when_its_own_read_is_done(three_nodes, r
             for sid in mine:
                 await read_whole(core, sid)
                 reads_done.append(sum(core.fetcher.chunk_node[k] == node for k in store.done))
+                counted.append((core.fetcher.node_stats[node]["reads"], core.fetcher.node_stats[node]["bytes"]))
             n.cancel_scope.cancel()
     trio.run(main)
     assert core.statistics()["misses"] == 0
@@ -219,6 +222,8 @@ def test_each_sample_reaches_its_reader_when_its_own_read_is_done(three_nodes, r
     assert all(r <= 2 * i + 2 for i, r in enumerate(reads_done)), reads_done
     assert reads_done[0] <= 2 and reads_done[1] <= 3, reads_done
     assert reads_done[0] >= 1 and reads_done[-1] >= 6  # (8 reads, or fewer coalesced)
+    for i, (nreads, nbytes) in enumerate(counted):
+        assert 1 <= nreads and nbytes >= sum(int(ix.size[s]) for s in mine[:i + 1]), counted
 
 
 def read_ahead_all(core, order):
@@ -286,12 +291,12 @@ class PositionStore(ChunkStore):
     def read_batch(self, sids, max_gap=256 << 10, on_read=None):
         count = [0]
 
-        def seen(got):
+        def seen(got, nreads, nbytes):
             for sid in got:
                 self.position[sid] = count[0]
             count[0] += 1
             if on_read is not None:
-                on_read(got)
+                on_read(got, nreads, nbytes)
         return super().read_batch(sids, max_gap, seen)
 
 
