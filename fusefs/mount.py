@@ -59,13 +59,13 @@ def fuse_options(extra: list[str]) -> set[str]:
 def tune_malloc() -> None:
     """Samples are ~100 KB objects allocated in worker threads and freed on the event loop:
     with glibc's defaults they land in per-thread heap arenas whose holes keep RSS far above
-    what is live, so two arenas are used; samples come from the heap, not each from a
-    mapping of its own (page faults and unmaps per sample), and the heap keeps its freed
-    pages (the trade-off, as measured: docs/HOTPATH.md, "Allocation"). A no-op where glibc
-    is not the allocator."""
+    what is live, so one arena is used (two kept about 100 MB more in the soak); samples
+    come from the heap, not each from a mapping of its own (page faults and unmaps per
+    sample), and the heap keeps its freed pages (the trade-offs, as measured:
+    docs/HOTPATH.md, "Allocation"). A no-op where glibc is not the allocator."""
     try:
         libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-8, 2)          # M_ARENA_MAX
+        libc.mallopt(-8, 1)          # M_ARENA_MAX
         libc.mallopt(-3, 4 << 20)    # M_MMAP_THRESHOLD: samples come from the heap ...
         libc.mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD: ... which keeps its freed pages
     except (OSError, AttributeError):
