@@ -268,9 +268,13 @@ class Fetcher:
 
 
 def default_readahead(budget: int, samples: int, mean_size: float) -> int:
-    """A sixteenth of the cache budget, at least `samples` (a full batch for every request
-    slot of every node): what keeps the nodes busy."""
-    return int(max(budget / 16, samples * mean_size))
+    """A sixteenth of the cache budget, at least twice `samples` (a full batch for every
+    request slot of every node): the heads move on once readers have used half the
+    read-ahead (Prefetcher.low_water), and a refill that gives every slot a full batch
+    needs that much room. With one batch's worth, refills were half batches: twice the
+    requests, and more readers waiting for them (docs/HOTPATH.md, "The read-ahead's
+    depth")."""
+    return int(max(budget / 16, 2 * samples * mean_size))
 
 
 class Prefetcher:

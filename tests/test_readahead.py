@@ -117,6 +117,27 @@ def test_cached_samples_needed_late_do_not_stall_the_read_ahead(three_nodes):
     assert s["cache_peak"] <= budget
 
 
+def test_the_default_read_ahead_refills_every_slot_with_a_full_batch(three_nodes):
+    """The heads move on once readers have used half the read-ahead; by default that is
+    room for a full batch on every request slot of every node, so requests carry full
+    batches, not halves (a read-ahead of one batch per slot gave 2.1 samples per request
+    here, batches of 4; two give 3.0-3.1, and fewer readers miss)."""
+    dst, _ = three_nodes
+    probe = make_core(dst)
+    for seed in range(3):
+        ids = np.random.default_rng(seed).permutation(probe.index.n_files).tolist()
+        # (a budget whose sixteenth is less than a batch per slot: the floor sets the depth)
+        core = make_core(dst, cache_bytes=int(probe.index.total_bytes * 0.4), batch=4, per_node=2)
+        slots = 2 * len(core.fetcher.node_names)
+        full = 4 * slots * probe.index.total_bytes / probe.index.n_files  # a batch per slot
+        assert core.prefetcher.low_water >= full - 1  # (a refill's worth, rounded down)
+        trio.run(run_epoch, core, ids, 3, 8)
+        s = core.statistics()
+        requests = sum(node["requests"] for node in s["nodes"].values())
+        assert s["backend_samples"] == len(ids)
+        assert s["backend_samples"] / requests >= 0.65 * 4, (seed, requests, s)
+
+
 def test_batches_are_per_node_and_coalesced(three_nodes):
     dst, _ = three_nodes
     probe = make_core(dst)
