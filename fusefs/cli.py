@@ -285,8 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"samples per backend request (default {DEFAULTS.batch})")
     s.add_argument("--readahead", metavar="SIZE",
                    help="how far ahead of the readers the order is read: bytes or %% of the cache "
-                        "budget (default 1/16 of the budget, at least two full batches per request slot "
-                        "of every node); "
+                        "budget (default 1/16 of the budget, at least a full batch per request slot of "
+                        "every node, two up to 1/4 of the budget); "
                         "the rest of the budget keeps what the orders need again")
     s.add_argument("--control-group", metavar="GROUP",
                    help="a group whose members may write the control files (the order) too; "

@@ -268,13 +268,15 @@ class Fetcher:
 
 
 def default_readahead(budget: int, samples: int, mean_size: float) -> int:
-    """A sixteenth of the cache budget, at least twice `samples` (a full batch for every
-    request slot of every node): the heads move on once readers have used half the
-    read-ahead (Prefetcher.low_water), and a refill that gives every slot a full batch
-    needs that much room. With one batch's worth, refills were half batches: twice the
-    requests, and more readers waiting for them (docs/HOTPATH.md, "The read-ahead's
-    depth")."""
-    return int(max(budget / 16, 2 * samples * mean_size))
+    """A sixteenth of the cache budget, at least `samples` (a full batch for every request
+    slot of every node) and, up to a quarter of the budget, twice that: the heads move on
+    once readers have used half the read-ahead (Prefetcher.low_water), and a refill that
+    gives every slot a full batch needs that much room. With one batch's worth, refills
+    were half batches: twice the requests, and more readers waiting for them. Past a
+    quarter of a small budget the read-ahead's bytes crowd out what the orders need
+    again, and samples are fetched twice (docs/HOTPATH.md, "The read-ahead's depth")."""
+    one = samples * mean_size
+    return int(max(budget / 16, one, min(2 * one, budget / 4)))
 
 
 class Prefetcher:

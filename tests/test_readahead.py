@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from fusefs import order as orderfmt
 from fusefs.core import Core
 from fusefs.index import INDEX_NAME, Index
+from fusefs.prefetch import default_readahead
 from fusefs.store import ChunkStore
 from fusefs.entries import FsError
 
@@ -126,8 +127,9 @@ def test_the_default_read_ahead_refills_every_slot_with_a_full_batch(three_nodes
     probe = make_core(dst)
     for seed in range(3):
         ids = np.random.default_rng(seed).permutation(probe.index.n_files).tolist()
-        # (a budget whose sixteenth is less than a batch per slot: the floor sets the depth)
-        core = make_core(dst, cache_bytes=int(probe.index.total_bytes * 0.4), batch=4, per_node=2)
+        # (a budget whose sixteenth is less than a batch per slot, and whose quarter holds
+        # two: the floor sets the depth)
+        core = make_core(dst, cache_bytes=int(probe.index.total_bytes * 0.7), batch=4, per_node=2)
         slots = 2 * len(core.fetcher.node_names)
         full = 4 * slots * probe.index.total_bytes / probe.index.n_files  # a batch per slot
         assert core.prefetcher.low_water >= full - 1  # (a refill's worth, rounded down)
@@ -136,6 +138,18 @@ def test_the_default_read_ahead_refills_every_slot_with_a_full_batch(three_nodes
         requests = sum(node["requests"] for node in s["nodes"].values())
         assert s["backend_samples"] == len(ids)
         assert s["backend_samples"] / requests >= 0.65 * 4, (seed, requests, s)
+
+
+def test_the_default_read_ahead_stays_within_a_quarter_of_a_small_budget():
+    """Two batches per slot, but not past a quarter of the budget (a deeper read-ahead in
+    a small cache evicts what the orders need again: 11% more backend bytes in
+    bench_importance's synthetic set), and never less than one batch per slot."""
+    mb = 1 << 20
+    assert default_readahead(1600 * mb, 48, mb) == 100 * mb   # a sixteenth of a large budget
+    assert default_readahead(400 * mb, 48, mb) == 96 * mb     # two batches per slot
+    assert default_readahead(160 * mb, 48, mb) == 48 * mb     # ... if within a quarter
+    assert default_readahead(100 * mb, 48, mb) == 48 * mb     # one batch per slot at least
+    assert default_readahead(240 * mb, 48, mb) == 60 * mb     # between: the quarter
 
 
 def test_batches_are_per_node_and_coalesced(three_nodes):
