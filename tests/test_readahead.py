@@ -121,8 +121,8 @@ def test_cached_samples_needed_late_do_not_stall_the_read_ahead(three_nodes):
 def test_the_default_read_ahead_refills_every_slot_with_a_full_batch(three_nodes):
     """The heads move on once readers have used half the read-ahead; by default that is
     room for a full batch on every request slot of every node, so requests carry full
-    batches, not halves (a read-ahead of one batch per slot gave 2.1 samples per request
-    here, batches of 4; two give 3.0-3.1, and fewer readers miss)."""
+    batches, not halves (with this budget, a read-ahead of one batch per slot gave 2.0-2.3
+    samples per request, batches of 4; two give 3.0-3.3, and fewer readers miss)."""
     dst, _ = three_nodes
     probe = make_core(dst)
     for seed in range(3):
