@@ -295,7 +295,7 @@ class Core:
             return self.control.read(fh, off, size)
         self.stats.reads += 1
         self.reads.lost(sid)
-        end = int(self.index.size[sid])
+        end = self.index.size_v[sid]
         if off >= end:
             return b""
         data = self._held.get(fh)
@@ -449,7 +449,7 @@ class Core:
         plan, done = used
         if sid in self.cache:  # its next use moved on (to a later occurrence, or never)
             self.cache.rekey(sid, self.policy.key(sid))
-        self.prefetcher.used(int(self.index.size[sid]))
+        self.prefetcher.used(self.index.size_v[sid])
         if done and self.local is not None and plan.importance is None:
             for s in done:
                 if self.policy.next_use(s) is None:

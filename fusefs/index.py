@@ -80,6 +80,9 @@ class Index:
         self.n_files = len(self.size)
         self.n_dirs = len(self.dir_parent)
         self._check()
+        # a sample's size and chunk as Python ints, for the per-sample paths (indexing a
+        # memoryview is 2-4 times faster than a numpy scalar and its arithmetic)
+        self.size_v, self.chunk_v = memoryview(self.size), memoryview(self.chunk)
 
     # ---- consistency ---------------------------------------------------------------
     def _check(self):

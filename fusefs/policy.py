@@ -44,13 +44,22 @@ class Policy:
 
     def key_after_use(self, sid: int) -> float:
         """key(sid) once the use a reader is making of it now is counted (for a sample
-        fetched for a reader who missed it: that reader holds its bytes for this use)."""
+        fetched for a reader who missed it: that reader holds its bytes for this use), in
+        the plan that `use` counts it in; the other plans' next uses stand."""
         return self._nearest(sid, after_use=True)
 
     def _nearest(self, sid: int, after_use: bool) -> float:
+        plans = self.plans
+        if len(plans) == 1:  # (the clock is its cursor: the key is the position itself)
+            for plan in plans.values():
+                return plan.position_after_use(sid) if after_use else plan.position_of(sid)
         best = INF
-        for plan in self.plans.values():
-            d = plan.distance_after_use(sid) if after_use else plan.distance_of(sid)
+        for plan in plans.values():
+            if after_use and plan.remaining(sid) > 0:
+                d = plan.distance_after_use(sid)
+                after_use = False  # (counted in the first plan that needs it, as use() does)
+            else:
+                d = plan.distance_of(sid)
             if d < best:
                 best = d
         return best + self.clock

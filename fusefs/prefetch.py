@@ -111,6 +111,7 @@ class Fetcher:
         self._inbox: Inbox | None = None
         index = store.index
         self.chunk_node = np.array([c.node for c in index.chunks], dtype=np.int32)
+        self._chunk_node_v, self._chunk_v = memoryview(self.chunk_node), index.chunk_v
         self.node_names = list(index.nodes)
         self.per_node = per_node
         self.batch = batch
@@ -127,7 +128,7 @@ class Fetcher:
                                 failed_samples=0, down=False) for _ in self.node_names]
 
     def node_of(self, sid: int) -> int:
-        return int(self.chunk_node[int(self.store.index.chunk[sid])])
+        return self._chunk_node_v[self._chunk_v[sid]]
 
     def claim(self, sids: list[int]) -> dict[int, Pending]:
         """Register those of sids no one is fetching as in flight (readers of them then wait
@@ -399,24 +400,24 @@ class Prefetcher:
         what is neither cached nor in flight, until the budget holds nothing needed later
         than the head's sample or every plan is fully covered (round robin over ranks)."""
         cache, inflight, queued = self.cache, self.fetcher.inflight, self.queued
-        sizes, node_of, key = self.index.size, self.fetcher.node_of, self.policy.key
+        sizes, node_of, key = self.index.size_v, self.fetcher.node_of, self.policy.key
         kernel_holds = self.kernel_holds
         active = [(rank, plan) for rank, plan in self.policy.plans.items()
                   if self.heads.get(rank, 0) < len(plan.ids) + len(plan.next_ids)]
         while active:
             for item in list(active):
                 rank, plan = item
-                ids, consumed, n = plan.ids, plan.consumed, len(plan.ids)
-                nxt, end = plan.next_ids, n + len(plan.next_ids)
+                ids, consumed, n = plan.ids_v, plan.consumed_v, len(plan.ids)
+                nxt, end = plan.next_ids_v, n + len(plan.next_ids)
                 pos = max(self.heads.get(rank, 0), plan.cursor)
                 while pos < end:
                     if pos < n:
-                        sid = int(ids[pos])
+                        sid = ids[pos]
                         if consumed[pos]:
                             pos += 1
                             continue
                     else:
-                        sid = int(nxt[pos - n])
+                        sid = nxt[pos - n]
                     if sid in cache or sid in inflight or sid in queued or kernel_holds(sid):
                         pos += 1
                         continue
@@ -425,7 +426,7 @@ class Prefetcher:
                 if pos >= end or plan.bytes_between(plan.cursor, pos) > self.readahead:
                     active.remove(item)  # covered, or as far ahead as it may look
                     continue
-                if not cache.reserve(int(sizes[sid]), key(sid)):
+                if not cache.reserve(sizes[sid], key(sid)):
                     return  # the budget holds nothing needed later than this
                 node = node_of(sid)
                 self.queues[node].append(sid)
@@ -468,13 +469,13 @@ class Prefetcher:
         """The head of a queue as runs holding at least want samples in all (at least one
         run): a run is one sample, or queued samples of one chunk that follow each other,
         up to MAX_BATCH_BYTES."""
-        chunk, sizes = self.index.chunk, self.index.size
+        chunk, sizes = self.index.chunk_v, self.index.size_v
         runs, i = [], 0
         while i < len(q) and i < want:
-            end, nbytes = i + 1, int(sizes[q[i]])
+            end, nbytes = i + 1, sizes[q[i]]
             while (end < len(q) and chunk[q[end]] == chunk[q[end - 1]]
-                   and nbytes + int(sizes[q[end]]) <= self.MAX_BATCH_BYTES):
-                nbytes += int(sizes[q[end]])
+                   and nbytes + sizes[q[end]] <= self.MAX_BATCH_BYTES):
+                nbytes += sizes[q[end]]
                 end += 1
             runs.append(q[i:end])
             i = end

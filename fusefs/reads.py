@@ -182,15 +182,15 @@ class Reads:
         (of the sids in `reserved`) are released as their samples arrive, or at once for
         one someone else is already fetching. `keep`: the sample a reader missed (see
         deliver). `claimed`: the fetcher's claim on sids, made by the caller (Fetcher.fetch)."""
-        sizes, inflight = self.index.size, self.fetcher.inflight
+        sizes, inflight = self.index.size_v, self.fetcher.inflight
         for sid in sids:
             if sid in reserved and sid in inflight and not (claimed and sid in claimed):
-                self.cache.unreserve(int(sizes[sid]))
+                self.cache.unreserve(sizes[sid])
         results = {}
 
         def deliver(s, r):
             if s in reserved:
-                self.cache.unreserve(int(sizes[s]))
+                self.cache.unreserve(sizes[s])
             results[s] = r
             self.deliver(s, r, missed=s == keep)
 

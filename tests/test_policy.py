@@ -124,3 +124,29 @@ def test_policy_keys_span_the_epoch_boundary():
     assert p.key(0) == math.inf                   # in neither
     p.use(3)
     assert p.key(3) == 2 + 2 and p.key_after_use(1) == 2 + 0
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_scalar_keys_agree_with_the_vector_keys_as_readers_go(ranks):
+    """Policy.key (the per-sample path: one plan's position read through memoryviews, or
+    the nearest over plans plus the clock) gives what Policy.keys (numpy, over all samples
+    at once) gives, at every step of readers using samples, repeats and the next epoch's
+    order included; key_after_use is key once the use is counted (where no cursor moves:
+    with several plans the clock is their mean cursor)."""
+    rng = np.random.default_rng(ranks)
+    n = 40
+    p = Policy(np.full(n, 10))
+    for rank in range(ranks):
+        ids = rng.integers(0, n, 60)  # repeats, and samples in neither order
+        nxt = rng.permutation(n)[:30]
+        p.set_order(rank, orderfmt.parse(orderfmt.encode(ids, next_follows=True)
+                                         + orderfmt.encode(nxt, epoch=1), n))
+    all_ids = np.arange(n)
+    for step in range(120):
+        vector = p.keys(all_ids)
+        assert [p.key(s) for s in range(n)] == vector.tolist()
+        sid = int(rng.integers(0, n))
+        after = p.key_after_use(sid)
+        cursors = [plan.cursor for plan in p.plans.values()]
+        if p.use(sid) is not None and cursors == [plan.cursor for plan in p.plans.values()]:
+            assert p.key(sid) == after, step  # (with one plan keys are positions: always)
