@@ -102,11 +102,8 @@ class Plan:
     def position_of(self, sid: int) -> float:
         """Where sid is needed next: its next position in this order, or len(self) plus its
         first position in the next one (inf: never)."""
-        uses = self._uses_v[sid]
-        if uses < self._total_v[sid]:
-            return self._by_sample_v[self._first_v[sid] + uses]
-        nxt = self._next_first_v[sid]
-        return len(self.ids) + nxt if nxt >= 0 else INF
+        pos = self.next_position(sid)
+        return self._position_in_next(sid) if pos is None else pos
 
     def position_after_use(self, sid: int) -> float:
         """position_of(sid) once the use a reader is making of it now is counted."""
@@ -114,10 +111,12 @@ class Plan:
         left = self._total_v[sid] - uses
         if left >= 2:
             return self._by_sample_v[self._first_v[sid] + uses + 1]
-        if left == 1:
-            nxt = self._next_first_v[sid]
-            return len(self.ids) + nxt if nxt >= 0 else INF
-        return self.position_of(sid)
+        return self._position_in_next(sid) if left == 1 else self.position_of(sid)
+
+    def _position_in_next(self, sid: int) -> float:
+        """len(self) plus sid's first position in the next order (inf: not in it)."""
+        nxt = self._next_first_v[sid]
+        return len(self.ids) + nxt if nxt >= 0 else INF
 
     def use(self, sid: int) -> list[int]:
         """Record one use of sid; return the samples whose last use this completed."""
