@@ -214,11 +214,16 @@ class OnOffProbe:
     def cpu_allowed(self) -> bool:
         return self.verdict if self.verdict is not None else self.plan[0] == "on"
 
-    def count(self, samples: int, sync=None) -> None:
-        """One batch handed out; sync() (the accelerator's) before a window's clock reads."""
+    def count(self, samples: int, sync=None, cpu_busy: bool = False) -> None:
+        """One batch handed out; sync() (the accelerator's) before a window's clock reads.
+        cpu_busy: the CPU replica still has work given to it. An "off" window starts only
+        once it has none: the tail of a batch given in the "on" window before would slow
+        the "off" window down and count against it."""
         if self.verdict is not None:
             return
         if self._t0 is None:
+            if cpu_busy and self.plan[0] == "off":
+                return
             if sync:
                 sync()
             self._t0 = self.clock()
@@ -232,7 +237,7 @@ class OnOffProbe:
         now = self.clock()
         self.rates[self.plan.pop(0)].append(self._samples / max(now - self._t0, 1e-9))
         self._n = self._samples = 0
-        self._t0 = now
+        self._t0 = None if cpu_busy and self.plan and self.plan[0] == "off" else now
         if not self.plan:
             on, off = (sorted(r)[len(r) // 2] for r in (self.rates["on"], self.rates["off"]))
             self.verdict = on >= off * (1 + self.min_gain)
@@ -444,7 +449,7 @@ class HybridTrainer:
         self.iteration += 1
 
     def _probe_count(self, samples: int) -> None:
-        self.probe.count(samples, self._sync)
+        self.probe.count(samples, self._sync, cpu_busy=self._outstanding > 0)
         if self.probe.verdict is False and self.cpu_active:
             self.cpu_active = False
             log.warning("the CPU replica made training slower (median %.0f against %.0f samples/s "
