@@ -116,3 +116,30 @@ def test_the_cli_reports_a_user_error_once_with_its_exit_code(tmp_path, capsys):
     out = subprocess.run([sys.executable, "-m", "fusefs", "umount", str(tmp_path)], capture_output=True,
                          text=True)
     assert out.returncode == 2 and out.stderr.startswith("fusefs umount: ") and "not mounted" in out.stderr
+
+
+def test_the_benchmarks_cpu_meter_splits_the_cpu_by_who_spent_it():
+    """bench_order's CpuMeter: a child that spins and ends is counted as a waited-for child,
+    a live process named in a group as that group, and the machine as busy meanwhile."""
+    import os
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "bench"))
+    try:
+        from common import CpuMeter
+    finally:
+        sys.path.pop(0)
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+    other = subprocess.Popen([sys.executable, "-c", "import sys, time\ninput()\n" + spin
+                              + "print('done', flush=True)\ntime.sleep(60)"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        with CpuMeter(other=[other.pid]) as meter:
+            other.stdin.write("go\n")
+            other.stdin.flush()
+            subprocess.run([sys.executable, "-c", spin], check=True)
+            assert other.stdout.readline() == "done\n"
+    finally:
+        other.kill()
+        other.wait()
+    assert meter.seconds["children"] >= 0.25
+    assert meter.seconds["other"] >= 0.25
+    assert 0.1 < meter.busy <= 1.0

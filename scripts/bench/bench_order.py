@@ -18,7 +18,11 @@ dataset larger than memory), and every fusefs setting gets a fresh daemon:
   (r) the peer a user would pick instead: ratarmount (PyPI) over one tar of the same loose
       files on the same volume, read by the same loader (shuffled, no hints)
 
-Every daemon's CPU per sample (fusefs: its own getrusage; ratarmount: /proc) is printed.
+Every daemon's CPU per sample (fusefs: its own getrusage; ratarmount: /proc) is printed,
+and with it the CPU per sample the others spent meanwhile: the loader's processes (the page
+cache drops before each epoch included), the GlusterFS client and the brick daemons, and
+how busy the machine's cores were (the share of their time not idle): whether a setting
+was bound by the CPU or by waiting for the storage.
 
 usage: .venv/bin/python scripts/bench/bench_order.py [--files N] [--delay-ms MS] [--settings acdr] [--out DIR]
 """
@@ -31,7 +35,7 @@ import subprocess
 import sys
 import time
 
-from common import REPO, commit as common_commit
+from common import REPO, CpuMeter, commit as common_commit, cpu_seconds, pids_named
 
 from fusefs.pack import pack
 from fusefs.synth import make_imagefolder
@@ -48,13 +52,20 @@ def sh(*cmd):
 
 
 def run_reader(root: str, hinted: bool) -> dict:
+    """Run the loader over root; its result, with the CPU seconds the loader processes, the
+    GlusterFS client and the brick daemons spent meanwhile, and how busy the machine was."""
     env = dict(os.environ, PYTHONPATH=REPO)
     cmd = ["/usr/bin/python3", READER, root, "--workers", "4", "--batch", "64", "--epochs", "2",
            "--drop-caches", "--no-digests", "--hinted" if hinted else "--shuffle"]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    with CpuMeter(glusterfs=pids_named("glusterfs"), bricks=pids_named("glusterfsd")) as cpu:
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise SystemExit(f"reader failed on {root}:\n{r.stderr[-3000:]}")
-    return json.loads(r.stdout)
+    res = json.loads(r.stdout)
+    res["cpu_s"] = {"loader": cpu.seconds["children"], "glusterfs_client": cpu.seconds["glusterfs"],
+                    "bricks": cpu.seconds["bricks"]}
+    res["machine_busy"] = cpu.busy
+    return res
 
 
 def peak_rss(pid: int) -> int:
@@ -63,12 +74,6 @@ def peak_rss(pid: int) -> int:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def fusefs_setting(dst: str, mnt: str, cache: str, hinted: bool, *extra: str) -> dict:
@@ -112,6 +117,9 @@ def summarize(name: str, res: dict) -> dict:
     n = sum(e["samples"] for e in eps)
     if "daemon_cpu_s" in res:
         row["daemon_cpu_us_per_sample"] = round(1e6 * res["daemon_cpu_s"] / n, 1)
+    # who else spent the machine's CPU per sample meanwhile, and how busy its cores were
+    row["cpu_us_per_sample"] = {k: round(1e6 * v / n, 1) for k, v in res["cpu_s"].items()}
+    row["machine_busy"] = round(res["machine_busy"], 3)
     if "final_stats" in res:
         s = res["final_stats"]
         row["cache_budget"] = s["cache_budget"]
@@ -202,6 +210,10 @@ def main() -> int:
                      f"(budget {row['cache_budget'] / 1e6:.0f} MB, index {index_bytes / 1e6:.1f} MB)")
         if "daemon_cpu_us_per_sample" in row:
             extra += f"; daemon CPU {row['daemon_cpu_us_per_sample']:.0f} us/sample"
+        others = row["cpu_us_per_sample"]
+        extra += (f"; CPU us/sample of the loader {others['loader']:.0f}, GlusterFS client "
+                  f"{others['glusterfs_client']:.0f}, bricks {others['bricks']:.0f}; "
+                  f"cores {100 * row['machine_busy']:.0f}% busy")
         print(f"{name:<40} samples/s epoch 1 / 2: {rates}{extra}", flush=True)
     results["rows"] = rows
     by = {r["setting"][0]: r for r in rows}
