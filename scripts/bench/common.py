@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
+
+import psutil
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKLOADS = os.path.join(REPO, "scripts", "workloads")
@@ -39,36 +40,28 @@ def run_trainer(script: str, args: list[str], show=None) -> list[dict]:
     return rows
 
 
+
 def cpu_seconds(pid: int) -> float:
-    """A process's user + system CPU seconds so far (/proc; 0 once it is gone)."""
+    """A process's user + system CPU seconds so far (0 once it is gone)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return t.user + t.system
 
 
 def pids_named(name: str) -> list[int]:
     """The pids of the processes whose command is exactly name."""
-    out = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
-
-
-def _machine_ticks() -> tuple[int, int]:
-    """(idle ticks including I/O wait, all ticks) of every core so far (/proc/stat)."""
-    with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
-    return ticks[3] + ticks[4], sum(ticks)
+    return [p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == name]
 
 
 class CpuMeter:
     """Who spent the machine's CPU over a stretch of a benchmark: groups of processes given
     by pid (the storage's client and servers, a daemon), this process's children that ended
     and were waited for within the stretch (the readers it ran), and how busy the machine's
-    cores were (`busy`: the share of all cores' time not idle). Use as a context manager;
-    `seconds` then holds each group's CPU seconds and `children`'s. A group's process that
-    ends within the stretch counts nothing (/proc no longer has its figures)."""
+    cores were (`busy`: the share of all cores' time not idle or waiting for I/O). Use as a
+    context manager; `seconds` then holds each group's CPU seconds and `children`'s. A
+    group's process that ends within the stretch counts nothing (its figures are gone)."""
 
     def __init__(self, **groups: list[int]):
         self.groups = groups
@@ -76,18 +69,23 @@ class CpuMeter:
         self.busy = 0.0
 
     def _now(self) -> dict[tuple[str, int], float]:
-        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        me = psutil.Process().cpu_times()
         now = {(name, p): cpu_seconds(p) for name, pids in self.groups.items() for p in pids}
-        now["children", 0] = ru.ru_utime + ru.ru_stime
+        now["children", 0] = me.children_user + me.children_system
         return now
 
+    @staticmethod
+    def _idle() -> tuple[float, float]:
+        t = psutil.cpu_times()
+        return t.idle + t.iowait, sum(t)
+
     def __enter__(self) -> "CpuMeter":
-        self._start, self._ticks = self._now(), _machine_ticks()
+        self._start, self._ticks = self._now(), self._idle()
         return self
 
     def __exit__(self, *exc) -> None:
-        end, (idle, total) = self._now(), _machine_ticks()
+        end, (idle, total) = self._now(), self._idle()
         self.seconds = dict.fromkeys([*self.groups, "children"], 0.0)
         for (name, pid), t in end.items():
             self.seconds[name] += max(0.0, t - self._start[name, pid])
-        self.busy = 1 - (idle - self._ticks[0]) / max(1, total - self._ticks[1])
+        self.busy = 1 - (idle - self._ticks[0]) / max(1e-9, total - self._ticks[1])
