@@ -48,3 +48,15 @@ def test_imagefolder_decodes_identical_images(jpegs, tmp_path):
     direct = _read(jpegs / "src", "--decode", "--batch", "1")
     assert through["epochs"][0]["samples"] == 240
     assert through["epochs"][0]["tensor_sum"] == direct["epochs"][0]["tensor_sum"] != 0
+
+
+def test_imagefolder_batches_training_crops_and_reports_its_cpu(jpegs, tmp_path):
+    """bench_node.py's decoded loader: RandomResizedCrop lets images of several sizes batch;
+    each epoch reports the CPU seconds of the loader's processes and how busy the cores were."""
+    with running_mount(jpegs / "dst", tmp_path / "mnt", "--cache-size", "120%"):
+        r = _read(tmp_path / "mnt", "--decode", "--size", "32", "--batch", "16", "--shuffle",
+                  "--epochs", "2", "--no-digests")
+    assert [e["samples"] for e in r["epochs"]] == [240, 240]
+    for e in r["epochs"]:
+        assert e["tensor_sum"] > 0
+        assert e["cpu_s"] > 0 and 0 < e["busy"] <= 1

@@ -3,10 +3,11 @@
 
 Runs under Debian's /usr/bin/python3 (torch 1.13 + torchvision), a Python separate from
 fusefs's own: the "unmodified training code" case. Prints one JSON line:
-  classes, per-file sha256 (relative path -> hex), labels, samples/s, and, with --decode,
-  a checksum of the decoded tensors.
+  classes, per-file sha256 (relative path -> hex), labels, and per epoch samples/s, the CPU
+  seconds of the loader's processes (this one and its workers) and how busy the machine's
+  cores were, and, with --decode, a checksum of the decoded tensors.
 
-usage: imagefolder_reader.py ROOT [--workers N] [--batch B] [--epochs E] [--decode] [--shuffle]
+usage: imagefolder_reader.py ROOT [--workers N] [--batch B] [--epochs E] [--decode [--size S]] [--shuffle]
                               [--hinted [--mode random|chunks|echo] [--group G]] [--drop-caches]
 
 --hinted uses trainer.HintedSampler (the two-line change; needs the repository on
@@ -32,6 +33,20 @@ def raw_loader(path):
         return f.read()
 
 
+def cpu_seconds():
+    """CPU seconds of this process and of its children that ended (the DataLoader's workers,
+    joined at each epoch's end)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def idle_ticks():
+    """(idle + I/O wait, all) ticks of the machine's cores so far, from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return v[3] + v[4], sum(v)
+
+
 def collate_digests(batch):
     return [(hashlib.sha256(data).hexdigest(), len(data), label) for data, label in batch]
 
@@ -43,6 +58,9 @@ def main():
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--decode", action="store_true", help="decode images (default loader + ToTensor)")
+    p.add_argument("--size", type=int, default=0,
+                   help="with --decode: RandomResizedCrop(SIZE) and a random flip before ToTensor, "
+                        "the ImageNet training transform (images of several sizes then batch)")
     p.add_argument("--shuffle", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hinted", action="store_true", help="shuffle with trainer.HintedSampler")
@@ -55,7 +73,8 @@ def main():
 
     torch.manual_seed(a.seed)
     if a.decode:
-        ds = datasets.ImageFolder(a.root, transform=transforms.ToTensor())
+        steps = [transforms.RandomResizedCrop(a.size), transforms.RandomHorizontalFlip()] if a.size else []
+        ds = datasets.ImageFolder(a.root, transform=transforms.Compose([*steps, transforms.ToTensor()]))
         collate = None
     else:
         ds = datasets.ImageFolder(a.root, loader=raw_loader, is_valid_file=lambda p: True)
@@ -76,7 +95,7 @@ def main():
         loader = DataLoader(ds, batch_size=a.batch, shuffle=a.shuffle and sampler is None,
                             sampler=sampler, num_workers=a.workers, collate_fn=collate,
                             persistent_workers=False)
-        t0 = time.perf_counter()
+        t0, cpu0, (idle0, all0) = time.perf_counter(), cpu_seconds(), idle_ticks()
         count, nbytes, tensor_sum = 0, 0, 0.0
         first_stats = None
         for batch in loader:
@@ -92,7 +111,9 @@ def main():
                     count += 1
                     nbytes += size
         dt = time.perf_counter() - t0
+        idle1, all1 = idle_ticks()
         ep = {"samples": count, "seconds": dt, "samples_per_s": count / dt, "bytes": nbytes,
+              "cpu_s": cpu_seconds() - cpu0, "busy": 1 - (idle1 - idle0) / max(1, all1 - all0),
               "tensor_sum": tensor_sum}
         if first_stats is not None:
             with open(stats_path) as f:
