@@ -3,9 +3,10 @@ fusefs, raw and decoded, by worker count (issue 17's node comparison). Prints fi
 saves JSON and a PNG.
 
 A synthetic ImageFolder of --files JPEGs (~107 KB each) is generated on local disk and
-packed next to it. For each loader (raw: the file's bytes; decode: torchvision's default PIL
-loader, RandomResizedCrop(224), a random flip and ToTensor, the ImageNet training transform) and each worker count of --workers, torchvision's ImageFolder +
-DataLoader(batch_size=64) (scripts/workloads/imagefolder_reader.py under --python, a Python
+packed next to it. For each loader (raw: the file's bytes, with a SHA-256 of each in the
+collate; decode: torchvision's default PIL loader, RandomResizedCrop(224), a random flip and
+ToTensor, the ImageNet training transform) and each worker count of --workers,
+torchvision's ImageFolder + DataLoader(batch_size=64) (scripts/workloads/imagefolder_reader.py under --python, a Python
 separate from fusefs's own: the unmodified training code) reads the set once to warm every
 cache (not counted), then --epochs epochs in fresh shuffled orders, from:
 
@@ -24,7 +25,8 @@ the chunks in the counted epochs (none when its cache holds the set). Issue 17's
 16-core node: fusefs >= 0.9x loose for raw bytes and >= 0.95x decoded.
 
 usage: .venv/bin/python scripts/bench/bench_node.py [--files 20000] [--workers 4,8,16]
-           [--loaders raw,decode] [--epochs 2] [--python /usr/bin/python3] [--out out/bench_node]
+           [--loaders raw,decode] [--systems loose,fusefs,minimal] [--epochs 2]
+           [--python /usr/bin/python3] [--out out/bench_node]
 On the GPU node (docs/TESTING.md, "The GPU node"): python3 scripts/bench/bench_node.py --python python3
 """
 from __future__ import annotations
