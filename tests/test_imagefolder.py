@@ -2,6 +2,7 @@
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -60,3 +61,25 @@ def test_imagefolder_batches_training_crops_and_reports_its_cpu(jpegs, tmp_path)
     for e in r["epochs"]:
         assert e["tensor_sum"] > 0
         assert e["cpu_s"] > 0 and 0 < e["busy"] <= 1
+
+
+def test_bench_node_compares_loose_files_fusefs_and_the_minimal_daemon(tmp_path):
+    """scripts/bench/bench_node.py end to end at a tiny scale (the GPU node runs it as is):
+    a row per system, each mount's ratio to the loose files, the daemons' requests, and no
+    sample fetched by fusefs once its cache holds the set."""
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench", "bench_node.py"),
+                        "--files", "120", "--workers", "2", "--loaders", "raw", "--epochs", "1",
+                        "--python", SYSTEM_PYTHON, "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {row["system"]: row for row in json.load(open(out / "bench_node.json"))["rows"]}
+    assert set(rows) == {"loose", "fusefs", "minimal"}
+    assert all(row["samples_per_s"][0] > 0 for row in rows.values())
+    for system in ("fusefs", "minimal"):
+        assert rows[system]["ratio_to_loose"] > 0
+        assert rows[system]["requests_per_sample"]["open"] >= 1.0
+        assert rows[system]["daemon_cpu_us_per_sample"] > 0
+    assert rows["fusefs"]["fetched_samples"] == 0
+    assert (out / "bench_node.png").stat().st_size > 0
+    assert not os.path.ismount(out / "mnt")
