@@ -60,7 +60,7 @@ import time
 import numpy as np
 import psutil
 
-from common import REPO, commit as common_commit, git
+from common import REPO, commit as common_commit, git, minimal_daemon
 
 from fusefs import order as orderfmt
 from fusefs.pack import pack
@@ -121,15 +121,7 @@ def list_tree(root: str) -> int:
 
 def minimal_peer(src: str, mnt: str, pool, rels, orders, readers: int):
     """Two epochs through scripts/bench/minimal_daemon.py over the loose files."""
-    import signal
-    os.makedirs(mnt, exist_ok=True)
-    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "scripts", "bench", "minimal_daemon.py"), src, mnt])
-    try:
-        deadline = time.monotonic() + 120
-        while not os.path.ismount(mnt):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("minimal daemon did not mount")
-            time.sleep(0.05)
+    with minimal_daemon(src, mnt):
         list_tree(mnt)
         out = []
         for epoch, name in enumerate(("minimal_read", "minimal_kernel")):
@@ -137,10 +129,6 @@ def minimal_peer(src: str, mnt: str, pool, rels, orders, readers: int):
             dt = read_epoch(pool, [os.path.join(mnt, rels[i]) for i in orders[epoch]], readers)
             out.append(row(name, len(rels), dt, before, stats(mnt, ".minimal-stats")))
         return out
-    finally:
-        subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
 
 
 def write_order(mnt: str, ids, epoch: int) -> None:

@@ -35,33 +35,25 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
-import time
 
-from common import REPO, WORKLOADS, commit as common_commit
+from common import REPO, commit as common_commit, minimal_daemon, run_trainer
 
 from fusefs.pack import pack
 from fusefs.synth import make_imagefolder
-from fusefs.testing import running_mount, stop_mount
+from fusefs.testing import running_mount
 
-READER = os.path.join(WORKLOADS, "imagefolder_reader.py")
-MINIMAL = os.path.join(REPO, "scripts", "bench", "minimal_daemon.py")
 SYSTEMS = ("loose", "fusefs", "minimal")
 
 
 def read(python: str, root: str, loader: str, workers: int, epochs: int, seed: int,
          hinted: bool) -> dict:
     """The reader's result for epochs over root (one process, as a training run)."""
-    cmd = [python, READER, root, "--workers", str(workers), "--batch", "64", "--epochs",
-           str(epochs), "--seed", str(seed), "--no-digests", "--hinted" if hinted else "--shuffle"]
+    args = [root, "--workers", str(workers), "--batch", "64", "--epochs", str(epochs), "--seed",
+            str(seed), "--no-digests", "--hinted" if hinted else "--shuffle"]
     if loader == "decode":
-        cmd += ["--decode", "--size", "224"]
-    path = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
-    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=path))
-    if r.returncode != 0:
-        raise SystemExit(f"reader failed on {root}:\n{r.stderr[-3000:]}")
-    return json.loads(r.stdout)
+        args += ["--decode", "--size", "224"]
+    return run_trainer("imagefolder_reader.py", args, python=python)[0]
 
 
 def daemon_stats(root: str, name: str | None) -> dict:
@@ -76,7 +68,7 @@ def measure(python: str, root: str, loader: str, workers: int, epochs: int, hint
     """One warm-up epoch, then `epochs` counted ones: their samples/s, the loader's CPU per
     sample and the cores' busy share (measured by the reader around each epoch), and from
     the daemon's statistics file `stats` (a name under root) its CPU (getrusage), FUSE
-    requests by type and samples fetched per sample over the counted run (the reader's scan
+    requests per sample by type and the samples it fetched over the counted run (the reader's scan
     of the tree included)."""
     read(python, root, loader, workers, 1, 0, hinted)
     before = daemon_stats(root, stats)
@@ -97,18 +89,6 @@ def measure(python: str, root: str, loader: str, workers: int, epochs: int, hint
     return row
 
 
-def minimal_mount(src: str, mnt: str):
-    os.makedirs(mnt, exist_ok=True)
-    proc = subprocess.Popen([sys.executable, MINIMAL, src, mnt])
-    deadline = time.monotonic() + 300  # it reads every file into RAM first
-    while not os.path.ismount(mnt):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_mount(mnt, proc)
-            raise SystemExit("the minimal daemon did not mount")
-        time.sleep(0.1)
-    return proc
-
-
 def run_system(system: str, a, src: str, packed: str, loader: str, workers: int) -> dict:
     mnt = os.path.join(a.out, "mnt")
     if system == "loose":
@@ -116,11 +96,8 @@ def run_system(system: str, a, src: str, packed: str, loader: str, workers: int)
     if system == "fusefs":
         with running_mount(packed, mnt, "--cache-size", "120%") as (proc, _):
             return measure(a.python, mnt, loader, workers, a.epochs, True, ".fusefs/stats")
-    proc = minimal_mount(src, mnt)
-    try:
+    with minimal_daemon(src, mnt):
         return measure(a.python, mnt, loader, workers, a.epochs, False, ".minimal-stats")
-    finally:
-        stop_mount(mnt, proc)
 
 
 def plot(rows: list[dict], path: str, title: str) -> None:

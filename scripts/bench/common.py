@@ -2,9 +2,12 @@
 finds it without any sys.path edit)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
+import sys
+import time
 
 import psutil
 
@@ -23,14 +26,16 @@ def commit() -> str:
     return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain", "fusefs", "trainer") else "")
 
 
-def run_trainer(script: str, args: list[str], show=None) -> list[dict]:
-    """Run scripts/workloads/<script> under Debian's /usr/bin/python3 (torchvision) with the
-    repository on PYTHONPATH; it prints one JSON row per epoch, each handed to show(row)
-    as it comes. Returns the rows; stops the benchmark if the training fails."""
-    cmd = ["/usr/bin/python3", os.path.join(WORKLOADS, script), *args]
+def run_trainer(script: str, args: list[str], show=None, python: str = "/usr/bin/python3") -> list[dict]:
+    """Run scripts/workloads/<script> under `python` (Debian's, with torchvision) with the
+    repository on PYTHONPATH (before what it held); it prints one JSON row per epoch (or one
+    in all), each handed to show(row) as it comes. Returns the rows; stops the benchmark if
+    the script fails."""
+    cmd = [python, os.path.join(WORKLOADS, script), *args]
+    path = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
     rows = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
-                          env=dict(os.environ, PYTHONPATH=REPO)) as p:
+                          env=dict(os.environ, PYTHONPATH=path)) as p:
         for line in p.stdout:
             rows.append(json.loads(line))
             if show is not None:
@@ -39,6 +44,23 @@ def run_trainer(script: str, args: list[str], show=None) -> list[dict]:
         raise SystemExit(f"{script} {' '.join(args)} failed: exit {p.returncode}")
     return rows
 
+
+@contextlib.contextmanager
+def minimal_daemon(src: str, mnt: str, timeout: float = 300.0):
+    """scripts/bench/minimal_daemon.py serving src at mnt (it reads every file into RAM
+    before it mounts); yields its process; always unmounted and reaped."""
+    from fusefs.testing import stop_mount
+    os.makedirs(mnt, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "scripts", "bench", "minimal_daemon.py"), src, mnt])
+    try:
+        deadline = time.monotonic() + timeout
+        while not os.path.ismount(mnt):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the minimal daemon did not mount {src} at {mnt}")
+            time.sleep(0.05)
+        yield proc
+    finally:
+        stop_mount(mnt, proc)
 
 
 def cpu_seconds(pid: int) -> float:

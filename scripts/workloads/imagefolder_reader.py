@@ -27,6 +27,8 @@ import torch
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
+from machine import cpu_times  # (scripts/workloads/machine.py)
+
 
 def raw_loader(path):
     with open(path, "rb") as f:
@@ -38,13 +40,6 @@ def cpu_seconds():
     joined at each epoch's end)."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
-
-
-def idle_ticks():
-    """(idle + I/O wait, all) ticks of the machine's cores so far, from /proc/stat."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    return v[3] + v[4], sum(v)
 
 
 def collate_digests(batch):
@@ -95,7 +90,7 @@ def main():
         loader = DataLoader(ds, batch_size=a.batch, shuffle=a.shuffle and sampler is None,
                             sampler=sampler, num_workers=a.workers, collate_fn=collate,
                             persistent_workers=False)
-        t0, cpu0, (idle0, all0) = time.perf_counter(), cpu_seconds(), idle_ticks()
+        t0, cpu0, (busy0, idle0) = time.perf_counter(), cpu_seconds(), cpu_times()
         count, nbytes, tensor_sum = 0, 0, 0.0
         first_stats = None
         for batch in loader:
@@ -111,9 +106,9 @@ def main():
                     count += 1
                     nbytes += size
         dt = time.perf_counter() - t0
-        idle1, all1 = idle_ticks()
+        busy1, idle1 = cpu_times()
         ep = {"samples": count, "seconds": dt, "samples_per_s": count / dt, "bytes": nbytes,
-              "cpu_s": cpu_seconds() - cpu0, "busy": 1 - (idle1 - idle0) / max(1, all1 - all0),
+              "cpu_s": cpu_seconds() - cpu0, "busy": (busy1 - busy0) / max(1e-9, busy1 - busy0 + idle1 - idle0),
               "tensor_sum": tensor_sum}
         if first_stats is not None:
             with open(stats_path) as f:

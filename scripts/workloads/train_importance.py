@@ -38,6 +38,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
+from machine import cpu_times
 from trainer import HintedSampler, ImportanceSampler, LossTracker, WithIndex
 from trainer.hints import find_mount, mount_stats
 
@@ -63,14 +64,6 @@ def evict(paths: list[str]) -> None:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
-
-
-def cpu_times() -> tuple[float, float]:
-    """(busy, idle) seconds of all CPUs since boot, from /proc/stat."""
-    with open("/proc/stat") as f:
-        user, nice, system, idle, iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
-    tick = os.sysconf("SC_CLK_TCK")
-    return (user + nice + system + irq + softirq + steal) / tick, (idle + iowait) / tick
 
 
 def stats_of(root: str) -> dict:
