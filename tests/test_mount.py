@@ -265,3 +265,31 @@ def test_a_killed_owner_leaves_no_mount(tricky, tmp_path):
     finally:
         owner.kill()
         stop_mount(mnt)
+
+
+def test_bench_hotpath_runs_every_regime_and_paces_the_paced_one(tmp_path):
+    """scripts/bench/bench_hotpath.py (the regression guard for fusefs/) end to end at a tiny
+    scale: a row per regime with the daemon's CPU and requests per sample; a sample the
+    kernel holds costs open, ioctl and release; the paced readers keep to --pace; no mount
+    left behind."""
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench", "bench_hotpath.py"),
+                        "--files", "300", "--rounds", "1", "--pace", "600", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {row["regime"]: row for row in json.load(open(out / "bench_hotpath.json"))["rows"]}
+    assert set(rows) == {"loose_cold", "loose_warm", "chunks_cold", "chunks", "kernel", "kernel_os",
+                         "kernel_paced", "daemon", "small_fill", "small_kernel", "small_dropped",
+                         "minimal_read", "minimal_kernel", "minimal_paced"}
+    for name, row in rows.items():
+        assert row["samples"] == 300 and row["samples_per_s"] > 0, name
+        if not name.startswith("loose"):
+            assert row["daemon_cpu_us_per_sample"] > 0 and row["requests"]["open"] >= 0.99, name
+    for name in ("kernel", "kernel_paced"):
+        assert {"open", "ioctl", "release"} <= set(rows[name]["requests"])
+        assert rows[name]["backend_samples"] == 0
+    assert rows["kernel_os"]["requests"].get("ioctl", 0) < 0.05  # (the stats file's own)
+    assert rows["chunks"]["backend_samples"] == 300
+    for name in ("kernel_paced", "minimal_paced"):  # 300 files at 600 a second: 0.5 s at least
+        assert rows[name]["samples_per_s"] <= 600 * 1.05, name
+    assert not any(os.path.ismount(p) for p in out.iterdir())

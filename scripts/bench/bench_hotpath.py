@@ -14,6 +14,8 @@ fresh order:
   kernel_os  as kernel, the readers opening files with os.open instead of Python's open():
            no isatty, so no ioctl request per file (Python up to 3.13 asks isatty of every
            file it opens, ImageFolder's loader included)
+  kernel_paced  as kernel, the readers opening --pace files a second together (1,000), evenly
+           spread, as decoding workers do: most requests find the daemon idle and wake it
   daemon   the kernel page cache dropped (echo 1 > drop_caches), the daemon's cache holds
            every sample
   small_*  a fresh daemon with a cache of a tenth of the set (as in training): small_fill
@@ -25,8 +27,8 @@ The tree is listed first, as ImageFolder does (the kernel then knows every inode
 fetched samples can be pushed into its page cache). Side by side in the same run: the same
 readers on the loose source files (page cache cold and warm), and a minimal pyfuse3 daemon
 serving the files from RAM (scripts/bench/minimal_daemon.py: its first epoch reads through the
-daemon, its second is served from the kernel page cache), the floor of the binding on this
-machine. One JSON line per row: samples/s, daemon CPU us per sample (the daemon's own
+daemon, its second is served from the kernel page cache, its third too, paced as
+kernel_paced), the floor of the binding on this machine. One JSON line per row: samples/s, daemon CPU us per sample (the daemon's own
 getrusage), the same split into the event-loop thread and the other (fetch) threads, user
 and system, their voluntary context switches and the daemon's minor page faults per
 sample, and FUSE requests per sample by type.
@@ -40,7 +42,9 @@ median CPU per sample is printed, with every round's figure beside it.
 checked out into a temporary git worktree) and the working tree, each round running both
 with fresh daemons, in alternating order (A B, B A, ...). Rows carry "version"; each
 regime's line of the second version adds the per-round ratios to the first (round i of one
-against round i of the other, which ran next to it). --against-options ARGS does the same
+against round i of the other, which ran next to it). (REF imports the working tree's build of
+the compiled fusefs._fetchio: the editable install supplies it. Compare a change to
+fusefs/_fetchio.c's existing functions by building REF's into a copy instead.) --against-options ARGS does the same
 for the working tree with and without extra mount arguments, and --against-pyfuse3 DIR with
 the pyfuse3 installed in DIR (scripts/pyfuse3_patched.py --target DIR) instead of the
 venv's. This machine is noisy: compare code and settings this way.
@@ -100,12 +104,32 @@ def _read_share_os(paths: list[str]) -> int:
     return n
 
 
-def read_epoch(pool, paths: list[str], readers: int, os_reads: bool = False) -> float:
+def _read_share_paced(args: tuple[list[str], float, float]) -> int:
+    """As _read_share, the k-th file not before start + k * period (CLOCK_MONOTONIC is the
+    machine's, so readers started apart keep one schedule)."""
+    paths, start, period = args
+    n = 0
+    for k, p in enumerate(paths):
+        if (wait := start + k * period - time.monotonic()) > 0:
+            time.sleep(wait)
+        with open(p, "rb") as f:
+            n += len(f.read())
+    return n
+
+
+def read_epoch(pool, paths: list[str], readers: int, os_reads: bool = False,
+               pace: float = 0) -> float:
     """Wall seconds for readers processes to read paths, reader i taking positions i::readers
-    (with Python's open(), or os.open and os.read)."""
+    (with Python's open(), or os.open and os.read); with pace, the readers together open
+    pace files a second, evenly spread (reader i starts i / pace seconds after the first)."""
+    shares = [paths[i::readers] for i in range(readers)]
     t = time.perf_counter()
-    pool.map(_read_share_os if os_reads else _read_share,
-             [paths[i::readers] for i in range(readers)], chunksize=1)
+    if pace:
+        start = time.monotonic() + 0.05
+        pool.map(_read_share_paced, [(s, start + i / pace, readers / pace)
+                                     for i, s in enumerate(shares)], chunksize=1)
+    else:
+        pool.map(_read_share_os if os_reads else _read_share, shares, chunksize=1)
     return time.perf_counter() - t
 
 
@@ -119,14 +143,16 @@ def list_tree(root: str) -> int:
     return sum(len(files) for _, _, files in os.walk(root))
 
 
-def minimal_peer(src: str, mnt: str, pool, rels, orders, readers: int):
-    """Two epochs through scripts/bench/minimal_daemon.py over the loose files."""
+def minimal_peer(src: str, mnt: str, pool, rels, orders, readers: int, pace: float):
+    """Three epochs through scripts/bench/minimal_daemon.py over the loose files (the last
+    paced as kernel_paced)."""
     with minimal_daemon(src, mnt):
         list_tree(mnt)
         out = []
-        for epoch, name in enumerate(("minimal_read", "minimal_kernel")):
+        for epoch, name in enumerate(("minimal_read", "minimal_kernel", "minimal_paced")):
             before = stats(mnt, ".minimal-stats")
-            dt = read_epoch(pool, [os.path.join(mnt, rels[i]) for i in orders[epoch]], readers)
+            dt = read_epoch(pool, [os.path.join(mnt, rels[i]) for i in orders[epoch]], readers,
+                            pace=pace if name == "minimal_paced" else 0)
             out.append(row(name, len(rels), dt, before, stats(mnt, ".minimal-stats")))
         return out
 
@@ -200,7 +226,7 @@ def fusefs_round(dst, mnt, pool, rels, orders, a, env=None, options=()) -> dict:
         write_order(mnt, order, number)
         before, t0 = stats(mnt), thread_cpu(proc.pid)
         dt = read_epoch(pool, [os.path.join(mnt, rels[i]) for i in order], a.readers,
-                        os_reads=name == "kernel_os")
+                        os_reads=name == "kernel_os", pace=a.pace if name == "kernel_paced" else 0)
         out[name] = row(name, n, dt, before, stats(mnt), (t0, thread_cpu(proc.pid)))
 
     drop_caches()
@@ -211,7 +237,9 @@ def fusefs_round(dst, mnt, pool, rels, orders, a, env=None, options=()) -> dict:
     with running_mount(dst, mnt, "--cache-size", "120%", *options, env=env) as (proc, _):
         list_tree(mnt)
         for number, (name, order) in enumerate((("chunks", orders[0]), ("kernel", orders[1]),
-                                                ("kernel_os", orders[1][::-1]), ("daemon", orders[2]))):
+                                                ("kernel_os", orders[1][::-1]),
+                                                ("kernel_paced", np.roll(orders[1], n // 2)),
+                                                ("daemon", orders[2]))):
             if name == "daemon":
                 drop_caches(1)
             epoch(name, proc, order, number)
@@ -241,6 +269,8 @@ def main() -> int:
     p.add_argument("--out", default=os.path.join(REPO, "out", "bench_hotpath"))
     p.add_argument("--rounds", type=int, default=3, help="fresh daemons per regime (median reported)")
     p.add_argument("--no-peer", action="store_true", help="skip the minimal pyfuse3 daemon")
+    p.add_argument("--pace", type=float, default=1000,
+                   help="files a second the readers open together in kernel_paced (default 1,000)")
     p.add_argument("--mount-option", action="append", default=[], metavar="OPT",
                    help="an extra `fusefs mount` argument (repeat), e.g. --mount-option=--no-kernel-cache")
     p.add_argument("--against", metavar="REF",
@@ -325,7 +355,7 @@ def run(a, n, src, dst, mnt, versions, emit) -> None:
             emit(r)
         if not a.no_peer:
             drop_caches()
-            for r in minimal_peer(src, mnt + "-minimal", pool, rels, orders, a.readers):
+            for r in minimal_peer(src, mnt + "-minimal", pool, rels, orders, a.readers, a.pace):
                 emit(r)
 
 
