@@ -243,18 +243,29 @@ class ChunkStore:
         return got, nreads, nbytes
 
     def advise(self, reads) -> None:
-        """posix_fadvise WILLNEED for each (chunk, offset, length, ...) of reads: a hint, so
-        a failure here is left to the read itself to report."""
-        for k, off, length, *_ in reads:
-            try:
-                h = self._acquire(k)
-            except OSError:
-                continue
-            try:
-                os.posix_fadvise(h.fd, off, length, os.POSIX_FADV_WILLNEED)
-            except OSError:
-                pass
-            finally:
+        """posix_fadvise WILLNEED for each (chunk, offset, length, ...) of reads (natively:
+        all in one release of the GIL): a hint, so a failure here is left to the read itself
+        to report. (An empty read is not advised: length 0 would mean the whole rest of the
+        chunk.)"""
+        held = []  # (chunk, handle, offset, length)
+        try:
+            for k, off, length, *_ in reads:
+                if length <= 0:
+                    continue
+                try:
+                    held.append((k, self._acquire(k), off, length))
+                except OSError:
+                    continue
+            if self.native:
+                _fetchio.willneed([(h.fd, off, length) for _, h, off, length in held])
+            else:
+                for _, h, off, length in held:
+                    try:
+                        os.posix_fadvise(h.fd, off, length, os.POSIX_FADV_WILLNEED)
+                    except OSError:
+                        pass
+        finally:
+            for k, h, _, _ in held:
                 self._release(k, h, False)
 
     def read_sample(self, sid: int) -> bytes:

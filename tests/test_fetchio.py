@@ -120,6 +120,39 @@ def test_bad_arguments_are_refused(tricky):
         os.close(fd)
 
 
+def test_a_batch_is_advised_in_one_call_without_the_gil(tricky, monkeypatch):
+    """willneed: every read of a batch but the first (but an empty one: length 0 would
+    advise the rest of the chunk), advised in one call of the compiled module (one release
+    of the GIL, not one per read); a bad fd is ignored (a hint), a malformed read refused."""
+    from fusefs import _fetchio
+    src, dst, files = tricky
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    calls = []
+
+    class Spy:
+        read_verified = staticmethod(_fetchio.read_verified)
+
+        @staticmethod
+        def willneed(reads):
+            calls.append(list(reads))
+            return _fetchio.willneed(reads)
+    monkeypatch.setattr(storemod, "_fetchio", Spy)
+    store = ChunkStore(dst, ix, willneed=True)
+    sids = np.random.default_rng(3).permutation(ix.n_files).tolist()
+    reads = store.coalesce(sids, 0)
+    assert len(reads) > 2
+    got = store.read_batch(sids, max_gap=0)[0]
+    assert all(got[s] == files[os.fsdecode(ix.file_path(s))] for s in sids)
+    assert len(calls) == 1
+    assert [(off, length) for _, off, length in calls[0]] == [(off, length) for _, off, length, _ in reads[1:]
+                                                              if length > 0]
+    assert _fetchio.willneed([(-1, 0, 10)]) is None and _fetchio.willneed([]) is None
+    with pytest.raises(TypeError):
+        _fetchio.willneed([("fd", 0, 10)])
+    with pytest.raises(TypeError):
+        _fetchio.willneed(5)
+
+
 def test_native_reads_are_refused_where_they_are_not_built(tricky, monkeypatch):
     src, dst, files = tricky
     ix = Index.load(os.path.join(dst, INDEX_NAME))
