@@ -289,7 +289,10 @@ class Prefetcher:
     between the readers' cursor and the head are cached, in flight or queued. Queued
     samples have their bytes reserved in the cache (evicting only entries needed later)
     and wait in a per-node queue until the node has a free request slot. The head stays
-    within `readahead` bytes of the orders ahead of the cursor. The head moves
+    within `readahead` bytes of the orders past the furthest position a reader has used
+    (the plan's frontier), not past the cursor: DataLoader's workers read several batches
+    at once (up to 512 positions apart with 4 workers and 2 batches each), and the leading
+    one must find its samples read ahead too. The head moves
     on only after a new order, or once readers have used `low_water` bytes since it last
     moved or that much of the budget is free (hysteresis), so each refill is large enough
     to give every node full batches instead of a trickle of one-sample requests.
@@ -423,7 +426,7 @@ class Prefetcher:
                         continue
                     break
                 self.heads[rank] = pos
-                if pos >= end or plan.bytes_between(plan.cursor, pos) > self.readahead:
+                if pos >= end or plan.bytes_between(plan.frontier, pos) > self.readahead:
                     active.remove(item)  # covered, or as far ahead as it may look
                     continue
                 if not cache.reserve(sizes[sid], key(sid)):

@@ -152,6 +152,31 @@ def test_the_default_read_ahead_stays_within_a_quarter_of_a_small_budget():
     assert default_readahead(240 * mb, 48, mb) == 60 * mb     # between: the quarter
 
 
+def test_the_read_ahead_runs_ahead_of_the_furthest_reader(three_nodes):
+    """DataLoader's workers read several batches of the order at once (4 workers with 2
+    batches each in flight: positions up to 512 apart), so the readers' cursor (the first
+    position not yet read) lags the furthest one read. The read-ahead looks `readahead`
+    bytes past the furthest, not past the cursor: the leading worker would otherwise outrun
+    it and wait for fetches of its own (bench_order's setting c: 3x the waits)."""
+    dst, _ = three_nodes
+    probe = make_core(dst)
+    order = np.random.default_rng(5).permutation(probe.index.n_files).tolist()
+    sizes = probe.index.size
+    # the head stops at the first position with more than readahead bytes between the
+    # furthest reader and it: 30..40 are within
+    readahead = int(sizes[order[30:40]].sum())
+    core = make_core(dst, cache_bytes=probe.index.total_bytes, readahead=readahead)
+    core.set_order(0, orderfmt.encode(order))  # (no nursery: nothing is dispatched)
+    plan = core.policy.plans[0]
+    for pos in [*range(0, 5), *range(25, 30)]:  # one reader at position 5, one at 30
+        plan.use(order[pos])
+    assert (plan.cursor, plan.frontier) == (5, 30)
+    core.prefetcher.advance()
+    queued = core.prefetcher.queued
+    assert all(order[pos] in queued for pos in [*range(5, 25), *range(30, 41)])
+    assert not any(order[pos] in queued for pos in [*range(0, 5), *range(25, 30), *range(41, 60)])
+
+
 def test_batches_are_per_node_and_coalesced(three_nodes):
     dst, _ = three_nodes
     probe = make_core(dst)
@@ -426,3 +451,4 @@ def test_new_order_mid_epoch_replaces_the_old(three_nodes):
             nursery.cancel_scope.cancel()
     trio.run(go)
     assert core.cache.peak <= core.cache.budget
+
