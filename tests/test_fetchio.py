@@ -120,10 +120,11 @@ def test_bad_arguments_are_refused(tricky):
         os.close(fd)
 
 
-def test_a_batch_is_advised_in_one_call_without_the_gil(tricky, monkeypatch):
-    """willneed: every read of a batch but the first (but an empty one: length 0 would
-    advise the rest of the chunk), advised in one call of the compiled module (one release
-    of the GIL, not one per read); a bad fd is ignored (a hint), a malformed read refused."""
+def test_a_batch_is_advised_in_one_native_call(tricky, monkeypatch):
+    """willneed: every read of a batch but the first, advised in one call of the compiled
+    module (which releases the GIL once, not once per read); an empty read is not advised
+    (length 0 would advise the rest of the chunk); a bad fd is ignored (a hint), a
+    malformed read refused."""
     from fusefs import _fetchio
     src, dst, files = tricky
     ix = Index.load(os.path.join(dst, INDEX_NAME))
@@ -146,6 +147,9 @@ def test_a_batch_is_advised_in_one_call_without_the_gil(tricky, monkeypatch):
     assert len(calls) == 1
     assert [(off, length) for _, off, length in calls[0]] == [(off, length) for _, off, length, _ in reads[1:]
                                                               if length > 0]
+    calls.clear()
+    store.advise([(0, 0, 0, []), (0, 100, 10, [])])
+    assert [[(off, length) for _, off, length in c] for c in calls] == [[(100, 10)]]
     assert _fetchio.willneed([(-1, 0, 10)]) is None and _fetchio.willneed([]) is None
     with pytest.raises(TypeError):
         _fetchio.willneed([("fd", 0, 10)])

@@ -28,10 +28,10 @@ fetched samples can be pushed into its page cache). Side by side in the same run
 readers on the loose source files (page cache cold and warm), and a minimal pyfuse3 daemon
 serving the files from RAM (scripts/bench/minimal_daemon.py: its first epoch reads through the
 daemon, its second is served from the kernel page cache, its third too, paced as
-kernel_paced), the floor of the binding on this machine. One JSON line per row: samples/s, daemon CPU us per sample (the daemon's own
-getrusage), the same split into the event-loop thread and the other (fetch) threads, user
-and system, their voluntary context switches and the daemon's minor page faults per
-sample, and FUSE requests per sample by type.
+kernel_paced), the floor of the binding on this machine. One JSON line per row: samples/s,
+daemon CPU us per sample (the daemon's own getrusage), the same split into the event-loop
+thread and the other (fetch) threads, user and system, their voluntary context switches
+and the daemon's minor page faults per sample, and FUSE requests per sample by type.
 
 usage: .venv/bin/python scripts/bench/bench_hotpath.py [--quick] [--files N] [--readers 4] [--out DIR]
        (--quick: 2,000 files, under a minute; run it before every commit that touches fusefs/)
@@ -42,10 +42,11 @@ median CPU per sample is printed, with every round's figure beside it.
 checked out into a temporary git worktree) and the working tree, each round running both
 with fresh daemons, in alternating order (A B, B A, ...). Rows carry "version"; each
 regime's line of the second version adds the per-round ratios to the first (round i of one
-against round i of the other, which ran next to it). (REF imports the working tree's build of
-the compiled fusefs._fetchio: the editable install supplies it. Compare a change to
-fusefs/_fetchio.c's existing functions by building REF's into a copy instead.) --against-options ARGS does the same
-for the working tree with and without extra mount arguments, and --against-pyfuse3 DIR with
+against round i of the other, which ran next to it). REF imports the working tree's build of
+the compiled fusefs._fetchio (the editable install supplies it): to compare a change to
+_fetchio.c's existing functions, build REF's into a copy instead. --against-options ARGS
+does the same for the working tree with and without extra mount arguments, and
+--against-pyfuse3 DIR with
 the pyfuse3 installed in DIR (scripts/pyfuse3_patched.py --target DIR) instead of the
 venv's. This machine is noisy: compare code and settings this way.
 """
