@@ -7,6 +7,8 @@ then terminate, then kill. No test leaves a mount or a daemon behind.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import mmap
 import os
 import sys
 
@@ -17,6 +19,30 @@ from fusefs.testing import resolve, running_mount
 from fusefs.pack import pack
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+
+
+def page_cache_holds(fd: int, size: int) -> bool:
+    """Whether the kernel page cache holds every page of the first size bytes of the file
+    open as fd, asking the kernel only (mmap and mincore: nothing is read, no request
+    reaches a FUSE daemon). The kernel may drop clean pages whenever memory is short, so a
+    test that counts the reads its daemon sees checks what the kernel held first."""
+    addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if addr is None or addr == ctypes.c_void_p(-1).value:
+        raise OSError(ctypes.get_errno(), "mmap failed")
+    try:
+        vec = ctypes.create_string_buffer((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE)
+        if _libc.mincore(addr, size, vec) != 0:
+            raise OSError(ctypes.get_errno(), "mincore failed")
+        return all(b & 1 for b in vec.raw)
+    finally:
+        _libc.munmap(addr, size)
 
 
 def make_core(dst, **kw):
