@@ -62,12 +62,15 @@ def tune_malloc() -> None:
     what is live, so one arena is used (two kept about 100 MB more in the soak); samples
     come from the heap, not each from a mapping of its own (page faults and unmaps per
     sample), and the heap keeps its freed pages (the trade-offs, as measured:
-    docs/HOTPATH.md, "Allocation"). A no-op where glibc is not the allocator."""
+    docs/HOTPATH.md, "Allocation"). While the cache grows, the heap grows 64 MiB per brk
+    (untouched pages cost no memory): with glibc's 128 KiB, a brk every 5-6 samples, under
+    the GIL. A no-op where glibc is not the allocator."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-8, 1)          # M_ARENA_MAX
         libc.mallopt(-3, 4 << 20)    # M_MMAP_THRESHOLD: samples come from the heap ...
         libc.mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD: ... which keeps its freed pages
+        libc.mallopt(-2, 64 << 20)   # M_TOP_PAD: ... and grows 64 MiB a brk, not 128 KiB
     except (OSError, AttributeError):
         pass
 
