@@ -69,6 +69,7 @@ class Stats:
         # () -> {type: count} of requests the binding answers without a handler (fs.Operations
         # sets it: ioctl), or None
         self.binding_requests = None
+        self.loop_tasks = None  # () -> tasks pyfuse3's request loop started, or None (fs.py)
         self.cpu_start = cpu_seconds()
 
     def snapshot(self) -> dict:
@@ -80,6 +81,8 @@ class Stats:
         if self.binding_requests is not None:
             requests.update(self.binding_requests())
         out["requests"] = dict(sorted((k, v) for k, v in requests.items() if v))
+        if self.loop_tasks is not None:
+            out["loop_tasks"] = self.loop_tasks()
         opens = max(1, self.opens)
         out["cpu_us_per_sample"] = round(1e6 * out["cpu_s"] / opens, 1)
         out["requests_per_sample"] = round(sum(requests.values()) / opens, 3)

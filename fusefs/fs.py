@@ -92,6 +92,8 @@ class Operations(pyfuse3.Operations):
         if hasattr(pyfuse3, "ioctl_requests"):  # (scripts/pyfuse3_patched.py: answered in C)
             base = pyfuse3.ioctl_requests()
             core.stats.binding_requests = lambda: {"ioctl": pyfuse3.ioctl_requests() - base}
+        if hasattr(pyfuse3, "loop_tasks_started"):  # (scripts/pyfuse3_patched.py)
+            core.stats.loop_tasks = pyfuse3.loop_tasks_started
         self.kernel_opens = core.kernel_opens
         if core.kernel_opens and not binding_passes_inode():
             raise RuntimeError("kernel opens need pyfuse3 built by scripts/pyfuse3_patched.py")

@@ -1,4 +1,4 @@
-"""Build and install pyfuse3 with four changes to its Cython sources, each found by measuring.
+"""Build and install pyfuse3 with five changes to its Cython sources, each found by measuring.
 
 1. inode: without `open`, a handler gets the inode. When a file system answers `open` with
    ENOSYS, the kernel stops sending `open` and `release` for every file of the mount and
@@ -26,6 +26,12 @@
    The patch answers it the same way, in C without the GIL (ENOTTY, which is what the
    kernel made of libfuse's ENOSYS), and counts it: `pyfuse3.ioctl_requests()`, which
    fusefs adds to its request counts. Mark: `pyfuse3.IOCTL_COUNTED`.
+5. spawn: the request loop starts another task only when every other task is inside a
+   handler that suspended. pyfuse3 starts one whenever a task takes a request while no
+   task waits for the fd; with the loop patch tasks take queued requests without waiting,
+   so under load it started (and soon ended) about one task per sample, each setting the
+   fd's flags again and getting a fresh request buffer. `pyfuse3.loop_tasks_started()`
+   counts them (fusefs's stats: `loop_tasks`). Mark: `pyfuse3.TASKS_WHEN_ALL_BUSY`.
 
     .venv/bin/python scripts/pyfuse3_patched.py        # (scripts/setup.sh runs it)
     .venv/bin/python scripts/pyfuse3_patched.py --patches inode --target DIR
@@ -106,6 +112,59 @@ LOOP_END_NEW = LOOP_END + """\
             in_a_row = 0
             await trio.lowlevel.checkpoint()
 """
+
+
+# The loop's rule for starting another task: pyfuse3 starts one when a task takes a request
+# and no task is waiting for the fd. With the loop patch a task mostly takes requests
+# without waiting, so that rule started a task for about one request in three, each of
+# which set the fd's flags (two fcntl calls), got a fresh 1 MiB request buffer and then
+# ended because others were idle. A task is needed only when every other one is inside a
+# handler that suspended (waiting for a fetch): then none would be left to take requests.
+SPAWN_OLD = """\
+        if not worker_data.active_readers and worker_data.task_count < max_tasks:
+"""
+SPAWN_NEW = """\
+        # fusefs: start another task only when every other one is inside a handler
+        if fusefs_in_handlers + 1 >= worker_data.task_count and worker_data.task_count < max_tasks:
+"""
+SPAWN_AWAIT = """\
+        if py_retval is not None:
+            await py_retval
+"""
+SPAWN_AWAIT_NEW = """\
+        if py_retval is not None:
+            fusefs_in_handlers += 1
+            try:
+                await py_retval
+            finally:
+                fusefs_in_handlers -= 1
+"""
+SPAWN_DEF = "@async_wrapper\nasync def _session_loop("
+SPAWN_DEF_NEW = """\
+# fusefs: tasks of _session_loop inside a handler (awaiting it), and tasks started
+cdef int fusefs_in_handlers = 0
+
+def loop_tasks_started():
+    "Tasks of the request loop started since the module was loaded (fusefs)."
+    return worker_data.task_serial
+
+""" + SPAWN_DEF
+SPAWN_GLOBAL = "    cdef fuse_buf buf\n"
+SPAWN_GLOBAL_NEW = "    global fusefs_in_handlers\n    cdef fuse_buf buf\n"
+
+
+def patch_spawn(text: str) -> str:
+    """internal.pxi's text (with the loop patch) starting a task only when all are in handlers."""
+    start = text.index(SPAWN_DEF)
+    end = text.find("\nasync def ", start + len(SPAWN_DEF))
+    end = len(text) if end < 0 else end
+    loop = text[start:end]
+    for old, new in ((SPAWN_OLD, SPAWN_NEW), (SPAWN_AWAIT, SPAWN_AWAIT_NEW),
+                     (SPAWN_GLOBAL, SPAWN_GLOBAL_NEW), (SPAWN_DEF, SPAWN_DEF_NEW)):
+        if loop.count(old) != 1:
+            raise SystemExit(f"pyfuse3 {VERSION}'s _session_loop changed: no {old.strip()!r}")
+        loop = loop.replace(old, new)
+    return text[:start] + loop + text[end:]
 
 
 def patch_session_loop(text: str) -> str:
@@ -218,6 +277,8 @@ PATCHES = {
               "notify_store_many pushes many samples to the page cache without the GIL"),
     "ioctl": ("internal.pxi", patch_ioctl, "IOCTL_COUNTED",
               "ioctl requests are answered in C (ENOTTY) and counted: ioctl_requests()"),
+    "spawn": ("internal.pxi", patch_spawn, "TASKS_WHEN_ALL_BUSY",
+              "the request loop starts a task only when every other is inside a handler"),
 }
 
 

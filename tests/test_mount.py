@@ -98,6 +98,7 @@ def test_control_namespace_hidden_and_stats(tricky_mount):
     open(os.path.join(mnt, "cat", "img 002.jpg"), "rb").read()
     stats = mount_stats(mnt)
     assert stats["opens"] >= 1 and stats["bytes_served"] > 0 and stats["backend_reads"] >= 1
+    assert stats["loop_tasks"] >= 1  # (tasks of pyfuse3's request loop started)
     out = subprocess.run(fusefs_cmd("stats", mnt, "--json"), capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0 and json.loads(out.stdout)["opens"] >= stats["opens"]
 

@@ -3,13 +3,21 @@ for the part of pyfuse3 3.5.0 it touches (built from the script's own patterns: 
 they match the real sources is checked by the build in scripts/setup.sh, which fails
 loudly), and refuses text that changed (a new pyfuse3 must be looked at, not patched
 blindly)."""
+import contextlib
 import importlib.util
+import json
+import multiprocessing
 import os
+import subprocess
+import sys
+import threading
+import time
 
 import pyfuse3
 import pytest
 
 from conftest import REPO
+from fusefs.testing import stop_mount
 
 spec = importlib.util.spec_from_file_location(
     "pyfuse3_patched", os.path.join(REPO, "scripts", "pyfuse3_patched.py"))
@@ -77,3 +85,159 @@ def test_ioctl_requests_are_answered_in_c_and_counted():
 
 def test_the_venv_counts_ioctl_requests():
     assert pyfuse3.IOCTL_COUNTED and pyfuse3.ioctl_requests() >= 0
+
+
+def test_the_loop_starts_a_task_only_when_every_other_is_in_a_handler():
+    loop = patched.patch_session_loop(LOOP.replace(
+        "        save_retval(None)\n", patched.SPAWN_OLD + "            pass\n        save_retval(None)\n"))
+    out = patched.patch_spawn("cdef _WorkerData worker_data\n\n@async_wrapper\n" + loop)
+    assert patched.SPAWN_OLD not in out and patched.SPAWN_NEW in out
+    # the count goes up around the handler's await and down also when it raises
+    assert out.index("fusefs_in_handlers += 1") < out.index("await py_retval") < out.index(
+        "finally:\n                fusefs_in_handlers -= 1")
+    assert out.index("cdef int fusefs_in_handlers = 0") < out.index("@async_wrapper\nasync def _session_loop(")
+    assert "    global fusefs_in_handlers\n" in out and "def loop_tasks_started():" in out
+    with pytest.raises(SystemExit, match="_session_loop changed"):
+        patched.patch_spawn("@async_wrapper\n" + loop.replace("worker_data.active_readers", "readers"))
+
+
+def test_the_venv_starts_tasks_only_when_all_are_busy():
+    assert pyfuse3.TASKS_WHEN_ALL_BUSY and pyfuse3.loop_tasks_started() >= 0
+
+
+# A daemon of scripts/bench/minimal_daemon.py whose reads of files named held* wait until a
+# file named go is opened: handlers that suspend.
+HELD_DAEMON = """\
+import json
+import sys
+import trio
+sys.path.insert(0, sys.argv[3])
+import minimal_daemon
+
+
+class Held(minimal_daemon.RamFS):
+    def __init__(self, src):
+        super().__init__(src)
+        root = self.children[1]
+        self.held = {ino for name, ino in root.items() if name.startswith(b"held")}
+        self.go_ino = root[b"go"]
+        self.go = trio.Event()
+        self.waiting = 0
+
+    async def open(self, inode, flags, ctx):
+        if inode == self.go_ino:
+            self.go.set()
+        return await super().open(inode, flags, ctx)
+
+    async def read(self, fh, off, size):
+        if fh in self.held:
+            self.waiting += 1
+            await self.go.wait()
+            self.waiting -= 1
+        return await super().read(fh, off, size)
+
+    def _stats(self):
+        out = json.loads(super()._stats())
+        return json.dumps({**out, "waiting": self.waiting}).encode()
+
+
+minimal_daemon.RamFS = Held
+sys.exit(minimal_daemon.main())
+"""
+
+
+@contextlib.contextmanager
+def ram_daemon(tmp_path, files: dict, script: str | None = None):
+    """scripts/bench/minimal_daemon.py (or script, run the same way) serving files at a
+    mount point; yields (mount point, a function returning its stats); always unmounted."""
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    bench = os.path.join(REPO, "scripts", "bench")
+    if script is None:
+        cmd = [sys.executable, os.path.join(bench, "minimal_daemon.py"), str(src), str(mnt)]
+    else:
+        (tmp_path / "daemon.py").write_text(script)
+        cmd = [sys.executable, str(tmp_path / "daemon.py"), str(src), str(mnt), bench]
+    proc = subprocess.Popen(cmd)
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(mnt):
+            assert proc.poll() is None and time.monotonic() < deadline, "the daemon did not mount"
+            time.sleep(0.02)
+
+        def stats():
+            with open(mnt / ".minimal-stats", "rb") as f:
+                return json.loads(f.read())
+        yield mnt, stats
+    finally:
+        # the daemon first: if no task of it answers (a broken loop), the kernel's requests
+        # for files still open here, such as the flush of their close in the child that
+        # fusermount3 forks from this process, fail only once it is gone
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        stop_mount(str(mnt), proc)
+
+
+def _read_all(paths):
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.read(fd, 1 << 20)
+        finally:
+            os.close(fd)
+
+
+def test_a_request_loop_under_load_starts_no_tasks_for_handlers_that_never_wait(tmp_path):
+    """4 processes opening files the kernel holds, as fast as they can: many requests queue,
+    no handler suspends, so no task beyond the second is needed. (pyfuse3's own rule, with
+    the loop patch, started one for about every sample.)"""
+    files = {f"f{i:03d}": os.urandom(2000) for i in range(250)}
+    with ram_daemon(tmp_path, files) as (mnt, stats):
+        paths = [str(mnt / name) for name in files]
+        _read_all(paths)  # (the kernel keeps the pages: keep_cache)
+        before = stats()
+        with multiprocessing.get_context("fork").Pool(4) as pool:
+            pool.map(_read_all, [paths[k::4] * 8 for k in range(4)])
+        after = stats()
+    opened = after["requests"]["open"] - before["requests"]["open"]
+    assert opened >= 2000
+    assert after["loop_tasks"] - before["loop_tasks"] <= 2, (before, after)
+
+
+def test_a_handler_that_waits_does_not_stop_the_loop(tmp_path):
+    """Reads of two files wait (their handlers suspend) until a third file is opened: that
+    open, and the stats file's, must be answered meanwhile by tasks started for them."""
+    files = {"held1": b"a" * 5000, "held2": b"b" * 7000, "go": b"go"}
+    with ram_daemon(tmp_path, files, HELD_DAEMON) as (mnt, stats):
+        got = {}
+        readers = [threading.Thread(target=lambda n=n: got.update({n: (mnt / n).read_bytes()}))
+                   for n in ("held1", "held2")]
+        for t in readers:
+            t.start()
+        deadline = time.monotonic() + 10
+        while within(10, stats)["waiting"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert not got  # both wait
+        assert within(10, (mnt / "go").read_bytes) == b"go"
+        for t in readers:
+            t.join(timeout=10)
+        assert got == {"held1": files["held1"], "held2": files["held2"]}
+        assert within(10, stats)["loop_tasks"] >= 3  # (two in handlers, one to answer the rest)
+
+
+def within(seconds: float, fn):
+    """fn()'s result, or AssertionError if it takes longer than seconds (a request that no
+    task of the daemon answers blocks its caller until the mount goes away)."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    t.start()
+    t.join(seconds)
+    assert out, f"{fn} got no answer within {seconds} s"
+    return out[0]

@@ -207,8 +207,8 @@ def row(name: str, n: int, seconds: float, before: dict | None = None, after: di
         reqs = {k: round(v / n, 3) for k, v in sorted(reqs.items()) if v}
         out.update(daemon_cpu_us_per_sample=round(1e6 * cpu / n, 1),
                    requests_per_sample=round(sum(reqs.values()), 3), requests=reqs)
-        for k in ("backend_samples", "pushed"):
-            if k in after:
+        for k in ("backend_samples", "pushed", "loop_tasks"):
+            if k in after and k in before:  # (loop_tasks: tasks pyfuse3's loop started)
                 out[k] = after[k] - before[k]
     return out
 

@@ -64,7 +64,10 @@ class RamFS(pyfuse3.Operations):
         requests = dict(self.requests)
         if hasattr(pyfuse3, "ioctl_requests"):  # (answered in C: scripts/pyfuse3_patched.py)
             requests["ioctl"] = pyfuse3.ioctl_requests() - self.ioctl0
-        return json.dumps({"cpu_s": self._cpu() - self.cpu0, "requests": requests}).encode()
+        out = {"cpu_s": self._cpu() - self.cpu0, "requests": requests}
+        if hasattr(pyfuse3, "loop_tasks_started"):  # (scripts/pyfuse3_patched.py)
+            out["loop_tasks"] = pyfuse3.loop_tasks_started()
+        return json.dumps(out).encode()
 
     def _attr(self, ino: int) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()
