@@ -1,8 +1,10 @@
 """Pack onto a real 3-brick GlusterFS volume, mount fusefs over it, check bytes and nodes."""
+import collections
 import errno
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 import uuid
@@ -12,6 +14,7 @@ import pytest
 from fusefs.index import INDEX_NAME, Index
 from fusefs.nodes import PATHINFO_XATTR, parse_pathinfo
 from fusefs.pack import pack
+from fusefs.testbed import BRICKS, brick_pid
 from trainer import mount_stats, write_order
 
 from fusefs.testing import running_mount
@@ -58,6 +61,27 @@ def test_up_recovers_from_a_killed_run(volume):
     with open(keep, "rb") as f:
         assert f.read() == b"survives"
     os.unlink(keep)
+
+
+def test_up_returns_once_the_client_reaches_a_restarted_brick(volume):
+    """`up` after a brick was killed restarts it under the live client mount; files made
+    right after must spread over all three bricks (a directory made before the client
+    reconnects gets a layout without that brick: every file on the other two)."""
+    os.kill(brick_pid(f"{BRICKS}/b2"), signal.SIGKILL)
+    r = subprocess.run([GLUSTER, "up"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    d = os.path.join(volume, f"spread-{uuid.uuid4().hex[:8]}")
+    try:
+        os.mkdir(d)
+        bricks = collections.Counter()
+        for i in range(24):
+            path = os.path.join(d, f"f{i}")
+            with open(path, "wb") as f:
+                f.write(b"x")
+            bricks[parse_pathinfo(os.getxattr(path, PATHINFO_XATTR).decode()).rsplit("/", 1)[-1]] += 1
+        assert set(bricks) == {"b1", "b2", "b3"}, bricks
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_pack_onto_gluster_names_each_chunks_brick_and_mounts(volume, tricky, tmp_path):

@@ -72,6 +72,17 @@ mount_volume() {
     done
     echo "gluster.sh: cannot mount $HOST:/$VOL at $MNT (see /var/log/glusterfs/)" >&2; exit 1
 }
+# The client mount connected to every brick. A brick restarted under a live mount is
+# reconnected by the client a few seconds later, and a directory made before that gets a
+# DHT layout without that brick (seen here: `up` right after a brick was killed, then 24
+# new files all went to the other two bricks).
+clients_connected() {
+    [ "$($G volume status "$VOL" clients 2>/dev/null | awk '/^Clients connected :/ && $4 >= 1' | wc -l)" -eq 3 ]
+}
+wait_clients() {
+    for _ in $(seq 60); do clients_connected && return 0; sleep 0.5; done
+    echo "gluster.sh: the client at $MNT did not connect to every brick of $VOL within 30 s" >&2; exit 1
+}
 vol_started() { $G volume info "$VOL" 2>/dev/null | grep -q '^Status: Started'; }
 current_delay_us() {
     $G volume info "$VOL" 2>/dev/null | awk '/^debug.delay-gen:/ {on=1} /^delay-gen.delay-duration:/ {d=$2} END {print (on ? d : 0)}'
@@ -123,6 +134,7 @@ up() {
         drop_mount
         mount_volume
     fi
+    wait_clients
     # Large sequential reads (chunk files) need more than the default 128 KiB readahead.
     local bdi="/sys/class/bdi/$(mountpoint -d "$MNT")/read_ahead_kb"
     [ -w "$bdi" ] && echo "${READ_AHEAD_KB:-1024}" > "$bdi" || true
