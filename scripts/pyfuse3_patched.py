@@ -153,31 +153,31 @@ SPAWN_GLOBAL = "    cdef fuse_buf buf\n"
 SPAWN_GLOBAL_NEW = "    global fusefs_in_handlers\n    cdef fuse_buf buf\n"
 
 
-def patch_spawn(text: str) -> str:
-    """internal.pxi's text (with the loop patch) starting a task only when all are in handlers."""
-    start = text.index(SPAWN_DEF)
-    end = text.find("\nasync def ", start + len(SPAWN_DEF))
+def edit_session_loop(text: str, edits, start: str = "async def _session_loop(") -> str:
+    """internal.pxi's text with each (old, new) of edits made in _session_loop (from `start`
+    to the next function), each old found there exactly once, or SystemExit."""
+    begin = text.index(start)
+    end = text.find("\nasync def ", begin + len(start))  # (the next function, or the end)
     end = len(text) if end < 0 else end
-    loop = text[start:end]
-    for old, new in ((SPAWN_OLD, SPAWN_NEW), (SPAWN_AWAIT, SPAWN_AWAIT_NEW),
-                     (SPAWN_GLOBAL, SPAWN_GLOBAL_NEW), (SPAWN_DEF, SPAWN_DEF_NEW)):
+    loop = text[begin:end]
+    for old, new in edits:
         if loop.count(old) != 1:
             raise SystemExit(f"pyfuse3 {VERSION}'s _session_loop changed: no {old.strip()!r}")
         loop = loop.replace(old, new)
-    return text[:start] + loop + text[end:]
+    return text[:begin] + loop + text[end:]
+
+
+def patch_spawn(text: str) -> str:
+    """internal.pxi's text (with the loop patch) starting a task only when all are in handlers."""
+    return edit_session_loop(text, ((SPAWN_OLD, SPAWN_NEW), (SPAWN_AWAIT, SPAWN_AWAIT_NEW),
+                                    (SPAWN_GLOBAL, SPAWN_GLOBAL_NEW), (SPAWN_DEF, SPAWN_DEF_NEW)),
+                             start=SPAWN_DEF)
 
 
 def patch_session_loop(text: str) -> str:
     """internal.pxi's text with _session_loop taking queued requests without waiting."""
-    start = text.index("async def _session_loop(")
-    end = text.find("\nasync def ", start + 1)  # (the next function, or the end of the file)
-    end = len(text) if end < 0 else end
-    loop = text[start:end]
-    for old, new in ((LOOP_START, LOOP_START_NEW), (LOOP_WAIT, LOOP_TAKE), (LOOP_END, LOOP_END_NEW)):
-        if loop.count(old) != 1:
-            raise SystemExit(f"pyfuse3 {VERSION}'s _session_loop changed: no {old.strip()!r}")
-        loop = loop.replace(old, new)
-    return text[:start] + loop + text[end:]
+    return edit_session_loop(text, ((LOOP_START, LOOP_START_NEW), (LOOP_WAIT, LOOP_TAKE),
+                                    (LOOP_END, LOOP_END_NEW)))
 
 
 # notify_store_many: what notify_store does, for many (inode, data) in one stretch without

@@ -17,7 +17,10 @@ import pyfuse3
 import pytest
 
 from conftest import REPO
-from fusefs.testing import stop_mount
+
+BENCH = os.path.join(REPO, "scripts", "bench")
+sys.path.insert(0, BENCH)
+import common  # noqa: E402  (scripts/bench/common.py)
 
 spec = importlib.util.spec_from_file_location(
     "pyfuse3_patched", os.path.join(REPO, "scripts", "pyfuse3_patched.py"))
@@ -152,36 +155,29 @@ def ram_daemon(tmp_path, files: dict, script: str | None = None):
     mount point; yields (mount point, a function returning its stats); always unmounted."""
     src, mnt = tmp_path / "src", tmp_path / "mnt"
     src.mkdir()
-    mnt.mkdir()
     for name, data in files.items():
         (src / name).write_bytes(data)
-    bench = os.path.join(REPO, "scripts", "bench")
-    if script is None:
-        cmd = [sys.executable, os.path.join(bench, "minimal_daemon.py"), str(src), str(mnt)]
-    else:
-        (tmp_path / "daemon.py").write_text(script)
-        cmd = [sys.executable, str(tmp_path / "daemon.py"), str(src), str(mnt), bench]
-    proc = subprocess.Popen(cmd)
-    try:
-        deadline = time.monotonic() + 30
-        while not os.path.ismount(mnt):
-            assert proc.poll() is None and time.monotonic() < deadline, "the daemon did not mount"
-            time.sleep(0.02)
-
+    path = None
+    if script is not None:
+        path = tmp_path / "daemon.py"
+        path.write_text(script)
+    with common.minimal_daemon(str(src), str(mnt), timeout=30, script=path and str(path),
+                               args=(BENCH,) if path else ()) as proc:
         def stats():
             with open(mnt / ".minimal-stats", "rb") as f:
                 return json.loads(f.read())
-        yield mnt, stats
-    finally:
-        # the daemon first: if no task of it answers (a broken loop), the kernel's requests
-        # for files still open here, such as the flush of their close in the child that
-        # fusermount3 forks from this process, fail only once it is gone
-        proc.terminate()
         try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        stop_mount(str(mnt), proc)
+            yield mnt, stats
+        finally:
+            # the daemon first: if no task of it answers (a broken loop), the kernel's
+            # requests for files still open here, such as the flush of their close in the
+            # child that fusermount3 forks from this process, fail only once it is gone
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def _read_all(paths):

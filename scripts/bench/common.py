@@ -46,12 +46,15 @@ def run_trainer(script: str, args: list[str], show=None, python: str = "/usr/bin
 
 
 @contextlib.contextmanager
-def minimal_daemon(src: str, mnt: str, timeout: float = 300.0):
+def minimal_daemon(src: str, mnt: str, timeout: float = 300.0, script: str | None = None,
+                   args: tuple = ()):
     """scripts/bench/minimal_daemon.py serving src at mnt (it reads every file into RAM
-    before it mounts); yields its process; always unmounted and reaped."""
+    before it mounts), or `script SRC MNT ARGS` (a variant of it: tests); yields its
+    process; always unmounted and reaped."""
     from fusefs.testing import stop_mount
     os.makedirs(mnt, exist_ok=True)
-    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "scripts", "bench", "minimal_daemon.py"), src, mnt])
+    script = script or os.path.join(REPO, "scripts", "bench", "minimal_daemon.py")
+    proc = subprocess.Popen([sys.executable, script, src, mnt, *args])
     try:
         deadline = time.monotonic() + timeout
         while not os.path.ismount(mnt):
