@@ -483,6 +483,7 @@ def test_importance_training_through_a_mount_with_torchvision(tmp_path):
     assert [row["trained"] for row in rows] == [n, n, n, round(0.7 * n)]
     assert rows[-1]["test_acc"] > 0.5  # it learned
     assert rows[-1]["backend_bytes"] < 0.9 * rows[0]["backend_bytes"]
+    assert all(isinstance(row["kernel_dropped"], int) and row["kernel_dropped"] >= 0 for row in rows)
 
     # The same script on the plain folder (no mount): training alone, no hints, no stats.
     r = subprocess.run(["/usr/bin/python3", os.path.join(REPO, "scripts", "workloads", "train_importance.py"),
@@ -492,4 +493,4 @@ def test_importance_training_through_a_mount_with_torchvision(tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     row = json.loads(r.stdout.splitlines()[0])
-    assert row["trained"] == n and "backend_bytes" not in row
+    assert row["trained"] == n and "backend_bytes" not in row and "kernel_dropped" not in row

@@ -15,7 +15,8 @@ too, which every DataLoader start then reads back from disk), as a data set larg
 node's memory would be gone from it; or only the packed data set's files on the volume and
 on the bricks leave it (--page-cache dataset). The mount keeps its files' pages in the
 kernel page cache, so with --page-cache dataset these small sets are read from memory after
-the first epoch and the backend is hardly touched.
+the first epoch and the backend is hardly touched: what it still fetches are samples whose
+pushed pages the kernel dropped meanwhile (kernel_dropped, per epoch and in the summary).
 
 Epoch times are averaged over --repeats runs of each mode, alternated (full, importance,
 full, ...) so that the drift of a noisy machine hits both alike.
@@ -75,7 +76,8 @@ def train(mnt: str, test: str, mode: str, a, epochs: int, packed: str) -> list[d
         print(f"  {mode:<10} epoch {row['epoch']:2d}: trained {row['trained']:5d} "
               f"re-evaluated {row['reevaluated']:5d}  {row['seconds']:6.2f} s "
               f"(split {row['split_s']:.2f}, re-eval {row['reeval_s']:.2f})  "
-              f"backend {row.get('backend_bytes', 0) / 1e6:7.1f} MB  test acc {row['test_acc']:.4f}",
+              f"backend {row.get('backend_bytes', 0) / 1e6:7.1f} MB (dropped by the kernel "
+              f"{row.get('kernel_dropped', 0)})  test acc {row['test_acc']:.4f}",
               flush=True)
     if a.page_cache == "all":
         flush = ["--drop-caches"]
@@ -121,6 +123,9 @@ def summarize(res: dict, warmup: int) -> dict:
             "best_acc_importance": max(r["test_acc"] for r in i),
             "backend_mb_per_epoch_full": float(np.mean(after(f, "backend_bytes"))) / 1e6,
             "backend_mb_per_epoch_importance": float(np.mean(after(i, "backend_bytes"))) / 1e6,
+            # fetched again because the kernel had dropped the pages pushed earlier
+            "kernel_dropped_per_epoch_full": float(np.mean(after(f, "kernel_dropped"))),
+            "kernel_dropped_per_epoch_importance": float(np.mean(after(i, "kernel_dropped"))),
             # every run's epochs after the warm-up
             "epoch_s_full": float(np.mean([after(r, "seconds") for r in modes["repeats"]["full"]])),
             "epoch_s_importance": float(np.mean([after(r, "seconds")
@@ -222,7 +227,8 @@ def main() -> int:
               f"{100 * s['final_acc_importance']:.2f}%; after the warm-up, per epoch: trained "
               f"{s['trained_per_epoch_importance']:.0f} (+{s['reevaluated_per_epoch']:.0f} re-evaluated), "
               f"backend {s['backend_mb_per_epoch_full']:.1f} -> {s['backend_mb_per_epoch_importance']:.1f} MB "
-              f"({s['backend_ratio']:.2f}x), epoch {s['epoch_s_full']:.2f} -> "
+              f"({s['backend_ratio']:.2f}x; the kernel had dropped {s['kernel_dropped_per_epoch_full']:.0f} -> "
+              f"{s['kernel_dropped_per_epoch_importance']:.0f} of the samples fetched), epoch {s['epoch_s_full']:.2f} -> "
               f"{s['epoch_s_importance']:.2f} s ({s['epoch_time_ratio']:.2f}x; per run "
               f"{', '.join(f'{x:.2f}x' for x in s['epoch_time_ratio_per_run'])}); idle CPU "
               f"{s['cpu_idle_per_s_full']:.2f} / {s['cpu_idle_per_s_importance']:.2f} s per s; "

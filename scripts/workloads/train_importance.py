@@ -7,8 +7,9 @@ repository on PYTHONPATH: torchvision's ImageFolder + DataLoader read the mount 
 Per epoch: samples trained, samples re-evaluated, seconds (re-evaluation included), the CPU
 time of all cores used and left idle meanwhile (/proc/stat), test accuracy (TEST is an
 ImageFolder of the held-out images), and from the mount's statistics the backend bytes,
-samples, reads and requests of the epoch, the samples fetched from each storage node, and
-the share of reads served from the cache; the seconds from the start of the training loop
+samples, reads and requests of the epoch, the samples fetched from each storage node, the
+samples whose pages the kernel had dropped since they were pushed (kernel_dropped: each is
+fetched again when read), and the share of reads served from the cache; the seconds from the start of the training loop
 to its first batch (first_batch_s: how long the loader takes to start), and the mount's
 counters over the re-evaluation alone (reeval_served: hits, read_waits, misses,
 backend_samples, backend_reads). --drop-caches empties the whole page cache
@@ -173,6 +174,8 @@ def main():
                        backend_samples=s1["backend_samples"] - s0["backend_samples"],
                        backend_reads=s1["backend_reads"] - s0["backend_reads"],
                        backend_requests=s1["backend_requests"] - s0["backend_requests"],
+                       # pushed samples whose pages the kernel had dropped when a read came
+                       kernel_dropped=s1["kernel_dropped"] - s0["kernel_dropped"],
                        node_samples=[n1["samples"] - n0["samples"] for n0, n1
                                      in zip(s0["nodes"].values(), s1["nodes"].values())],
                        hit_ratio=round((s1["hits"] - s0["hits"]) / max(1, served(s1) - served(s0)), 4),
