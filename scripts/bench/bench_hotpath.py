@@ -19,7 +19,7 @@ fresh order:
   daemon   the kernel page cache dropped (echo 1 > drop_caches), the daemon's cache holds
            every sample
   small_*  a fresh daemon with a cache of a tenth of the set (as in training): small_fill
-           (first epoch), small_kernel (the next: the kernel page cache still holds what was
+           (first epoch, the chunk files on disk as in chunks_cold), small_kernel (the next: the kernel page cache still holds what was
            pushed), small_dropped (the kernel page cache dropped before the epoch, as memory
            pressure drops it, and the chunk files read back into it)
 
@@ -244,6 +244,7 @@ def fusefs_round(dst, mnt, pool, rels, orders, a, env=None, options=()) -> dict:
             if name == "daemon":
                 drop_caches(1)
             epoch(name, proc, order, number)
+    drop_caches(1)  # small_fill reads the chunk files from disk (as the daemon regime left them)
     with running_mount(dst, mnt, "--cache-size", "10%", *options, env=env) as (proc, _):
         list_tree(mnt)
         for number, name in enumerate(("small_fill", "small_kernel", "small_dropped")):
