@@ -47,6 +47,27 @@ def lustre_node(path: str) -> str | None:
         return None
 
 
+# Chunks are placed on GlusterFS bricks by the hash of their names: with this many chunks
+# per brick or more, a brick left without any is not chance (2/3 ** 24 for one of three).
+MIN_CHUNKS_PER_BRICK = 8
+
+
+def bricks_left_out(folder: str, node_names: list[str], n_chunks: int) -> list[str]:
+    """GlusterFS: the bricks that the folder's layout spreads new files over and that got
+    none of its n_chunks chunks (on node_names, replica sets joined by commas), when there
+    are enough chunks for that not to be chance; [] elsewhere. DHT puts a file on another
+    brick than its name's when that brick is below cluster.min-free-disk or unreachable."""
+    try:
+        value = os.getxattr(folder, PATHINFO_XATTR).decode("utf-8", "replace")
+    except OSError:
+        return []
+    bricks = {f"{host}:{brick}" for brick, host in _POSIX.findall(value)}
+    if n_chunks < MIN_CHUNKS_PER_BRICK * len(bricks):
+        return []
+    used = {b for name in node_names for b in name.split(",")}
+    return sorted(bricks - used)
+
+
 def discover(paths: list[str]) -> tuple[list[str], list[int]]:
     """Node names (sorted) and, for each path, the index of its node."""
     if not paths:

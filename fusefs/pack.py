@@ -292,6 +292,15 @@ def pack(src: str, dst: str, *, chunk_bytes: int | None = DEFAULT_CHUNK_BYTES,
         node_of = [k % nodes for k in range(len(chunk_paths))]
     else:
         node_names, node_of = nodesmod.discover(chunk_files)
+        folder = os.path.join(dst, "chunks")
+        left_out = nodesmod.bricks_left_out(folder, node_names, len(chunk_files))
+        if left_out:
+            log.warning("%s: the %d chunks landed on %s only, none on %s: GlusterFS puts a "
+                        "new file elsewhere when the brick its name hashes to is below "
+                        "cluster.min-free-disk (10%% free by default) or unreachable. Fetches "
+                        "are spread over the bricks that hold chunks only; free space on the "
+                        "bricks (or check `gluster volume status`) and pack again", folder,
+                        len(chunk_files), ", ".join(node_names), ", ".join(left_out))
     chunks = [ChunkInfo(p, n, s, c) for p, n, (s, c) in zip(chunk_paths, node_of, chunk_meta)]
     index = _build_index(tree, kept, chunk_of, offsets, sizes, sums, labels_all, chunks, node_names)
     index.save(os.path.join(dst, INDEX_NAME))

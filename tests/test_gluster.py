@@ -14,7 +14,7 @@ import pytest
 from fusefs.index import INDEX_NAME, Index
 from fusefs.nodes import PATHINFO_XATTR, parse_pathinfo
 from fusefs.pack import pack
-from fusefs.testbed import BRICKS, brick_pid
+from fusefs.testbed import BRICKS, VOL, brick_pid
 from trainer import mount_stats, write_order
 
 from fusefs.testing import running_mount
@@ -124,6 +124,39 @@ def test_pack_onto_gluster_names_each_chunks_brick_and_mounts(volume, tricky, tm
         assert set(nodes) == seen_nodes
         assert sum(v["samples"] for v in nodes.values()) == ix.n_files
         assert stats["eio"] == 0
+    finally:
+        shutil.rmtree(dst, ignore_errors=True)
+
+
+def test_pack_names_the_bricks_its_chunks_missed(volume, tricky, tmp_path, caplog):
+    """With every brick below cluster.min-free-disk (set to 99% here, as a disk filled by
+    other data does at 10%), DHT puts every new file on one brick: pack says which bricks
+    got no chunk and why; with the option reset the chunks spread again and it says nothing."""
+    src = tricky[0]
+    dst = os.path.join(volume, f"test-{uuid.uuid4().hex[:8]}")
+    warned = lambda: [r.getMessage() for r in caplog.records if "landed on" in r.getMessage()]
+    try:
+        subprocess.run(["gluster", "volume", "set", VOL, "cluster.min-free-disk", "99%"],
+                       check=True, capture_output=True, timeout=60)
+        try:
+            with caplog.at_level("WARNING", logger="fusefs.pack"):
+                pack(src, dst, chunk_count=2, progress=False)
+        finally:
+            subprocess.run(["gluster", "volume", "reset", VOL, "cluster.min-free-disk"],
+                           check=True, capture_output=True, timeout=60)
+        ix = Index.load(os.path.join(dst, INDEX_NAME))
+        assert len(ix.chunks) >= 24 and len(ix.nodes) == 1
+        (message,) = warned()
+        left_out = [f"{os.uname().nodename}:{BRICKS}/{b}" for b in ("b1", "b2", "b3")
+                    if f"{os.uname().nodename}:{BRICKS}/{b}" != ix.nodes[0]]
+        assert all(b in message.split("none on ")[1] for b in left_out), message
+        assert "min-free-disk" in message
+
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="fusefs.pack"):
+            pack(src, dst, chunk_count=2, progress=False, force=True)
+        ix = Index.load(os.path.join(dst, INDEX_NAME))
+        assert len(ix.nodes) == 3 and warned() == []
     finally:
         shutil.rmtree(dst, ignore_errors=True)
 

@@ -86,6 +86,27 @@ def test_pathinfo_names_the_brick_and_joins_replicas():
     assert parse_pathinfo("(<DISTRIBUTE:vol-dht>)") is None
 
 
+def test_bricks_left_out_by_a_pack_are_named_once_chance_is_ruled_out(monkeypatch):
+    """A chunk folder's pathinfo lists every brick of its layout (as GlusterFS 10 gives it for
+    a directory); the bricks that got none of the chunks are named, once there are enough
+    chunks (8 per brick) for that not to be chance; replica sets count for each brick."""
+    from fusefs import nodes
+    folder = ("((<DISTRIBUTE:vol-dht> <POSIX(/srv/b2):h:/srv/b2/p/chunks> "
+              "<POSIX(/srv/b1):h:/srv/b1/p/chunks> <POSIX(/srv/b3):h:/srv/b3/p/chunks>) "
+              "(vol-dht-layout (vol-client-1 0 1431655764) (vol-client-2 1431655765 2863311529) "
+              "(vol-client-0 2863311530 4294967295)))")
+    monkeypatch.setattr(nodes.os, "getxattr", lambda path, name: folder.encode())
+    assert nodes.bricks_left_out("f", ["h:/srv/b1"], 24) == ["h:/srv/b2", "h:/srv/b3"]
+    assert nodes.bricks_left_out("f", ["h:/srv/b1"], 23) == []  # too few chunks to tell
+    assert nodes.bricks_left_out("f", ["h:/srv/b1", "h:/srv/b3"], 30) == ["h:/srv/b2"]
+    assert nodes.bricks_left_out("f", ["h:/srv/b1,h:/srv/b2", "h:/srv/b3"], 30) == []
+
+    def no_xattr(path, name):
+        raise OSError(61, "No data available")
+    monkeypatch.setattr(nodes.os, "getxattr", no_xattr)  # not GlusterFS
+    assert nodes.bricks_left_out("f", ["local"], 100) == []
+
+
 def test_the_mount_table_unescapes_and_finds_the_holder(monkeypatch, tmp_path):
     fake = tmp_path / "mounts"
     fake.write_text("proc /proc proc rw 0 0\n/dev/sda1 / ext4 rw 0 0\n"
