@@ -138,7 +138,21 @@ up() {
     # Large sequential reads (chunk files) need more than the default 128 KiB readahead.
     local bdi="/sys/class/bdi/$(mountpoint -d "$MNT")/read_ahead_kb"
     [ -w "$bdi" ] && echo "${READ_AHEAD_KB:-1024}" > "$bdi" || true
+    warn_free_space
     echo "gluster.sh: $VOL mounted at $MNT (3 bricks under $BRICKS, delay ${delay_ms} ms per op)"
+}
+
+# A brick with less free space than cluster.min-free-disk (10% by default, as GlusterFS
+# counts it: available blocks of all blocks) gets no new file of its own: GlusterFS puts
+# it elsewhere, and when every brick is short (they share one disk here) all on one, so
+# tests and benchmarks that count on the spread over three bricks fail or slow down.
+warn_free_space() {
+    local pct
+    pct=$(stat -f -c '%a %b' "$BRICKS/b1" | awk '{printf "%d", 100 * $1 / $2}')
+    if [ "$pct" -lt 10 ]; then
+        echo "gluster.sh: warning: the bricks' disk has ${pct}% free, under GlusterFS's" \
+             "cluster.min-free-disk (10%): every new file will go to one brick" >&2
+    fi
 }
 
 down() {
