@@ -18,9 +18,11 @@ fresh order:
            spread, as decoding workers do: most requests find the daemon idle and wake it
   daemon   the kernel page cache dropped (echo 1 > drop_caches), the daemon's cache holds
            every sample
+  handlers fusefs's own share of `kernel`: its open and release handlers called in-process
+           (scripts/bench/handlers_cost.py: no kernel, no pyfuse3 loop), a steady figure
   small_*  a fresh daemon with a cache of a tenth of the set (as in training): small_fill
-           (first epoch, the chunk files on disk as in chunks_cold), small_kernel (the next: the kernel page cache still holds what was
-           pushed), small_dropped (the kernel page cache dropped before the epoch, as memory
+           (first epoch, the chunk files on disk as in chunks_cold), small_kernel (the
+           next: the kernel page cache still holds what was pushed), small_dropped (the kernel page cache dropped before the epoch, as memory
            pressure drops it, and the chunk files read back into it)
 
 The tree is listed first, as ImageFolder does (the kernel then knows every inode, so
@@ -252,7 +254,17 @@ def fusefs_round(dst, mnt, pool, rels, orders, a, env=None, options=()) -> dict:
                 drop_caches(1)
                 warm_chunks(dst)
             epoch(name, proc, orders[number], number)
+    out["handlers"] = handlers_row(dst, env)
     return out
+
+
+def handlers_row(dst: str, env=None) -> dict:
+    """fusefs's own open and release handlers, in-process (scripts/bench/handlers_cost.py),
+    with the fusefs of env's PYTHONPATH."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "handlers_cost.py")
+    r = subprocess.run([sys.executable, script, dst], env=env, capture_output=True, text=True,
+                       check=True)
+    return json.loads(r.stdout)
 
 
 def warm_chunks(dst: str) -> None:
