@@ -271,8 +271,8 @@ def test_a_killed_owner_leaves_no_mount(tricky, tmp_path):
 def test_bench_hotpath_runs_every_regime_and_paces_the_paced_one(tmp_path):
     """scripts/bench/bench_hotpath.py (the regression guard for fusefs/) end to end at a tiny
     scale: a row per regime with the daemon's CPU and requests per sample; a sample the
-    kernel holds costs open, ioctl and release; the paced readers keep to --pace; no mount
-    left behind."""
+    kernel holds costs open, ioctl and release; the minimal daemons in pyfuse3 and in C
+    answer the same requests; the paced readers keep to --pace; no mount left behind."""
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench", "bench_hotpath.py"),
                         "--files", "300", "--rounds", "1", "--pace", "600", "--out", str(out)],
@@ -281,7 +281,8 @@ def test_bench_hotpath_runs_every_regime_and_paces_the_paced_one(tmp_path):
     rows = {row["regime"]: row for row in json.load(open(out / "bench_hotpath.json"))["rows"]}
     assert set(rows) == {"loose_cold", "loose_warm", "chunks_cold", "chunks", "kernel", "kernel_os",
                          "kernel_paced", "daemon", "handlers", "small_fill", "small_kernel",
-                         "small_dropped", "minimal_read", "minimal_kernel", "minimal_paced"}
+                         "small_dropped", "minimal_read", "minimal_kernel", "minimal_paced",
+                         "minimal_c_read", "minimal_c_kernel", "minimal_c_paced"}
     # fusefs's own open and release handlers, in-process: a part of what `kernel` costs
     handlers = rows.pop("handlers")
     assert handlers["samples"] == 300 and len(handlers["passes_us_per_sample"]) == 3
@@ -295,6 +296,9 @@ def test_bench_hotpath_runs_every_regime_and_paces_the_paced_one(tmp_path):
         assert rows[name]["backend_samples"] == 0
     assert rows["kernel_os"]["requests"].get("ioctl", 0) < 0.05  # (the stats file's own)
     assert rows["chunks"]["backend_samples"] == 300
-    for name in ("kernel_paced", "minimal_paced"):  # 300 files at 600 a second: 0.5 s at least
+    # the C daemon answers the same requests as the pyfuse3 one (readdirplus: no lookups)
+    for kind in ("read", "kernel", "paced"):
+        assert set(rows[f"minimal_c_{kind}"]["requests"]) == set(rows[f"minimal_{kind}"]["requests"])
+    for name in ("kernel_paced", "minimal_paced", "minimal_c_paced"):  # 300 files at 600 a second: 0.5 s at least
         assert rows[name]["samples_per_s"] <= 600 * 1.05, name
     assert not any(os.path.ismount(p) for p in out.iterdir())

@@ -30,7 +30,9 @@ fetched samples can be pushed into its page cache). Side by side in the same run
 readers on the loose source files (page cache cold and warm), and a minimal pyfuse3 daemon
 serving the files from RAM (scripts/bench/minimal_daemon.py: its first epoch reads through the
 daemon, its second is served from the kernel page cache, its third too, paced as
-kernel_paced), the floor of the binding on this machine. One JSON line per row: samples/s,
+kernel_paced: rows minimal_*), the floor of the binding on this machine, and the same
+daemon in C on libfuse3 (scripts/bench/minimal_c_daemon.c, compiled into --out: rows
+minimal_c_*), the floor of FUSE without Python. One JSON line per row: samples/s,
 daemon CPU us per sample (the daemon's own getrusage), the same split into the event-loop
 thread and the other (fetch) threads, user and system, their voluntary context switches
 and the daemon's minor page faults per sample, and FUSE requests per sample by type.
@@ -146,18 +148,31 @@ def list_tree(root: str) -> int:
     return sum(len(files) for _, _, files in os.walk(root))
 
 
-def minimal_peer(src: str, mnt: str, pool, rels, orders, readers: int, pace: float):
-    """Three epochs through scripts/bench/minimal_daemon.py over the loose files (the last
-    paced as kernel_paced)."""
-    with minimal_daemon(src, mnt):
+def minimal_peer(src: str, mnt: str, pool, rels, orders, readers: int, pace: float,
+                 prefix: str = "minimal", command: list[str] | None = None):
+    """Three epochs through scripts/bench/minimal_daemon.py (or the daemon `command`, rows
+    named PREFIX_*) over the loose files (the last paced as kernel_paced)."""
+    with minimal_daemon(src, mnt, command=command):
         list_tree(mnt)
         out = []
-        for epoch, name in enumerate(("minimal_read", "minimal_kernel", "minimal_paced")):
+        for epoch, kind in enumerate(("read", "kernel", "paced")):
             before = stats(mnt, ".minimal-stats")
             dt = read_epoch(pool, [os.path.join(mnt, rels[i]) for i in orders[epoch]], readers,
-                            pace=pace if name == "minimal_paced" else 0)
-            out.append(row(name, len(rels), dt, before, stats(mnt, ".minimal-stats")))
+                            pace=pace if kind == "paced" else 0)
+            out.append(row(f"{prefix}_{kind}", len(rels), dt, before, stats(mnt, ".minimal-stats")))
         return out
+
+
+def build_minimal_c(out_dir: str) -> str:
+    """Compile scripts/bench/minimal_c_daemon.c (gcc, libfuse3's headers: scripts/setup.sh
+    installs both) into out_dir, unless built from this source already; its path."""
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "minimal_c_daemon.c")
+    binary = os.path.join(out_dir, "minimal_c_daemon")
+    if not os.path.exists(binary) or os.path.getmtime(binary) < os.path.getmtime(source):
+        flags = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True,
+                               text=True, check=True).stdout.split()
+        subprocess.run(["gcc", "-O2", "-o", binary, source, *flags], check=True)
+    return binary
 
 
 def write_order(mnt: str, ids, epoch: int) -> None:
@@ -282,7 +297,7 @@ def main() -> int:
     p.add_argument("--readers", type=int, default=4)
     p.add_argument("--out", default=os.path.join(REPO, "out", "bench_hotpath"))
     p.add_argument("--rounds", type=int, default=3, help="fresh daemons per regime (median reported)")
-    p.add_argument("--no-peer", action="store_true", help="skip the minimal pyfuse3 daemon")
+    p.add_argument("--no-peer", action="store_true", help="skip the minimal daemons (pyfuse3 and C)")
     p.add_argument("--pace", type=float, default=1000,
                    help="files a second the readers open together in kernel_paced (default 1,000)")
     p.add_argument("--mount-option", action="append", default=[], metavar="OPT",
@@ -370,6 +385,10 @@ def run(a, n, src, dst, mnt, versions, emit) -> None:
         if not a.no_peer:
             drop_caches()
             for r in minimal_peer(src, mnt + "-minimal", pool, rels, orders, a.readers, a.pace):
+                emit(r)
+            drop_caches()
+            for r in minimal_peer(src, mnt + "-minimal-c", pool, rels, orders, a.readers, a.pace,
+                                  prefix="minimal_c", command=[build_minimal_c(a.out)]):
                 emit(r)
 
 

@@ -47,14 +47,15 @@ def run_trainer(script: str, args: list[str], show=None, python: str = "/usr/bin
 
 @contextlib.contextmanager
 def minimal_daemon(src: str, mnt: str, timeout: float = 300.0, script: str | None = None,
-                   args: tuple = ()):
+                   args: tuple = (), command: list[str] | None = None):
     """scripts/bench/minimal_daemon.py serving src at mnt (it reads every file into RAM
-    before it mounts), or `script SRC MNT ARGS` (a variant of it: tests); yields its
-    process; always unmounted and reaped."""
+    before it mounts), or `script SRC MNT ARGS` (a variant of it: tests), or `COMMAND SRC
+    MNT ARGS` (the C one, built: bench_hotpath.build_minimal_c); yields its process; always
+    unmounted and reaped."""
     from fusefs.testing import stop_mount
     os.makedirs(mnt, exist_ok=True)
     script = script or os.path.join(REPO, "scripts", "bench", "minimal_daemon.py")
-    proc = subprocess.Popen([sys.executable, script, src, mnt, *args])
+    proc = subprocess.Popen([*(command or [sys.executable, script]), src, mnt, *args])
     try:
         deadline = time.monotonic() + timeout
         while not os.path.ismount(mnt):
