@@ -329,8 +329,13 @@ static void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
     fuse_reply_none(req);
 }
 
+static void op_init(void *userdata, struct fuse_conn_info *conn) {
+    (void)userdata;
+    conn->want &= ~FUSE_CAP_READDIRPLUS_AUTO; /* always readdirplus, as pyfuse3 asks */
+}
+
 static const struct fuse_lowlevel_ops ops = {
-    .lookup = op_lookup, .getattr = op_getattr, .opendir = op_opendir, .readdir = op_readdir,
+    .init = op_init, .lookup = op_lookup, .getattr = op_getattr, .opendir = op_opendir, .readdir = op_readdir,
     .readdirplus = op_readdirplus, .releasedir = op_releasedir, .open = op_open, .read = op_read, .release = op_release,
     .ioctl = op_ioctl, .forget = op_forget,
 };
