@@ -69,7 +69,7 @@ import time
 import numpy as np
 import psutil
 
-from common import REPO, commit as common_commit, git, minimal_daemon
+from common import REPO, build_minimal_c, commit as common_commit, git, minimal_daemon
 
 from fusefs import order as orderfmt
 from fusefs.pack import pack
@@ -161,18 +161,6 @@ def minimal_peer(src: str, mnt: str, pool, rels, orders, readers: int, pace: flo
                             pace=pace if kind == "paced" else 0)
             out.append(row(f"{prefix}_{kind}", len(rels), dt, before, stats(mnt, ".minimal-stats")))
         return out
-
-
-def build_minimal_c(out_dir: str) -> str:
-    """Compile scripts/bench/minimal_c_daemon.c (gcc, libfuse3's headers: scripts/setup.sh
-    installs both) into out_dir, unless built from this source already; its path."""
-    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "minimal_c_daemon.c")
-    binary = os.path.join(out_dir, "minimal_c_daemon")
-    if not os.path.exists(binary) or os.path.getmtime(binary) < os.path.getmtime(source):
-        flags = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True,
-                               text=True, check=True).stdout.split()
-        subprocess.run(["gcc", "-O2", "-o", binary, source, *flags], check=True)
-    return binary
 
 
 def write_order(mnt: str, ids, epoch: int) -> None:

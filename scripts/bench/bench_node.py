@@ -16,6 +16,8 @@ cache (not counted), then --epochs epochs in fresh shuffled orders, from:
            cache hold every sample)
   minimal  scripts/bench/minimal_daemon.py over the source folder: every file in RAM,
            keep_cache, no order or cache logic: what a pyfuse3 daemon costs at least
+  minimal_c  the same daemon in C on libfuse3 (scripts/bench/minimal_c_daemon.c, compiled
+           into --out): what a FUSE daemon costs at least, without Python
 
 each with a fresh daemon per row. A row gives samples/s per counted epoch, the ratio of
 its mean to loose's (same loader and workers, same run), and per sample the CPU of the
@@ -25,7 +27,7 @@ the chunks in the counted epochs (none when its cache holds the set). Issue 17's
 16-core node: fusefs >= 0.9x loose for raw bytes and >= 0.95x decoded.
 
 usage: .venv/bin/python scripts/bench/bench_node.py [--files 20000] [--workers 4,8,16]
-           [--loaders raw,decode] [--systems loose,fusefs,minimal] [--epochs 2]
+           [--loaders raw,decode] [--systems loose,fusefs,minimal,minimal_c] [--epochs 2]
            [--python /usr/bin/python3] [--out out/bench_node]
 On the GPU node (docs/TESTING.md, "The GPU node"): python3 scripts/bench/bench_node.py --python python3
 """
@@ -37,13 +39,13 @@ import os
 import shutil
 import sys
 
-from common import REPO, commit as common_commit, minimal_daemon, run_trainer
+from common import REPO, build_minimal_c, commit as common_commit, minimal_daemon, run_trainer
 
 from fusefs.pack import pack
 from fusefs.synth import make_imagefolder
 from fusefs.testing import running_mount
 
-SYSTEMS = ("loose", "fusefs", "minimal")
+SYSTEMS = ("loose", "fusefs", "minimal", "minimal_c")
 
 
 def read(python: str, root: str, loader: str, workers: int, epochs: int, seed: int,
@@ -96,7 +98,8 @@ def run_system(system: str, a, src: str, packed: str, loader: str, workers: int)
     if system == "fusefs":
         with running_mount(packed, mnt, "--cache-size", "120%") as (proc, _):
             return measure(a.python, mnt, loader, workers, a.epochs, True, ".fusefs/stats")
-    with minimal_daemon(src, mnt):
+    command = [build_minimal_c(a.out)] if system == "minimal_c" else None
+    with minimal_daemon(src, mnt, command=command):
         return measure(a.python, mnt, loader, workers, a.epochs, False, ".minimal-stats")
 
 
@@ -106,18 +109,19 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     groups = sorted({(r["loader"], r["workers"]) for r in rows}, key=lambda g: (g[0] != "raw", g[1]))
-    colors = {"loose": "#808080", "fusefs": "#4878a8", "minimal": "#e0a040"}
+    colors = {"loose": "#808080", "fusefs": "#4878a8", "minimal": "#e0a040", "minimal_c": "#60a060"}
+    width = 0.8 / len(SYSTEMS)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     for k, group in enumerate(groups):
         for j, system in enumerate(SYSTEMS):
             r = next((r for r in rows if (r["loader"], r["workers"], r["system"]) == (*group, system)), None)
             if r is None:
                 continue
-            x = k + (j - 1) * 0.27
-            top.bar(x, sum(r["samples_per_s"]) / len(r["samples_per_s"]), 0.27, color=colors[system],
+            x = k + (j - (len(SYSTEMS) - 1) / 2) * width
+            top.bar(x, sum(r["samples_per_s"]) / len(r["samples_per_s"]), width, color=colors[system],
                     label=system if k == 0 else None)
             if "ratio_to_loose" in r:
-                bottom.bar(x, r["ratio_to_loose"], 0.27, color=colors[system])
+                bottom.bar(x, r["ratio_to_loose"], width, color=colors[system])
     top.set_yscale("log")
     top.set_ylabel("samples/s (counted epochs)")
     top.set_title(title, fontsize=9)
@@ -134,7 +138,7 @@ def main() -> int:
     p.add_argument("--files", type=int, default=20_000)
     p.add_argument("--workers", default="4,8,16", help="DataLoader worker counts, comma-separated")
     p.add_argument("--loaders", default="raw,decode", help="raw and/or decode, comma-separated")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help="which of loose,fusefs,minimal to run")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help="which of loose,fusefs,minimal,minimal_c to run")
     p.add_argument("--epochs", type=int, default=2, help="counted epochs after the warm-up one")
     p.add_argument("--python", default="/usr/bin/python3",
                    help="the readers' Python (needs torch and torchvision)")

@@ -67,6 +67,23 @@ def minimal_daemon(src: str, mnt: str, timeout: float = 300.0, script: str | Non
         stop_mount(mnt, proc)
 
 
+def build_minimal_c(out_dir: str) -> str:
+    """Compile scripts/bench/minimal_c_daemon.c into out_dir, unless built from this source
+    already; its path. gcc with libfuse3's flags from pkg-config (scripts/setup.sh installs
+    both), or from FUSE3_CFLAGS and FUSE3_LIBS where libfuse3 lies elsewhere (the GPU node:
+    docs/TESTING.md)."""
+    source = os.path.join(REPO, "scripts", "bench", "minimal_c_daemon.c")
+    binary = os.path.join(out_dir, "minimal_c_daemon")
+    if not os.path.exists(binary) or os.path.getmtime(binary) < os.path.getmtime(source):
+        if "FUSE3_CFLAGS" in os.environ or "FUSE3_LIBS" in os.environ:
+            flags = [*os.environ.get("FUSE3_CFLAGS", "").split(), *os.environ.get("FUSE3_LIBS", "").split()]
+        else:
+            flags = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True,
+                                   text=True, check=True).stdout.split()
+        subprocess.run(["gcc", "-O2", "-o", binary, source, *flags], check=True)
+    return binary
+
+
 def cpu_seconds(pid: int) -> float:
     """A process's user + system CPU seconds so far (0 once it is gone)."""
     try:
