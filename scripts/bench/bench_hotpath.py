@@ -229,8 +229,9 @@ def fusefs_round(dst, mnt, pool, rels, orders, a, env=None, options=()) -> dict:
     n = len(rels)
 
     def epoch(name, proc, order, number):
-        write_order(mnt, order, number)
+        # (counted from before the order: the read-ahead starts as soon as it is written)
         before, t0 = stats(mnt), thread_cpu(proc.pid)
+        write_order(mnt, order, number)
         dt = read_epoch(pool, [os.path.join(mnt, rels[i]) for i in order], a.readers,
                         os_reads=name == "kernel_os", pace=a.pace if name == "kernel_paced" else 0)
         out[name] = row(name, n, dt, before, stats(mnt), (t0, thread_cpu(proc.pid)))
