@@ -31,6 +31,7 @@ from .index import CONTROL_NAME, INDEX_NAME, ChunkInfo, Index
 log = logging.getLogger("fusefs.pack")
 
 DEFAULT_CHUNK_BYTES = 64 << 20
+CHUNKS_DIR = "chunks"  # the chunk files of a flat layout (without --nodes), under DST
 
 
 class PackError(UserError):
@@ -162,7 +163,7 @@ def _prepare_dst(dst: str, force: bool) -> None:
         return
     if not force:
         raise PackError(f"{dst} is not empty ({len(existing)} entries); use --force to replace a packed dataset there")
-    ours = [e for e in existing if e == INDEX_NAME or e == "chunks" or e.startswith("node-")
+    ours = [e for e in existing if e == INDEX_NAME or e == CHUNKS_DIR or e.startswith("node-")
             or e.startswith(INDEX_NAME + ".tmp")]
     if INDEX_NAME in ours:  # first, so that a half-replaced dataset never mounts
         os.unlink(os.path.join(dst, INDEX_NAME))
@@ -230,7 +231,7 @@ def pack(src: str, dst: str, *, chunk_bytes: int | None = DEFAULT_CHUNK_BYTES,
             k, members = item
             try:
                 rel = (f"node-{k % nodes}/chunk-{k:06d}.fck" if nodes
-                       else f"chunks/chunk-{k:06d}.fck")
+                       else f"{CHUNKS_DIR}/chunk-{k:06d}.fck")
                 path = os.path.join(dst, rel)
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 with open(path, "wb") as f:
@@ -292,7 +293,7 @@ def pack(src: str, dst: str, *, chunk_bytes: int | None = DEFAULT_CHUNK_BYTES,
         node_of = [k % nodes for k in range(len(chunk_paths))]
     else:
         node_names, node_of = nodesmod.discover(chunk_files)
-        folder = os.path.join(dst, "chunks")
+        folder = os.path.join(dst, CHUNKS_DIR)
         left_out = nodesmod.bricks_left_out(folder, node_names, len(chunk_files))
         if left_out:
             log.warning("%s: the %d chunks landed on %s only, none on %s: GlusterFS puts a "

@@ -463,7 +463,8 @@ def test_random_sampler_state_is_independent_of_global_rng():
 def test_importance_training_through_a_mount_with_torchvision(tmp_path):
     """scripts/workloads/train_importance.py under Debian's Python (torchvision ImageFolder +
     DataLoader with 2 worker processes) trains through a mount: after the 3 warm-up
-    epochs it trains on 70% of the samples, and the mount fetches fewer bytes."""
+    epochs it trains on 70% of the samples, and the mount fetches fewer bytes; with the mount's
+    pages evicted before each epoch, its rows count the samples found dropped."""
     import subprocess
     from conftest import REPO
     from fusefs.pack import pack
@@ -474,16 +475,22 @@ def test_importance_training_through_a_mount_with_torchvision(tmp_path):
     with running_mount(str(tmp_path / "packed"), mnt, "--cache-size", "20%", "--static-cache", "30%"):
         r = subprocess.run(["/usr/bin/python3", os.path.join(REPO, "scripts", "workloads", "train_importance.py"),
                             mnt, str(tmp_path / "digits" / "test"), "--mode", "importance",
-                            "--epochs", "4", "--keep", "0.7"],
+                            "--epochs", "4", "--keep", "0.7", "--evict", mnt],
                            capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO),
                            timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
+        from trainer import mount_stats
+        dropped = mount_stats(mnt)["kernel_dropped"]  # (nothing was pushed before epoch 0)
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     n = rows[0]["trained"]
     assert [row["trained"] for row in rows] == [n, n, n, round(0.7 * n)]
     assert rows[-1]["test_acc"] > 0.5  # it learned
     assert rows[-1]["backend_bytes"] < 0.9 * rows[0]["backend_bytes"]
-    assert all(isinstance(row["kernel_dropped"], int) and row["kernel_dropped"] >= 0 for row in rows)
+    # the mount's files leave the page cache before each epoch (--evict: fadvise DONTNEED,
+    # the inodes stay): pushed samples read again are found dropped; each row's
+    # kernel_dropped is its epoch's share of the mount's count
+    assert rows[0]["kernel_dropped"] == 0 and all(row["kernel_dropped"] > 0 for row in rows[1:])
+    assert sum(row["kernel_dropped"] for row in rows) == dropped
 
     # The same script on the plain folder (no mount): training alone, no hints, no stats.
     r = subprocess.run(["/usr/bin/python3", os.path.join(REPO, "scripts", "workloads", "train_importance.py"),

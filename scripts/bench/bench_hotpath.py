@@ -22,8 +22,9 @@ fresh order:
            (scripts/bench/handlers_cost.py: no kernel, no pyfuse3 loop), a steady figure
   small_*  a fresh daemon with a cache of a tenth of the set (as in training): small_fill
            (first epoch, the chunk files on disk as in chunks_cold), small_kernel (the
-           next: the kernel page cache still holds what was pushed), small_dropped (the kernel page cache dropped before the epoch, as memory
-           pressure drops it, and the chunk files read back into it)
+           next: the kernel page cache still holds what was pushed), small_dropped (the
+           kernel page cache dropped before the epoch, as memory pressure drops it, and the
+           chunk files read back into it)
 
 The tree is listed first, as ImageFolder does (the kernel then knows every inode, so
 fetched samples can be pushed into its page cache). Side by side in the same run: the same

@@ -50,7 +50,7 @@ def minimal_daemon(src: str, mnt: str, timeout: float = 300.0, script: str | Non
                    args: tuple = (), command: list[str] | None = None):
     """scripts/bench/minimal_daemon.py serving src at mnt (it reads every file into RAM
     before it mounts), or `script SRC MNT ARGS` (a variant of it: tests), or `COMMAND SRC
-    MNT ARGS` (the C one, built: bench_hotpath.build_minimal_c); yields its process; always
+    MNT ARGS` (the C one, built by build_minimal_c); yields its process; always
     unmounted and reaped."""
     from fusefs.testing import stop_mount
     os.makedirs(mnt, exist_ok=True)
