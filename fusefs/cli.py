@@ -164,6 +164,7 @@ def mount_config(a, dataset_bytes: int) -> MountConfig:
                        readahead=None if a.readahead is None else parse_size(a.readahead, whole=cache),
                        per_node=a.per_node, batch=a.batch, retries=a.retries,
                        kernel_cache=a.kernel_cache, kernel_opens=a.kernel_opens, willneed=a.willneed,
+                       fast_path=a.fast_path,
                        control_gid=parse_group(a.control_group), local_dir=a.local_cache,
                        local_bytes=local_bytes, metrics_port=a.metrics_port,
                        metrics_address=a.metrics_address)
@@ -298,6 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kernel-cache", action=argparse.BooleanOptionalAction, default=DEFAULTS.kernel_cache,
                    help="push samples into the kernel page cache as they are fetched "
                         "(notify_store), so their reads never reach the daemon (default on)")
+    s.add_argument("--fast-path", action=argparse.BooleanOptionalAction, default=DEFAULTS.fast_path,
+                   help="answer the dataset files' open, ioctl and release on a thread in C, "
+                        "outside the Python loop (default on; needs pyfuse3 built by "
+                        "scripts/pyfuse3_patched.py; docs/HOTPATH.md)")
     s.add_argument("--kernel-opens", action=argparse.BooleanOptionalAction, default=DEFAULTS.kernel_opens,
                    help="let the kernel open files by itself: a file whose pages it holds then costs "
                         "the daemon one request (the lookup of its name) instead of an open and a "

@@ -23,6 +23,7 @@ class MountConfig:
     retries: int = 4                  # of a failed backend read (doubling backoff from 0.1 s)
     kernel_cache: bool = True         # push fetched samples into the kernel page cache
     kernel_opens: bool = False        # the kernel opens files itself (needs the inode patch)
+    fast_path: bool = True            # opens and releases answered in C (needs the fast patch)
     willneed: bool = True             # posix_fadvise WILLNEED a request's reads at once
     control_gid: int | None = None    # a group that may write the control files too
     local_dir: str | None = None      # the local cache tier's folder

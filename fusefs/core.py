@@ -50,6 +50,7 @@ assert FILES < CTRL_SLOTS
 SID_BITS = 32  # a data file's handle is (serial << SID_BITS) | sample id
 SID_MASK = (1 << SID_BITS) - 1
 SERIAL_WRAP = 1 << 29  # serials wrap far below control handles (control.FH_BASE = 1 << 62)
+RELEASED = 1 << 63  # the fast path's event for a release (FUSEFS_RELEASED in pyfuse3_fastpath.h)
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
 
@@ -69,6 +70,8 @@ class Stats:
         # () -> {type: count} of requests the binding answers without a handler (fs.Operations
         # sets it: ioctl), or None
         self.binding_requests = None
+        # () -> {type: count} of requests the fast path's thread answered (mount.py), or None
+        self.fast_path_requests = None
         self.loop_tasks = None  # () -> tasks pyfuse3's request loop started, or None (fs.py)
         self.cpu_start = cpu_seconds()
 
@@ -80,6 +83,10 @@ class Stats:
         requests = dict(self.requests)
         if self.binding_requests is not None:
             requests.update(self.binding_requests())
+        fast = self.fast_path_requests() if self.fast_path_requests is not None else None
+        for kind, n in (fast or {}).items():
+            requests[kind] = requests.get(kind, 0) + n
+        out["fast_path_requests"] = fast
         out["requests"] = dict(sorted((k, v) for k, v in requests.items() if v))
         if self.loop_tasks is not None:
             out["loop_tasks"] = self.loop_tasks()
@@ -282,12 +289,31 @@ class Core:
             return self.control.open(ino, flags, uid)
         if flags & WRITE_FLAGS:
             raise FsError(errno.EROFS)
+        self._count_open(sid)
+        self._serial = (self._serial + 1) % SERIAL_WRAP
+        return OpenResult(fh=(self._serial << SID_BITS) | sid)
+
+    def _count_open(self, sid: int) -> None:
         self.stats.opens += 1
         if self.in_kernel[sid]:  # (its reads are served by the kernel, unless it dropped them)
             self.stats.opens_pushed += 1
         self._open += 1
-        self._serial = (self._serial + 1) % SERIAL_WRAP
-        return OpenResult(fh=(self._serial << SID_BITS) | sid)
+
+    def fast_path_args(self) -> dict:
+        """What the fast path needs to answer opens as open() does (fastpath.FastPath.start);
+        it continues the handles' serials from here."""
+        return {"file_base": self.file_base, "n_files": self.index.n_files, "sid_bits": SID_BITS,
+                "serial": self._serial, "serial_wrap": SERIAL_WRAP, "write_flags": WRITE_FLAGS}
+
+    def answered(self, events: np.ndarray) -> None:
+        """Opens and releases of dataset files answered outside the loop (fastpath), in the
+        order they came: their handles, a release's with fastpath.RELEASED set."""
+        for e in events.tolist():
+            if e >= RELEASED:
+                self.release(e - RELEASED)
+            else:
+                self._count_open(e & SID_MASK)
+                self._serial = e >> SID_BITS  # (one sequence of handles)
 
     def _sid_of_fh(self, fh: int) -> int | None:
         return fh & SID_MASK if fh < FH_BASE else None

@@ -24,7 +24,8 @@ log = logging.getLogger("fusefs")
 
 
 def _translate(fn):
-    """Count the request by type (stats "requests") and turn errors into FUSEError."""
+    """Count the request by type (stats "requests") and turn errors into FUSEError; first
+    apply what the fast path answered before the request came (fastpath.py)."""
     name = fn.__name__
 
     @functools.wraps(fn)
@@ -32,6 +33,8 @@ def _translate(fn):
         counts = self.requests
         counts[name] = counts.get(name, 0) + 1
         try:
+            if self.catch_up is not None:
+                self.catch_up()
             return await fn(self, *args, **kwargs)
         except pyfuse3.FUSEError:
             raise
@@ -95,6 +98,7 @@ class Operations(pyfuse3.Operations):
         if hasattr(pyfuse3, "loop_tasks_started"):  # (scripts/pyfuse3_patched.py)
             core.stats.loop_tasks = pyfuse3.loop_tasks_started
         self.kernel_opens = core.kernel_opens
+        self.catch_up = None  # () -> None: the fast path's events applied (mount.py sets it)
         if core.kernel_opens and not binding_passes_inode():
             raise RuntimeError("kernel opens need pyfuse3 built by scripts/pyfuse3_patched.py")
 

@@ -13,6 +13,7 @@ import time
 import pyfuse3
 import trio
 
+from . import fastpath
 from .config import DEFAULTS, MountConfig
 from .core import Core
 from .errors import UserError
@@ -89,8 +90,6 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
     if kernel_opens and not binding_passes_inode():
         raise MountError("--kernel-opens needs pyfuse3 built by scripts/pyfuse3_patched.py "
                          "(scripts/setup.sh builds it); this pyfuse3 does not pass the inode")
-    log.info("opens: %s", "by the kernel (no request for a file it holds)" if kernel_opens
-             else "answered by the daemon")
     tune_malloc()
     local = None
     if config.local_dir is not None:
@@ -124,7 +123,10 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
              len(index.chunks), len(index.nodes))
     clean = False
     try:
-        trio.run(_main, core, loop)
+        fast = _start_fast_path(core, ops) if config.fast_path and not kernel_opens else None
+        log.info("opens: %s", "by the kernel (no request for a file it holds)" if kernel_opens
+                 else "answered in C (the fast path)" if fast else "answered by the daemon")
+        trio.run(_main, core, loop, fast)
         clean = True
     finally:
         if server is not None:
@@ -139,11 +141,26 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
         log.info("unmounted %s", mnt)
 
 
-async def _main(core: Core, loop: dict):
+def _start_fast_path(core: Core, ops: Operations) -> fastpath.FastPath | None:
+    """The fast path started (fastpath.py), or None where this pyfuse3 has none."""
+    if not fastpath.available():
+        log.warning("this pyfuse3 has no fast path (scripts/pyfuse3_patched.py builds it): "
+                    "opens and releases are answered in Python")
+        return None
+    fast = fastpath.FastPath(core.answered)
+    fast.start(**core.fast_path_args())
+    ops.catch_up = fast.catch_up
+    core.stats.fast_path_requests = fast.requests
+    return fast
+
+
+async def _main(core: Core, loop: dict, fast: fastpath.FastPath | None):
     loop["token"] = trio.lowlevel.current_trio_token()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals)
         await nursery.start(core.run)
+        if fast is not None:
+            nursery.start_soon(fast.run)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
 

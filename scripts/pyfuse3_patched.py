@@ -1,4 +1,4 @@
-"""Build and install pyfuse3 with five changes to its Cython sources, each found by measuring.
+"""Build and install pyfuse3 with six changes to its Cython sources, each found by measuring.
 
 1. inode: without `open`, a handler gets the inode. When a file system answers `open` with
    ENOSYS, the kernel stops sending `open` and `release` for every file of the mount and
@@ -32,6 +32,12 @@
    so under load it started (and soon ended) about one task per sample, each setting the
    fd's flags again and getting a fresh request buffer. `pyfuse3.loop_tasks_started()`
    counts them (fusefs's stats: `loop_tasks`). Mark: `pyfuse3.TASKS_WHEN_ALL_BUSY`.
+6. fast: a thread in C reads /dev/fuse and answers the dataset files' open, ioctl and
+   release itself (scripts/pyfuse3_fastpath.h, copied into the sources); every other
+   request goes to the request loop, which takes it from the thread's queue instead of the
+   fd. The opens and releases reach fusefs as events in batches (`fast_path_events()`).
+   Off until `fast_path_start(...)` is called after `init`: then a sample the kernel holds
+   costs the Python loop nothing. Mark: `pyfuse3.FAST_PATH`.
 
     .venv/bin/python scripts/pyfuse3_patched.py        # (scripts/setup.sh runs it)
     .venv/bin/python scripts/pyfuse3_patched.py --patches inode --target DIR
@@ -40,6 +46,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import pathlib
 import subprocess
@@ -266,6 +273,94 @@ def patch_ioctl(text: str) -> str:
     return text.replace(IOCTL_ANCHOR, IOCTL_ANCHOR + "    fusefs_set_ioctl(&fuse_ops)\n") + IOCTL_HANDLER
 
 
+# The fast path (scripts/pyfuse3_fastpath.h): its C functions declared in internal.pxi, and
+# the functions fusefs calls.
+FAST_HEADER = pathlib.Path(__file__).with_name("pyfuse3_fastpath.h")
+FAST_ANCHOR = "async def _wait_fuse_readable():\n"
+FAST_DECLS = '''\
+# fusefs: the fast path, a thread in C answering the dataset files' open, ioctl and release
+cdef extern from "fusefs_fastpath.h":
+    int fusefs_fast_start(int fd, unsigned long long file_base, unsigned long long n_files,
+                          unsigned long long fh_base, unsigned sid_bits,
+                          unsigned long long serial, unsigned long long serial_wrap,
+                          unsigned long long write_flags, size_t batch, long delay_us) nogil
+    void fusefs_fast_stop() nogil
+    void fusefs_fast_join() nogil
+    int fusefs_wait_fd(int session_fd) nogil
+    int fusefs_receive(fuse_session *se, fuse_buf *buf) nogil
+    int fusefs_fast_event_fd() nogil
+    void fusefs_fast_counts(unsigned long long *out) nogil
+    unsigned long long *fusefs_fast_take(size_t *n) nogil
+
+
+def fast_path_start(file_base, n_files, fh_base, sid_bits, serial, serial_wrap, write_flags,
+                    batch=64, delay_us=2000):
+    """Start the fast path's thread (after init(), before main()). It answers the open of
+    inodes [file_base, file_base + n_files) without write_flags, the k-th with handle
+    ((serial + k) % serial_wrap << sid_bits) | (inode - file_base) and keep_cache; the
+    release of handles below fh_base; every ioctl (ENOTTY). Returns the fd that is readable
+    while events wait for fast_path_events(): from `batch` of them, `delay_us` after the
+    first, or with a request handed to the loop."""
+    if session == NULL:
+        raise RuntimeError('Need to call init() before fast_path_start()')
+    cdef int err = fusefs_fast_start(session_fd, file_base, n_files, fh_base, sid_bits,
+                                     serial, serial_wrap, write_flags, batch, delay_us)
+    if err:
+        raise OSError(err, 'fast_path_start: ' + strerror(err))
+    return fusefs_fast_event_fd()
+
+
+def fast_path_events():
+    """The opens and releases the fast path answered since the last call, in order: bytes
+    of native 64-bit handles, a release's with bit 63 set."""
+    cdef size_t n = 0
+    cdef unsigned long long *ev = fusefs_fast_take(&n)
+    try:
+        return (<char *> ev)[:n * 8] if n else b''
+    finally:
+        stdlib.free(ev)
+
+
+def fast_path_counts():
+    """Requests the fast path answered (open, release, ioctl) and handed to the loop."""
+    cdef unsigned long long c[4]
+    fusefs_fast_counts(c)
+    return {'open': c[0], 'release': c[1], 'ioctl': c[2], 'forwarded': c[3]}
+
+
+'''
+FAST_RECEIVE = "fuse_session_receive_buf(session, &buf)"
+FAST_WAIT = "await trio.lowlevel.wait_readable(session_fd)"
+FAST_TERMINATE = "    fuse_session_exit(session)\n    trio.lowlevel.notify_closing(session_fd)\n"
+FAST_CLOSE = "    if unmount:\n        log.debug('Calling fuse_session_unmount')\n"
+
+
+def fast_path_version() -> str:
+    """The FAST_PATH mark: a hash of the C it was built from (scripts/setup.sh rebuilds
+    pyfuse3 when the header changed)."""
+    return hashlib.sha256(FAST_HEADER.read_bytes()).hexdigest()[:16]
+
+
+def patch_fast_loop(text: str) -> str:
+    """internal.pxi's text with the fast path declared, and the request loop taking its
+    requests from it (libfuse's receive and the FUSE fd while its thread does not run)."""
+    begin = text.index("async def _session_loop(")
+    if text.count(FAST_ANCHOR) != 1 or text.count(FAST_WAIT) != 1 or FAST_RECEIVE not in text[begin:]:
+        raise SystemExit(f"pyfuse3 {VERSION}'s request loop changed: no {FAST_RECEIVE!r}")
+    text = text[:begin] + text[begin:].replace(FAST_RECEIVE, "fusefs_receive(session, &buf)")
+    text = text.replace(FAST_WAIT, "await trio.lowlevel.wait_readable(fusefs_wait_fd(session_fd))")
+    return text.replace(FAST_ANCHOR, FAST_DECLS + FAST_ANCHOR)
+
+
+def patch_fast_init(text: str) -> str:
+    """__init__.pyx's text with terminate() stopping the fast path's thread and close()
+    joining it."""
+    if text.count(FAST_TERMINATE) != 1 or text.count(FAST_CLOSE) != 1:
+        raise SystemExit(f"pyfuse3 {VERSION}'s terminate or close changed")
+    text = text.replace(FAST_TERMINATE, "    fusefs_fast_stop()\n" + FAST_TERMINATE)
+    return text.replace(FAST_CLOSE, "    fusefs_fast_join()\n" + FAST_CLOSE)
+
+
 # name -> (the source file it changes, the change, the mark it sets on the module, why)
 PATCHES = {
     "inode": ("handlers.pxi", patch_handlers, "INODE_WITHOUT_OPEN",
@@ -279,7 +374,10 @@ PATCHES = {
               "ioctl requests are answered in C (ENOTTY) and counted: ioctl_requests()"),
     "spawn": ("internal.pxi", patch_spawn, "TASKS_WHEN_ALL_BUSY",
               "the request loop starts a task only when every other is inside a handler"),
+    "fast": ("internal.pxi", patch_fast_loop, "FAST_PATH",
+             "a thread in C answers the dataset files' open, ioctl and release: fast_path_start()"),
 }
+EXTRA = {"fast": (("__init__.pyx", patch_fast_init),)}  # (other files a patch changes)
 
 
 def main() -> None:
@@ -303,8 +401,12 @@ def main() -> None:
         marks = []
         for name in patches:
             file, patch, mark, why = PATCHES[name]
-            (src / file).write_text(patch((src / file).read_text()))
-            marks.append(f"\n# fusefs: {why}\n{mark} = True\n")
+            for f, change in ((file, patch), *EXTRA.get(name, ())):
+                (src / f).write_text(change((src / f).read_text()))
+            if name == "fast":
+                (src / "fusefs_fastpath.h").write_text(FAST_HEADER.read_text())
+            value = repr(fast_path_version()) if name == "fast" else "True"
+            marks.append(f"\n# fusefs: {why}\n{mark} = {value}\n")
         init = src / "__init__.pyx"
         init.write_text(init.read_text() + "".join(marks))
         (src / "__init__.c").unlink(missing_ok=True)  # generated from the .pyx: regenerate

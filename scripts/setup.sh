@@ -39,13 +39,15 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stam
     .venv/bin/python -c 'import fusefs._fetchio' || { echo "setup: fusefs/_fetchio.c did not build"; exit 1; }
     touch "$stamp"
 fi
-# pyfuse3 with five patches (scripts/pyfuse3_patched.py): the inode passed to read, write
+# pyfuse3 with six patches (scripts/pyfuse3_patched.py): the inode passed to read, write
 # and fsync when open answers ENOSYS (the mode in which the kernel serves opens of files it
 # holds without asking the daemon; fusefs falls back to answering opens without it), a
 # request loop that takes queued requests without waiting for the fd, notify_store_many
 # (many page cache pushes with one GIL hand-off), ioctl requests counted, and the loop
-# starting a task only when every other is inside a handler
-if ! .venv/bin/python -c 'import sys, pyfuse3; sys.exit(not all(getattr(pyfuse3, m, False) for m in ("INODE_WITHOUT_OPEN", "REQUESTS_WITHOUT_WAIT", "STORE_MANY", "IOCTL_COUNTED", "TASKS_WHEN_ALL_BUSY")))'; then
+# starting a task only when every other is inside a handler; and a sixth: the fast path, a
+# thread in C answering the dataset files' open, ioctl and release (its mark is a hash of
+# scripts/pyfuse3_fastpath.h: a changed header rebuilds)
+if ! .venv/bin/python -c 'import hashlib, sys, pyfuse3; sys.exit(not all(getattr(pyfuse3, m, False) for m in ("INODE_WITHOUT_OPEN", "REQUESTS_WITHOUT_WAIT", "STORE_MANY", "IOCTL_COUNTED", "TASKS_WHEN_ALL_BUSY")) or getattr(pyfuse3, "FAST_PATH", None) != hashlib.sha256(open("scripts/pyfuse3_fastpath.h", "rb").read()).hexdigest()[:16])'; then
     echo "setup: building pyfuse3 with fusefs's patches"
     .venv/bin/python scripts/pyfuse3_patched.py
 fi

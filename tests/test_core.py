@@ -256,3 +256,37 @@ def test_an_order_makes_the_kernel_forget_names_it_keeps_from_before(tricky):
             assert kernel.forgotten == [(d, b"img 002.jpg")]
 
     trio.run(main)
+
+
+def test_opens_and_releases_answered_on_the_fast_path_count_as_the_loops_do(tricky):
+    """The fast path's thread answers opens and releases in C and hands them over as events
+    (handles, a release's with RELEASED set, fastpath.py): applied in order, they leave the
+    statistics and the order's cursor as opening and releasing through the core does, and
+    the thread's handles continue the core's serials."""
+    import numpy as np
+
+    from fusefs import order as orderfmt
+    from fusefs.core import RELEASED, SID_BITS
+    src, dst, files = tricky
+    looped, fast = _core(dst), _core(dst)
+    order = [3, 1, 4, 1, 5]
+    for core in (looped, fast):
+        ctrl = core.lookup(ROOT, b".fusefs").ino
+        fh = core.open(core.lookup(ctrl, b"order").ino, os.O_WRONLY).fh
+        core.write(fh, 0, orderfmt.encode(order, epoch=1))
+        core.fsync(fh)
+        core.release(fh)
+    args = fast.fast_path_args()
+    assert (args["file_base"], args["n_files"], args["sid_bits"]) == (fast.file_base, fast.index.n_files, SID_BITS)
+    events, serial = [], args["serial"]
+    for sid in order[:4]:  # (the last still open)
+        serial = (serial + 1) % args["serial_wrap"]
+        events += [(serial << SID_BITS) | sid, ((serial << SID_BITS) | sid) | RELEASED]
+        looped.release(looped.open(looped.file_base + sid, os.O_RDONLY).fh)
+    looped.open(looped.file_base + order[4], os.O_RDONLY)
+    serial = (serial + 1) % args["serial_wrap"]
+    fast.answered(np.array(events + [(serial << SID_BITS) | order[4]], dtype=np.uint64))
+    for name in ("opens", "releases", "opens_pushed", "open_handles"):
+        assert fast.statistics()[name] == looped.statistics()[name], name
+    assert fast.plans[0].cursor == looped.plans[0].cursor == 4
+    assert fast.open(fast.file_base + 2, os.O_RDONLY).fh >> SID_BITS == serial + 1  # serials go on

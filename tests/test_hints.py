@@ -218,13 +218,14 @@ def test_readers_of_the_same_files_get_their_bytes_with_the_kernel_cache(tricky,
                 r.wait()
 
 
-@pytest.mark.parametrize("mode", ["kernel-opens", "daemon-opens", "no-kernel-cache"])
+@pytest.mark.parametrize("mode", ["kernel-opens", "daemon-opens", "python-opens", "no-kernel-cache"])
 def test_read_ahead_bytes_pushed_to_the_kernel_page_cache(tricky, tmp_path, mode):
     """With --kernel-cache a sample read ahead is pushed to the kernel as it arrives (the
     tree was listed first, as ImageFolder does, so the kernel knows its inode): a reader of
     a sample the kernel holds then costs exactly one lookup of its name when the kernel
     opens files, or an open and a release when the daemon does; no read, no flush, no
-    getattr; and the next epoch reads nothing from the backend. The kernel may drop clean
+    getattr (answered in C on the fast path's thread: none reaches the Python loop; or in
+    Python with --no-fast-path); and the next epoch reads nothing from the backend. The kernel may drop clean
     pages when memory is short (it did on a CI machine): a read reaches the daemon only for
     a sample whose pages mincore found gone just before it, and each such sample is counted
     as dropped once. Without --kernel-cache, every read reaches the daemon (and makes the
@@ -234,6 +235,7 @@ def test_read_ahead_bytes_pushed_to_the_kernel_page_cache(tricky, tmp_path, mode
     mnt = str(tmp_path / "mnt")
     kernel_cache = mode != "no-kernel-cache"
     flags = {"kernel-opens": ["--kernel-opens"], "daemon-opens": ["--no-kernel-opens"],
+             "python-opens": ["--no-kernel-opens", "--no-fast-path"],
              "no-kernel-cache": ["--no-kernel-cache", "--no-kernel-opens"]}[mode]
     with running_mount(dst, mnt, "--cache-size", "200%", *flags):
         stats = lambda: mount_stats(mnt)  # noqa: E731
@@ -281,6 +283,11 @@ def test_read_ahead_bytes_pushed_to_the_kernel_page_cache(tricky, tmp_path, mode
                 opened = ({"lookup": len(rels)} if mode == "kernel-opens"
                           else {"open": len(rels), "release": len(rels)})
                 assert asked == {**opened, "ioctl": ioctl}, asked
+                in_c = {k: v - before["fast_path_requests"][k] - (again["fast_path_requests"][k] - v)
+                        for k, v in s["fast_path_requests"].items()} if mode == "daemon-opens" else None
+                assert in_c == ({"open": len(rels), "release": len(rels), "ioctl": ioctl}
+                                if mode == "daemon-opens" else None), in_c
+                assert s["fast_path_requests"] is None or mode == "daemon-opens"
                 # (fewer drops than it takes to distrust every push: reads.MIN_DROPS)
                 assert len(dropped) < MIN_DROPS, dropped
                 assert (reads > 0) == bool(dropped) and getattrs <= stale, (reads, getattrs, dropped)

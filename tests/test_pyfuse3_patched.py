@@ -237,3 +237,30 @@ def within(seconds: float, fn):
     t.join(seconds)
     assert out, f"{fn} got no answer within {seconds} s"
     return out[0]
+
+
+def test_the_fast_path_takes_the_loops_requests_and_ends_with_the_session():
+    wait = ("async def _wait_fuse_readable():\n    async with lock:\n        " + patched.FAST_WAIT + "\n")
+    loop = patched.patch_session_loop(LOOP)  # (after the loop patch: two receives)
+    out = patched.patch_fast_loop("cdef _WorkerData worker_data\n\n" + wait + "\n@async_wrapper\n" + loop)
+    assert patched.FAST_RECEIVE not in out and out.count("fusefs_receive(session, &buf)") == 2
+    assert "wait_readable(fusefs_wait_fd(session_fd))" in out
+    assert out.index('cdef extern from "fusefs_fastpath.h":') < out.index(patched.FAST_ANCHOR)
+    assert "\ndef fast_path_start(" in out and "\ndef fast_path_events():" in out
+    with pytest.raises(SystemExit, match="request loop changed"):
+        patched.patch_fast_loop(wait + loop.replace("fuse_session_receive_buf", "receive"))
+    init = ("def terminate():\n" + patched.FAST_TERMINATE + "\n\ndef close(unmount=True):\n"
+            + patched.FAST_CLOSE + "        fuse_session_unmount(session)\n")
+    out = patched.patch_fast_init(init)
+    assert out.index("fusefs_fast_stop()") < out.index("fuse_session_exit(session)")
+    assert out.index("fusefs_fast_join()") < out.index("fuse_session_unmount(session)")
+    with pytest.raises(SystemExit, match="terminate or close changed"):
+        patched.patch_fast_init(init.replace("notify_closing", "closing"))
+
+
+def test_the_venv_has_the_fast_path():
+    assert pyfuse3.FAST_PATH == patched.fast_path_version()  # (built from this header)
+    with pytest.raises(RuntimeError, match="init"):  # (no session in this process)
+        pyfuse3.fast_path_start(2, 10, 1 << 62, 32, 0, 1 << 29, os.O_WRONLY)
+    assert pyfuse3.fast_path_events() == b""
+    assert set(pyfuse3.fast_path_counts()) == {"open", "release", "ioctl", "forwarded"}

@@ -1,0 +1,67 @@
+"""The fast path: a thread of pyfuse3, in C, answers the dataset files' open, ioctl and
+release, so that a sample the kernel holds costs the Python loop nothing.
+
+pyfuse3 built by scripts/pyfuse3_patched.py (patch "fast", scripts/pyfuse3_fastpath.h)
+reads /dev/fuse on a thread of its own. It answers an open of a dataset file (no write
+flag) as Core.open would (handle (serial << SID_BITS) | sample, keep_cache), a release of a
+dataset handle, and every ioctl (ENOTTY, as the ioctl patch does); it hands every other
+request to pyfuse3's request loop unchanged. The opens and releases it answered reach the
+core as events, in order and in batches (`Core.answered`): from 256 of them (128 samples)
+or 20 ms after the first. Before each request the loop handles, the events before it are
+applied (fs.Operations), so the
+accounting sees opens, releases and order changes in the order the kernel sent them.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pyfuse3
+import trio
+
+from .control import FH_BASE
+
+log = logging.getLogger("fusefs")
+
+BATCH = 256         # events that wake the loop ...
+DELAY_US = 20_000   # ... or this long after the first of them (each wake-up of the loop
+                    # costs it tens of us: readers at 1,000 files/s would wake it for
+                    # every other sample at 2 ms)
+
+
+def available() -> bool:
+    """Whether this pyfuse3 has the fast path (scripts/pyfuse3_patched.py)."""
+    return bool(getattr(pyfuse3, "FAST_PATH", False))
+
+
+class FastPath:
+    """The thread's events, handed to `answered` (Core.answered: an array of handles)."""
+
+    def __init__(self, answered):
+        self.answered = answered
+        self.fd = -1
+
+    def start(self, file_base: int, n_files: int, sid_bits: int, serial: int, serial_wrap: int,
+              write_flags: int) -> None:
+        """Start the thread (after pyfuse3.init, before pyfuse3.main); handles continue the
+        core's serials."""
+        self.fd = pyfuse3.fast_path_start(file_base, n_files, FH_BASE, sid_bits, serial, serial_wrap,
+                                          write_flags, BATCH, DELAY_US)
+
+    def catch_up(self) -> None:
+        """Apply the events waiting now."""
+        ev = pyfuse3.fast_path_events()
+        if ev:
+            self.answered(np.frombuffer(ev, dtype=np.uint64))
+
+    async def run(self) -> None:
+        """Apply the events as they come, until cancelled (in the mount's nursery)."""
+        while True:
+            await trio.lowlevel.wait_readable(self.fd)
+            self.catch_up()
+
+    @staticmethod
+    def requests() -> dict[str, int]:
+        """The requests the thread answered, by type (for the statistics)."""
+        c = pyfuse3.fast_path_counts()
+        return {"open": c["open"], "release": c["release"], "ioctl": c["ioctl"]}

@@ -1,0 +1,389 @@
+/* fusefs's fast path: a thread of pyfuse3 that reads /dev/fuse and answers, in C, the
+ * requests a sample the kernel already holds costs (open, ioctl, release of a dataset
+ * file); it hands every other request to pyfuse3's request loop unchanged.
+ *
+ * scripts/pyfuse3_patched.py copies this file into pyfuse3's sources (patch "fast"):
+ * _session_loop then takes its requests from fusefs_receive() and waits on
+ * fusefs_wait_fd(), which are libfuse's receive and the FUSE fd until the thread runs.
+ *
+ * An open of a dataset file (inode in [file_base, file_base + n_files), no write flag) is
+ * answered with handle (serial << sid_bits) | sample, keep_cache, exactly as fusefs's
+ * Core.open would; a release of a handle below fh_base is answered at once. Both are
+ * recorded, in order, as events (the handle; a release has bit 63 set) that fusefs drains
+ * with fusefs_fast_take() for its accounting (the order's uses, the statistics): the
+ * event fd becomes readable once `batch` events are waiting, or `delay_us` after the
+ * first; fusefs also takes them before it handles each request handed to the loop, so
+ * that it sees everything in the order the kernel sent it.
+ *
+ * The thread reads first and waits (poll) only when nothing is queued: under load a
+ * request costs it a read and a writev, as in libfuse's own loop. */
+#ifndef FUSEFS_FASTPATH_H
+#define FUSEFS_FASTPATH_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+#include <linux/fuse.h>
+
+#define FUSEFS_BUFSIZE (256 * 4096 + 4096) /* libfuse's: FUSE_MAX_MAX_PAGES pages + a header page */
+#define FUSEFS_RELEASED (1ULL << 63)
+
+typedef struct fusefs_req {
+    struct fusefs_req *next;
+    size_t len;
+    char data[];
+} fusefs_req;
+
+static struct {
+    int running;         /* the thread was started and not yet joined */
+    int fd;              /* /dev/fuse */
+    int fwd_fd;          /* eventfd: requests for the loop are queued, or the thread ended */
+    int ev_fd;           /* eventfd: events are waiting */
+    int stop_fd;         /* eventfd: the thread is to stop */
+    pthread_t thread;
+    pthread_mutex_t lock;
+    fusefs_req *head, *tail;
+    int ended, err;      /* the thread ended; with this errno (0: the mount went away) */
+    int stop;            /* the thread is to stop (with a kick of stop_fd) */
+    /* the dataset's files (set once, before the thread starts) */
+    uint64_t file_base, n_files, fh_base, serial, serial_wrap, write_flags;
+    unsigned sid_bits;
+    /* events, under lock */
+    uint64_t *ev;
+    size_t ev_n, ev_cap, batch;
+    int ev_signalled;
+    struct timespec ev_first;
+    long delay_ns;
+    /* counts (read under lock) */
+    unsigned long long opens, releases, ioctls, forwarded;
+} fusefs_fast = {0, -1, -1, -1, -1, 0, PTHREAD_MUTEX_INITIALIZER};
+
+static void fusefs_kick(int fd) {
+    uint64_t one = 1;
+    ssize_t r = write(fd, &one, sizeof one);
+    (void) r;
+}
+
+static void fusefs_unkick(int fd) {
+    uint64_t v;
+    ssize_t r = read(fd, &v, sizeof v);
+    (void) r;
+}
+
+static void fusefs_reply(uint64_t unique, int err, const void *arg, size_t len) {
+    struct fuse_out_header out;
+    struct iovec iov[2];
+    out.len = (uint32_t) (sizeof out + len);
+    out.error = -err;
+    out.unique = unique;
+    iov[0].iov_base = &out;
+    iov[0].iov_len = sizeof out;
+    iov[1].iov_base = (void *) arg;
+    iov[1].iov_len = len;
+    /* (ENOENT: the request was interrupted and the kernel no longer waits for it) */
+    ssize_t r = writev(fusefs_fast.fd, iov, len ? 2 : 1);
+    (void) r;
+}
+
+static long fusefs_ns_since(const struct timespec *t) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (now.tv_sec - t->tv_sec) * 1000000000L + (now.tv_nsec - t->tv_nsec);
+}
+
+/* under lock: make the event fd readable */
+static void fusefs_signal_events(void) {
+    if (fusefs_fast.ev_n && !fusefs_fast.ev_signalled) {
+        fusefs_fast.ev_signalled = 1;
+        fusefs_kick(fusefs_fast.ev_fd);
+    }
+}
+
+static void fusefs_event(uint64_t e) {
+    pthread_mutex_lock(&fusefs_fast.lock);
+    if (fusefs_fast.ev_n == fusefs_fast.ev_cap) {
+        size_t cap = fusefs_fast.ev_cap ? 2 * fusefs_fast.ev_cap : 1024;
+        uint64_t *ev = (uint64_t *) realloc(fusefs_fast.ev, cap * sizeof *ev);
+        if (ev == NULL) {  /* (no room: the event is lost, and with it one use) */
+            pthread_mutex_unlock(&fusefs_fast.lock);
+            return;
+        }
+        fusefs_fast.ev = ev;
+        fusefs_fast.ev_cap = cap;
+    }
+    if (fusefs_fast.ev_n == 0)
+        clock_gettime(CLOCK_MONOTONIC, &fusefs_fast.ev_first);
+    fusefs_fast.ev[fusefs_fast.ev_n++] = e;
+    if (fusefs_fast.ev_n >= fusefs_fast.batch)
+        fusefs_signal_events();
+    pthread_mutex_unlock(&fusefs_fast.lock);
+}
+
+/* a request for pyfuse3's loop */
+static void fusefs_forward(const char *data, size_t len) {
+    fusefs_req *r = (fusefs_req *) malloc(sizeof *r + len);
+    pthread_mutex_lock(&fusefs_fast.lock);
+    if (r == NULL) {  /* the kernel waits for an answer: tell it */
+        pthread_mutex_unlock(&fusefs_fast.lock);
+        fusefs_reply(((const struct fuse_in_header *) data)->unique, ENOMEM, NULL, 0);
+        return;
+    }
+    r->next = NULL;
+    r->len = len;
+    memcpy(r->data, data, len);
+    if (fusefs_fast.tail)
+        fusefs_fast.tail->next = r;
+    else {
+        fusefs_fast.head = r;
+        fusefs_kick(fusefs_fast.fwd_fd);
+    }
+    fusefs_fast.tail = r;
+    fusefs_fast.forwarded++;
+    pthread_mutex_unlock(&fusefs_fast.lock);
+}
+
+/* 1 if the request was answered here */
+static int fusefs_answer(const char *data, size_t len) {
+    const struct fuse_in_header *h = (const struct fuse_in_header *) data;
+    if (len < sizeof *h)
+        return 0;
+    switch (h->opcode) {
+    case FUSE_OPEN: {
+        const struct fuse_open_in *in = (const struct fuse_open_in *) (h + 1);
+        uint64_t sid = h->nodeid - fusefs_fast.file_base;
+        if (len < sizeof *h + sizeof *in || h->nodeid < fusefs_fast.file_base
+                || sid >= fusefs_fast.n_files || (in->flags & fusefs_fast.write_flags))
+            return 0;
+        struct fuse_open_out out;
+        memset(&out, 0, sizeof out);
+        fusefs_fast.serial = (fusefs_fast.serial + 1) % fusefs_fast.serial_wrap;
+        out.fh = (fusefs_fast.serial << fusefs_fast.sid_bits) | sid;
+        out.open_flags = FOPEN_KEEP_CACHE;
+        fusefs_reply(h->unique, 0, &out, sizeof out);
+        __atomic_add_fetch(&fusefs_fast.opens, 1, __ATOMIC_RELAXED);
+        fusefs_event(out.fh);
+        return 1;
+    }
+    case FUSE_RELEASE: {
+        const struct fuse_release_in *in = (const struct fuse_release_in *) (h + 1);
+        if (len < sizeof *h + sizeof *in || in->fh >= fusefs_fast.fh_base)
+            return 0;
+        fusefs_reply(h->unique, 0, NULL, 0);
+        __atomic_add_fetch(&fusefs_fast.releases, 1, __ATOMIC_RELAXED);
+        fusefs_event(in->fh | FUSEFS_RELEASED);
+        return 1;
+    }
+    case FUSE_IOCTL:  /* as the ioctl patch answers it: ENOTTY (Python's open() asks isatty) */
+        fusefs_reply(h->unique, ENOTTY, NULL, 0);
+        __atomic_add_fetch(&fusefs_fast.ioctls, 1, __ATOMIC_RELAXED);
+        return 1;
+    }
+    return 0;
+}
+
+static void *fusefs_thread(void *arg) {
+    char *buf = (char *) malloc(FUSEFS_BUFSIZE);
+    struct pollfd p[2];
+    int err = buf == NULL ? ENOMEM : 0;
+    (void) arg;
+    p[0].fd = fusefs_fast.fd;
+    p[0].events = POLLIN;
+    p[1].fd = fusefs_fast.stop_fd;
+    p[1].events = POLLIN;
+    pthread_setname_np(pthread_self(), "fusefs-fast");
+    while (!err && !__atomic_load_n(&fusefs_fast.stop, __ATOMIC_RELAXED)) {
+        ssize_t got = read(fusefs_fast.fd, buf, FUSEFS_BUFSIZE);
+        if (got > 0) {
+            if (!fusefs_answer(buf, (size_t) got))
+                fusefs_forward(buf, (size_t) got);
+            continue;
+        }
+        if (got == 0 || (got < 0 && errno == ENODEV))  /* unmounted */
+            break;
+        if (errno != EAGAIN && errno != EINTR && errno != ENOENT) {
+            err = errno;
+            break;
+        }
+        if (errno != EAGAIN)
+            continue;
+        /* nothing queued: hand over the events that wait for their delay, and wait */
+        int timeout = -1;
+        pthread_mutex_lock(&fusefs_fast.lock);
+        if (fusefs_fast.ev_n && !fusefs_fast.ev_signalled) {
+            long left = fusefs_fast.delay_ns - fusefs_ns_since(&fusefs_fast.ev_first);
+            if (left <= 0)
+                fusefs_signal_events();
+            else
+                timeout = (int) ((left + 999999) / 1000000);
+        }
+        pthread_mutex_unlock(&fusefs_fast.lock);
+        int n = poll(p, 2, timeout);
+        if (n < 0) {
+            if (errno != EINTR)
+                err = errno;
+            continue;
+        }
+        if (p[1].revents)
+            break;
+    }
+    free(buf);
+    pthread_mutex_lock(&fusefs_fast.lock);
+    fusefs_fast.ended = 1;
+    fusefs_fast.err = err;
+    fusefs_kick(fusefs_fast.fwd_fd);
+    fusefs_signal_events();
+    pthread_mutex_unlock(&fusefs_fast.lock);
+    return NULL;
+}
+
+/* Start the thread on the FUSE fd; 0 or an errno. */
+static int fusefs_fast_start(int fd, uint64_t file_base, uint64_t n_files, uint64_t fh_base,
+                             unsigned sid_bits, uint64_t serial, uint64_t serial_wrap,
+                             uint64_t write_flags, size_t batch, long delay_us) {
+    if (fusefs_fast.running)
+        return EBUSY;
+    fusefs_fast.fd = fd;
+    fusefs_fast.file_base = file_base;
+    fusefs_fast.n_files = n_files;
+    fusefs_fast.fh_base = fh_base;
+    fusefs_fast.sid_bits = sid_bits;
+    fusefs_fast.serial = serial;
+    fusefs_fast.serial_wrap = serial_wrap;
+    fusefs_fast.write_flags = write_flags;
+    fusefs_fast.batch = batch ? batch : 1;
+    fusefs_fast.delay_ns = delay_us * 1000L;
+    fusefs_fast.ended = fusefs_fast.err = fusefs_fast.stop = 0;
+    fusefs_fast.opens = fusefs_fast.releases = fusefs_fast.ioctls = fusefs_fast.forwarded = 0;
+    if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0)  /* (the thread reads first) */
+        return errno;
+    fusefs_fast.fwd_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    fusefs_fast.ev_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    fusefs_fast.stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (fusefs_fast.fwd_fd < 0 || fusefs_fast.ev_fd < 0 || fusefs_fast.stop_fd < 0
+            || pthread_create(&fusefs_fast.thread, NULL, fusefs_thread, NULL) != 0) {
+        int e = errno ? errno : EAGAIN;
+        if (fusefs_fast.fwd_fd >= 0) close(fusefs_fast.fwd_fd);
+        if (fusefs_fast.ev_fd >= 0) close(fusefs_fast.ev_fd);
+        if (fusefs_fast.stop_fd >= 0) close(fusefs_fast.stop_fd);
+        fusefs_fast.fwd_fd = fusefs_fast.ev_fd = fusefs_fast.stop_fd = -1;
+        return e;
+    }
+    fusefs_fast.running = 1;
+    return 0;
+}
+
+/* Ask the thread to stop (it may be inside a read: it ends with the mount, or on the next
+ * request); the loop's tasks then see the end. */
+static void fusefs_fast_stop(void) {
+    if (fusefs_fast.running) {
+        __atomic_store_n(&fusefs_fast.stop, 1, __ATOMIC_RELAXED);
+        fusefs_kick(fusefs_fast.stop_fd);
+    }
+}
+
+/* Stop the thread, wait for it, drop what it left (from close(), after the loop ended). */
+static void fusefs_fast_join(void) {
+    if (!fusefs_fast.running)
+        return;
+    fusefs_fast_stop();
+    pthread_join(fusefs_fast.thread, NULL);
+    fusefs_fast.running = 0;
+    while (fusefs_fast.head) {
+        fusefs_req *r = fusefs_fast.head;
+        fusefs_fast.head = r->next;
+        free(r);
+    }
+    fusefs_fast.tail = NULL;
+    free(fusefs_fast.ev);
+    fusefs_fast.ev = NULL;
+    fusefs_fast.ev_n = fusefs_fast.ev_cap = 0;
+    fusefs_fast.ev_signalled = 0;
+    close(fusefs_fast.fwd_fd);
+    close(fusefs_fast.ev_fd);
+    close(fusefs_fast.stop_fd);
+    fusefs_fast.fwd_fd = fusefs_fast.ev_fd = fusefs_fast.stop_fd = -1;
+}
+
+/* The fd the loop waits on for its next request. */
+static int fusefs_wait_fd(int session_fd) {
+    return fusefs_fast.running ? fusefs_fast.fwd_fd : session_fd;
+}
+
+/* The loop's next request: as fuse_session_receive_buf (-EAGAIN: none queued; 0: the
+ * session ended). */
+static int fusefs_receive(struct fuse_session *se, struct fuse_buf *buf) {
+    fusefs_req *r;
+    if (!fusefs_fast.running)
+        return fuse_session_receive_buf(se, buf);
+    pthread_mutex_lock(&fusefs_fast.lock);
+    r = fusefs_fast.head;
+    if (r == NULL) {
+        int ended = fusefs_fast.ended, err = fusefs_fast.err;
+        if (!ended)
+            fusefs_unkick(fusefs_fast.fwd_fd);  /* (under lock: the next request kicks again) */
+        pthread_mutex_unlock(&fusefs_fast.lock);
+        if (!ended)
+            return -EAGAIN;
+        fuse_session_exit(se);
+        return err ? -err : 0;
+    }
+    fusefs_fast.head = r->next;
+    if (fusefs_fast.head == NULL)
+        fusefs_fast.tail = NULL;
+    pthread_mutex_unlock(&fusefs_fast.lock);
+    if (buf->mem == NULL) {
+        buf->mem = malloc(FUSEFS_BUFSIZE);
+        if (buf->mem == NULL) {
+            fusefs_reply(((struct fuse_in_header *) r->data)->unique, ENOMEM, NULL, 0);
+            free(r);
+            return -EINTR;  /* (the loop takes the next one) */
+        }
+    }
+    memcpy(buf->mem, r->data, r->len);
+    buf->size = r->len;
+    buf->flags = (enum fuse_buf_flags) 0;
+    buf->pos = 0;
+    free(r);
+    return (int) buf->size;
+}
+
+/* The fd that is readable while events wait (-1: no thread). */
+static int fusefs_fast_event_fd(void) {
+    return fusefs_fast.running ? fusefs_fast.ev_fd : -1;
+}
+
+/* The requests answered here and handed on, since the start. */
+static void fusefs_fast_counts(unsigned long long out[4]) {
+    out[0] = __atomic_load_n(&fusefs_fast.opens, __ATOMIC_RELAXED);
+    out[1] = __atomic_load_n(&fusefs_fast.releases, __ATOMIC_RELAXED);
+    out[2] = __atomic_load_n(&fusefs_fast.ioctls, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&fusefs_fast.lock);
+    out[3] = fusefs_fast.forwarded;
+    pthread_mutex_unlock(&fusefs_fast.lock);
+}
+
+/* The waiting events, taken (their number in *n; free() the array). */
+static uint64_t *fusefs_fast_take(size_t *n) {
+    uint64_t *ev;
+    pthread_mutex_lock(&fusefs_fast.lock);
+    ev = fusefs_fast.ev;
+    *n = fusefs_fast.ev_n;
+    fusefs_fast.ev = NULL;
+    fusefs_fast.ev_n = fusefs_fast.ev_cap = 0;
+    if (fusefs_fast.ev_signalled) {
+        fusefs_unkick(fusefs_fast.ev_fd);
+        fusefs_fast.ev_signalled = 0;
+    }
+    pthread_mutex_unlock(&fusefs_fast.lock);
+    return ev;
+}
+
+#endif
