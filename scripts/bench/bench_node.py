@@ -14,6 +14,8 @@ cache (not counted), then --epochs epochs in fresh shuffled orders, from:
   fusefs   `fusefs mount --cache-size 120%` over the packed copy, read through
            trainer.HintedSampler (after the warm-up the kernel page cache and the daemon's
            cache hold every sample)
+  fusefs_python  the same with `--no-fast-path`: opens and releases answered on the
+           daemon's Python loop (fusefs before e755446)
   minimal  scripts/bench/minimal_daemon.py over the source folder: every file in RAM,
            keep_cache, no order or cache logic: what a pyfuse3 daemon costs at least
   minimal_c  the same daemon in C on libfuse3 (scripts/bench/minimal_c_daemon.c, compiled
@@ -27,7 +29,7 @@ the chunks in the counted epochs (none when its cache holds the set). Issue 17's
 16-core node: fusefs >= 0.9x loose for raw bytes and >= 0.95x decoded.
 
 usage: .venv/bin/python scripts/bench/bench_node.py [--files 20000] [--workers 4,8,16]
-           [--loaders raw,decode] [--systems loose,fusefs,minimal,minimal_c] [--epochs 2]
+           [--loaders raw,decode] [--systems loose,fusefs,fusefs_python,minimal,minimal_c] [--epochs 2]
            [--python /usr/bin/python3] [--out out/bench_node]
 On the GPU node (docs/TESTING.md, "The GPU node"): python3 scripts/bench/bench_node.py --python python3
 """
@@ -45,7 +47,7 @@ from fusefs.pack import pack
 from fusefs.synth import make_imagefolder
 from fusefs.testing import running_mount
 
-SYSTEMS = ("loose", "fusefs", "minimal", "minimal_c")
+SYSTEMS = ("loose", "fusefs", "fusefs_python", "minimal", "minimal_c")
 
 
 def read(python: str, root: str, loader: str, workers: int, epochs: int, seed: int,
@@ -95,8 +97,9 @@ def run_system(system: str, a, src: str, packed: str, loader: str, workers: int)
     mnt = os.path.join(a.out, "mnt")
     if system == "loose":
         return measure(a.python, src, loader, workers, a.epochs, False, None)
-    if system == "fusefs":
-        with running_mount(packed, mnt, "--cache-size", "120%") as (proc, _):
+    if system in ("fusefs", "fusefs_python"):
+        extra = ("--no-fast-path",) if system == "fusefs_python" else ()
+        with running_mount(packed, mnt, "--cache-size", "120%", *extra) as (proc, _):
             return measure(a.python, mnt, loader, workers, a.epochs, True, ".fusefs/stats")
     command = [build_minimal_c(a.out)] if system == "minimal_c" else None
     with minimal_daemon(src, mnt, command=command):
@@ -109,7 +112,8 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     groups = sorted({(r["loader"], r["workers"]) for r in rows}, key=lambda g: (g[0] != "raw", g[1]))
-    colors = {"loose": "#808080", "fusefs": "#4878a8", "minimal": "#e0a040", "minimal_c": "#60a060"}
+    colors = {"loose": "#808080", "fusefs": "#4878a8", "fusefs_python": "#98b8d8", "minimal": "#e0a040",
+              "minimal_c": "#60a060"}
     width = 0.8 / len(SYSTEMS)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     for k, group in enumerate(groups):
@@ -138,7 +142,7 @@ def main() -> int:
     p.add_argument("--files", type=int, default=20_000)
     p.add_argument("--workers", default="4,8,16", help="DataLoader worker counts, comma-separated")
     p.add_argument("--loaders", default="raw,decode", help="raw and/or decode, comma-separated")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help="which of loose,fusefs,minimal,minimal_c to run")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help="which of loose,fusefs,fusefs_python,minimal,minimal_c to run")
     p.add_argument("--epochs", type=int, default=2, help="counted epochs after the warm-up one")
     p.add_argument("--python", default="/usr/bin/python3",
                    help="the readers' Python (needs torch and torchvision)")
