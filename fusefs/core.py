@@ -307,7 +307,7 @@ class Core:
 
     def answered(self, events: np.ndarray) -> None:
         """Opens and releases of dataset files answered outside the loop (fastpath), in the
-        order they came: their handles, a release's with fastpath.RELEASED set."""
+        order they came: their handles, a release's with RELEASED set."""
         for e in events.tolist():
             if e >= RELEASED:
                 self.release(e - RELEASED)

@@ -8,20 +8,17 @@ dataset handle, and every ioctl (ENOTTY, as the ioctl patch does); it hands ever
 request to pyfuse3's request loop unchanged. The opens and releases it answered reach the
 core as events, in order and in batches (`Core.answered`): from 256 of them (128 samples)
 or 20 ms after the first. Before each request the loop handles, the events before it are
-applied (fs.Operations), so the
-accounting sees opens, releases and order changes in the order the kernel sent them.
+applied (fs.Operations), so the accounting sees opens, releases and order changes in the
+order the kernel sent them. A request the loop answers costs one thread hand-off more than
+without the fast path (docs/HOTPATH.md, "The fast path"); `--no-fast-path` turns it off.
 """
 from __future__ import annotations
-
-import logging
 
 import numpy as np
 import pyfuse3
 import trio
 
 from .control import FH_BASE
-
-log = logging.getLogger("fusefs")
 
 BATCH = 256         # events that wake the loop ...
 DELAY_US = 20_000   # ... or this long after the first of them (each wake-up of the loop

@@ -148,7 +148,10 @@ def _start_fast_path(core: Core, ops: Operations) -> fastpath.FastPath | None:
                     "opens and releases are answered in Python")
         return None
     fast = fastpath.FastPath(core.answered)
-    fast.start(**core.fast_path_args())
+    try:
+        fast.start(**core.fast_path_args())
+    except OSError as e:
+        raise MountError(f"the fast path did not start ({e}); --no-fast-path mounts without it") from None
     ops.catch_up = fast.catch_up
     core.stats.fast_path_requests = fast.requests
     return fast
