@@ -174,10 +174,10 @@ class Hog(nn.Module):
 
 
 def test_a_cpu_replica_that_slows_training_is_switched_off_by_the_probe():
-    # three windows each way (the median of three ignores one window timed far off), each
+    # five windows each way (the median of five ignores two windows timed far off), each
     # "off" window timed once the replica's batch is done; on a loaded machine that wait
     # takes more of the epochs' 8 batches, so the probe gets up to 20 epochs to decide
-    ht = slow_cpu_trainer(Hog(0.02), probe_windows=6, probe_batches=3)
+    ht = slow_cpu_trainer(Hog(0.02), probe_windows=10, probe_batches=3)
     ht.gain = 0.5  # as if calibration had found it worth a third of the work
     for _ in range(20):
         ht.train_epoch()
