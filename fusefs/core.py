@@ -305,10 +305,10 @@ class Core:
         return {"file_base": self.file_base, "n_files": self.index.n_files, "sid_bits": SID_BITS,
                 "serial": self._serial, "serial_wrap": SERIAL_WRAP, "write_flags": WRITE_FLAGS}
 
-    def answered(self, events: np.ndarray) -> None:
+    def answered(self, events) -> None:
         """Opens and releases of dataset files answered outside the loop (fastpath), in the
         order they came: their handles, a release's with RELEASED set."""
-        for e in events.tolist():
+        for e in events:
             if e >= RELEASED:
                 self.release(e - RELEASED)
             else:

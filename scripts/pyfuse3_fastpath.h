@@ -62,8 +62,8 @@ static struct {
     int ev_signalled;
     struct timespec ev_first;
     long delay_ns;
-    /* counts (read under lock) */
-    unsigned long long opens, releases, ioctls, forwarded;
+    /* requests answered here (atomic) */
+    unsigned long long opens, releases, ioctls;
 } fusefs_fast = {0, -1, -1, -1, -1, 0, PTHREAD_MUTEX_INITIALIZER};
 
 static void fusefs_kick(int fd) {
@@ -130,15 +130,14 @@ static void fusefs_event(uint64_t e) {
 /* a request for pyfuse3's loop */
 static void fusefs_forward(const char *data, size_t len) {
     fusefs_req *r = (fusefs_req *) malloc(sizeof *r + len);
-    pthread_mutex_lock(&fusefs_fast.lock);
     if (r == NULL) {  /* the kernel waits for an answer: tell it */
-        pthread_mutex_unlock(&fusefs_fast.lock);
         fusefs_reply(((const struct fuse_in_header *) data)->unique, ENOMEM, NULL, 0);
         return;
     }
     r->next = NULL;
     r->len = len;
     memcpy(r->data, data, len);
+    pthread_mutex_lock(&fusefs_fast.lock);
     if (fusefs_fast.tail)
         fusefs_fast.tail->next = r;
     else {
@@ -146,7 +145,6 @@ static void fusefs_forward(const char *data, size_t len) {
         fusefs_kick(fusefs_fast.fwd_fd);
     }
     fusefs_fast.tail = r;
-    fusefs_fast.forwarded++;
     pthread_mutex_unlock(&fusefs_fast.lock);
 }
 
@@ -261,7 +259,7 @@ static int fusefs_fast_start(int fd, uint64_t file_base, uint64_t n_files, uint6
     fusefs_fast.batch = batch ? batch : 1;
     fusefs_fast.delay_ns = delay_us * 1000L;
     fusefs_fast.ended = fusefs_fast.err = fusefs_fast.stop = 0;
-    fusefs_fast.opens = fusefs_fast.releases = fusefs_fast.ioctls = fusefs_fast.forwarded = 0;
+    fusefs_fast.opens = fusefs_fast.releases = fusefs_fast.ioctls = 0;
     if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0)  /* (the thread reads first) */
         return errno;
     fusefs_fast.fwd_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -360,14 +358,11 @@ static int fusefs_fast_event_fd(void) {
     return fusefs_fast.running ? fusefs_fast.ev_fd : -1;
 }
 
-/* The requests answered here and handed on, since the start. */
-static void fusefs_fast_counts(unsigned long long out[4]) {
+/* The requests answered here since the start: opens, releases, ioctls. */
+static void fusefs_fast_counts(unsigned long long out[3]) {
     out[0] = __atomic_load_n(&fusefs_fast.opens, __ATOMIC_RELAXED);
     out[1] = __atomic_load_n(&fusefs_fast.releases, __ATOMIC_RELAXED);
     out[2] = __atomic_load_n(&fusefs_fast.ioctls, __ATOMIC_RELAXED);
-    pthread_mutex_lock(&fusefs_fast.lock);
-    out[3] = fusefs_fast.forwarded;
-    pthread_mutex_unlock(&fusefs_fast.lock);
 }
 
 /* The waiting events, taken (their number in *n; free() the array). */

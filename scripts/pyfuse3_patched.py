@@ -322,10 +322,10 @@ def fast_path_events():
 
 
 def fast_path_counts():
-    """Requests the fast path answered (open, release, ioctl) and handed to the loop."""
-    cdef unsigned long long c[4]
+    """Requests the fast path's thread answered, by type (open, release, ioctl)."""
+    cdef unsigned long long c[3]
     fusefs_fast_counts(c)
-    return {'open': c[0], 'release': c[1], 'ioctl': c[2], 'forwarded': c[3]}
+    return {'open': c[0], 'release': c[1], 'ioctl': c[2]}
 
 
 '''
@@ -377,7 +377,9 @@ PATCHES = {
     "fast": ("internal.pxi", patch_fast_loop, "FAST_PATH",
              "a thread in C answers the dataset files' open, ioctl and release: fast_path_start()"),
 }
-EXTRA = {"fast": (("__init__.pyx", patch_fast_init),)}  # (other files a patch changes)
+# other files a patch changes (a file it adds gets its change of "")
+EXTRA = {"fast": (("__init__.pyx", patch_fast_init),
+                  ("fusefs_fastpath.h", lambda _: FAST_HEADER.read_text()))}
 
 
 def main() -> None:
@@ -402,9 +404,7 @@ def main() -> None:
         for name in patches:
             file, patch, mark, why = PATCHES[name]
             for f, change in ((file, patch), *EXTRA.get(name, ())):
-                (src / f).write_text(change((src / f).read_text()))
-            if name == "fast":
-                (src / "fusefs_fastpath.h").write_text(FAST_HEADER.read_text())
+                (src / f).write_text(change((src / f).read_text() if (src / f).exists() else ""))
             value = repr(fast_path_version()) if name == "fast" else "True"
             marks.append(f"\n# fusefs: {why}\n{mark} = {value}\n")
         init = src / "__init__.pyx"

@@ -263,8 +263,6 @@ def test_opens_and_releases_answered_on_the_fast_path_count_as_the_loops_do(tric
     (handles, a release's with RELEASED set, fastpath.py): applied in order, they leave the
     statistics and the order's cursor as opening and releasing through the core does, and
     the thread's handles continue the core's serials."""
-    import numpy as np
-
     from fusefs import order as orderfmt
     from fusefs.core import RELEASED, SID_BITS
     src, dst, files = tricky
@@ -285,7 +283,7 @@ def test_opens_and_releases_answered_on_the_fast_path_count_as_the_loops_do(tric
         looped.release(looped.open(looped.file_base + sid, os.O_RDONLY).fh)
     looped.open(looped.file_base + order[4], os.O_RDONLY)
     serial = (serial + 1) % args["serial_wrap"]
-    fast.answered(np.array(events + [(serial << SID_BITS) | order[4]], dtype=np.uint64))
+    fast.answered(events + [(serial << SID_BITS) | order[4]])
     for name in ("opens", "releases", "opens_pushed", "open_handles"):
         assert fast.statistics()[name] == looped.statistics()[name], name
     assert fast.plans[0].cursor == looped.plans[0].cursor == 4
