@@ -40,6 +40,9 @@
    costs the Python loop nothing. Mark: `pyfuse3.FAST_PATH`.
 
     .venv/bin/python scripts/pyfuse3_patched.py        # (scripts/setup.sh runs it)
+    .venv/bin/python scripts/pyfuse3_patched.py --check
+        (exit 0 if this Python's pyfuse3 has every patch, as built from this script and
+        header now; scripts/setup.sh builds only when it does not)
     .venv/bin/python scripts/pyfuse3_patched.py --patches inode --target DIR
         (a build with some patches into DIR, e.g. for bench_hotpath.py --against-pyfuse3 DIR)
 """
@@ -341,6 +344,21 @@ def fast_path_version() -> str:
     return hashlib.sha256(FAST_HEADER.read_bytes()).hexdigest()[:16]
 
 
+def marks(patches) -> dict:
+    """The marks a build with these patches sets on the module, and their values."""
+    return {PATCHES[name][2]: fast_path_version() if name == "fast" else True for name in patches}
+
+
+def installed(patches, target: str | None = None) -> bool:
+    """Whether the pyfuse3 that Python imports (from `target` first, if given) carries every
+    mark of these patches with its value: a build from an older header is not."""
+    code = (f"import pyfuse3, sys; sys.exit(any(getattr(pyfuse3, m, None) != v "
+            f"for m, v in {marks(patches)!r}.items()))")
+    env = dict(os.environ, PYTHONPATH=target) if target else None
+    return subprocess.run([sys.executable, "-c", code], env=env, check=False,
+                          stderr=subprocess.DEVNULL).returncode == 0
+
+
 def patch_fast_loop(text: str) -> str:
     """internal.pxi's text with the fast path declared, and the request loop taking its
     requests from it (libfuse's receive and the FUSE fd while its thread does not run)."""
@@ -387,10 +405,15 @@ def main() -> None:
     p.add_argument("--patches", default=",".join(PATCHES),
                    help=f"which patches (default {','.join(PATCHES)})")
     p.add_argument("--target", help="install into this folder instead of the running Python")
+    p.add_argument("--check", action="store_true",
+                   help="build nothing: exit 0 if pyfuse3 has the patches, 1 if not")
     a = p.parse_args()
     patches = [x for x in a.patches.split(",") if x]
     if set(patches) - set(PATCHES):
         raise SystemExit(f"unknown patch in {a.patches!r}: choose from {','.join(PATCHES)}")
+    if a.check:
+        raise SystemExit(0 if installed(patches, a.target) else 1)
+    want = marks(patches)
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
                         "--no-binary", ":all:", f"pyfuse3=={VERSION}", "-d", tmp], check=True)
@@ -400,23 +423,19 @@ def main() -> None:
             else:
                 tar.extractall(tmp)
         src = pathlib.Path(tmp, f"pyfuse3-{VERSION}", "src", "pyfuse3")
-        marks = []
+        lines = []
         for name in patches:
             file, patch, mark, why = PATCHES[name]
             for f, change in ((file, patch), *EXTRA.get(name, ())):
                 (src / f).write_text(change((src / f).read_text() if (src / f).exists() else ""))
-            value = repr(fast_path_version()) if name == "fast" else "True"
-            marks.append(f"\n# fusefs: {why}\n{mark} = {value}\n")
+            lines.append(f"\n# fusefs: {why}\n{mark} = {want[mark]!r}\n")
         init = src / "__init__.pyx"
-        init.write_text(init.read_text() + "".join(marks))
+        init.write_text(init.read_text() + "".join(lines))
         (src / "__init__.c").unlink(missing_ok=True)  # generated from the .pyx: regenerate
         where = ["--target", a.target, "--upgrade"] if a.target else ["--force-reinstall"]
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", *where, "--no-deps",
                         str(src.parent.parent)], check=True)
-    marks = [PATCHES[x][2] for x in patches]
-    check = f"import pyfuse3, sys; sys.exit(not all(getattr(pyfuse3, m, False) for m in {marks!r}))"
-    env = dict(os.environ, PYTHONPATH=a.target) if a.target else None
-    if subprocess.run([sys.executable, "-c", check], env=env).returncode:
+    if not installed(patches, a.target):
         raise SystemExit("pyfuse3 was installed without the patches")
     print(f"pyfuse3 {VERSION} installed with the patches: {', '.join(patches) or 'none'}"
           + (f" (in {a.target})" if a.target else ""))

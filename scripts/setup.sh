@@ -46,8 +46,8 @@ fi
 # (many page cache pushes with one GIL hand-off), ioctl requests counted, and the loop
 # starting a task only when every other is inside a handler; and a sixth: the fast path, a
 # thread in C answering the dataset files' open, ioctl and release (its mark is a hash of
-# scripts/pyfuse3_fastpath.h: a changed header rebuilds)
-if ! .venv/bin/python -c 'import hashlib, sys, pyfuse3; sys.exit(not all(getattr(pyfuse3, m, False) for m in ("INODE_WITHOUT_OPEN", "REQUESTS_WITHOUT_WAIT", "STORE_MANY", "IOCTL_COUNTED", "TASKS_WHEN_ALL_BUSY")) or getattr(pyfuse3, "FAST_PATH", None) != hashlib.sha256(open("scripts/pyfuse3_fastpath.h", "rb").read()).hexdigest()[:16])'; then
+# scripts/pyfuse3_fastpath.h: a changed header rebuilds; --check compares the marks)
+if ! .venv/bin/python scripts/pyfuse3_patched.py --check; then
     echo "setup: building pyfuse3 with fusefs's patches"
     .venv/bin/python scripts/pyfuse3_patched.py
 fi

@@ -264,3 +264,25 @@ def test_the_venv_has_the_fast_path():
         pyfuse3.fast_path_start(2, 10, 1 << 62, 32, 0, 1 << 29, os.O_WRONLY)
     assert pyfuse3.fast_path_events() == b""
     assert set(pyfuse3.fast_path_counts()) == {"open", "release", "ioctl"}
+
+
+def test_check_accepts_only_a_build_of_the_current_patches_and_header(tmp_path):
+    """setup.sh builds pyfuse3 only when `pyfuse3_patched.py --check` fails: the venv's
+    build passes it; a pyfuse3 with a patch missing, or built from an older fast-path
+    header, does not (a stand-in module found first on the path)."""
+    everything = list(patched.PATCHES)
+    assert patched.installed(everything)
+    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "pyfuse3_patched.py"), "--check"], check=False)
+    assert r.returncode == 0
+    marks = patched.marks(everything)
+    assert marks["FAST_PATH"] == patched.fast_path_version() and marks["STORE_MANY"] is True
+    stale = dict(marks, FAST_PATH="0" * 16)
+    (tmp_path / "pyfuse3.py").write_text("".join(f"{m} = {v!r}\n" for m, v in stale.items()))
+    assert not patched.installed(everything, str(tmp_path))
+    assert patched.installed([p for p in everything if p != "fast"], str(tmp_path))
+    del stale["STORE_MANY"]
+    (tmp_path / "pyfuse3.py").write_text("".join(f"{m} = {v!r}\n" for m, v in stale.items()))
+    assert not patched.installed(["store"], str(tmp_path))
+    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "pyfuse3_patched.py"), "--check",
+                        "--patches", "store", "--target", str(tmp_path)], check=False)
+    assert r.returncode == 1
