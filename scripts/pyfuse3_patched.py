@@ -45,6 +45,9 @@
         header now; scripts/setup.sh builds only when it does not)
     .venv/bin/python scripts/pyfuse3_patched.py --patches inode --target DIR
         (a build with some patches into DIR, e.g. for bench_hotpath.py --against-pyfuse3 DIR)
+    .venv/bin/python scripts/pyfuse3_patched.py --emit .device
+        (the patched sources and their generated C, for a machine without Cython: the GPU
+        node, scripts/device.sh)
 """
 from __future__ import annotations
 
@@ -52,6 +55,7 @@ import argparse
 import hashlib
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -400,6 +404,51 @@ EXTRA = {"fast": (("__init__.pyx", patch_fast_init),
                   ("fusefs_fastpath.h", lambda _: FAST_HEADER.read_text()))}
 
 
+def patched_source(into: pathlib.Path, patches) -> pathlib.Path:
+    """Download pyfuse3's sdist into `into` and apply the patches to its sources; the
+    source tree (holding pyproject.toml), with the .pyx to be compiled again."""
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                    "--no-binary", ":all:", f"pyfuse3=={VERSION}", "-d", str(into)], check=True)
+    with tarfile.open(next(into.glob("pyfuse3-*.tar.gz"))) as tar:
+        if hasattr(tarfile, "data_filter"):  # (Python 3.11.4 and later)
+            tar.extractall(into, filter="data")
+        else:
+            tar.extractall(into)
+    src = into / f"pyfuse3-{VERSION}" / "src" / "pyfuse3"
+    want, lines = marks(patches), []
+    for name in patches:
+        file, patch, mark, why = PATCHES[name]
+        for f, change in ((file, patch), *EXTRA.get(name, ())):
+            (src / f).write_text(change((src / f).read_text() if (src / f).exists() else ""))
+        lines.append(f"\n# fusefs: {why}\n{mark} = {want[mark]!r}\n")
+    init = src / "__init__.pyx"
+    init.write_text(init.read_text() + "".join(lines))
+    (src / "__init__.c").unlink(missing_ok=True)  # generated from the .pyx: regenerate
+    return src.parent.parent
+
+
+def emit(out: pathlib.Path, patches) -> None:
+    """Write the patched sources with their C generated (by Cython, installed for this
+    into a temporary folder) to out/pyfuse3-VERSION: a machine without Cython or a
+    package index (the GPU node: scripts/device.sh) compiles src/pyfuse3/__init__.c with
+    gcc alone, as it does pyfuse3's own sdist."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        tree = patched_source(tmp / "sdist", patches)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target",
+                        str(tmp / "cython"), "Cython>=3"], check=True)
+        pyx = tree / "src" / "pyfuse3" / "__init__.pyx"
+        subprocess.run([sys.executable, "-m", "cython", "-3", "-I", str(tree / "Include"),
+                        str(pyx)], check=True, env=dict(os.environ, PYTHONPATH=str(tmp / "cython")))
+        dest = out / tree.name
+        if dest.exists():
+            shutil.rmtree(dest)
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(tree, dest)
+    print(f"pyfuse3 {VERSION} sources with the patches {', '.join(patches) or 'none'} and "
+          f"their C: {dest}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--patches", default=",".join(PATCHES),
@@ -407,34 +456,23 @@ def main() -> None:
     p.add_argument("--target", help="install into this folder instead of the running Python")
     p.add_argument("--check", action="store_true",
                    help="build nothing: exit 0 if pyfuse3 has the patches, 1 if not")
+    p.add_argument("--emit", metavar="DIR",
+                   help="install nothing: write the patched sources, with the C that Cython "
+                        "generates from them, to DIR/pyfuse3-VERSION (for scripts/device.sh)")
     a = p.parse_args()
     patches = [x for x in a.patches.split(",") if x]
     if set(patches) - set(PATCHES):
         raise SystemExit(f"unknown patch in {a.patches!r}: choose from {','.join(PATCHES)}")
     if a.check:
         raise SystemExit(0 if installed(patches, a.target) else 1)
-    want = marks(patches)
+    if a.emit:
+        emit(pathlib.Path(a.emit), patches)
+        return
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                        "--no-binary", ":all:", f"pyfuse3=={VERSION}", "-d", tmp], check=True)
-        with tarfile.open(next(pathlib.Path(tmp).glob("pyfuse3-*.tar.gz"))) as tar:
-            if hasattr(tarfile, "data_filter"):  # (Python 3.11.4 and later)
-                tar.extractall(tmp, filter="data")
-            else:
-                tar.extractall(tmp)
-        src = pathlib.Path(tmp, f"pyfuse3-{VERSION}", "src", "pyfuse3")
-        lines = []
-        for name in patches:
-            file, patch, mark, why = PATCHES[name]
-            for f, change in ((file, patch), *EXTRA.get(name, ())):
-                (src / f).write_text(change((src / f).read_text() if (src / f).exists() else ""))
-            lines.append(f"\n# fusefs: {why}\n{mark} = {want[mark]!r}\n")
-        init = src / "__init__.pyx"
-        init.write_text(init.read_text() + "".join(lines))
-        (src / "__init__.c").unlink(missing_ok=True)  # generated from the .pyx: regenerate
+        tree = patched_source(pathlib.Path(tmp), patches)
         where = ["--target", a.target, "--upgrade"] if a.target else ["--force-reinstall"]
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", *where, "--no-deps",
-                        str(src.parent.parent)], check=True)
+                        str(tree)], check=True)
     if not installed(patches, a.target):
         raise SystemExit("pyfuse3 was installed without the patches")
     print(f"pyfuse3 {VERSION} installed with the patches: {', '.join(patches) or 'none'}"

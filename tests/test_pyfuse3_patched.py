@@ -286,3 +286,24 @@ def test_check_accepts_only_a_build_of_the_current_patches_and_header(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "pyfuse3_patched.py"), "--check",
                         "--patches", "store", "--target", str(tmp_path)], check=False)
     assert r.returncode == 1
+
+
+def test_emitted_sources_build_with_gcc_alone_and_carry_every_patch(tmp_path):
+    """The GPU node has neither Cython nor a package index (scripts/device.sh): `--emit`
+    writes the patched sources with the C that Cython generates from them, and gcc alone
+    (device.sh's build-pyfuse3, as there) makes a module that carries every patch's mark
+    with its value."""
+    script = os.path.join(REPO, "scripts", "pyfuse3_patched.py")
+    subprocess.run([sys.executable, script, "--emit", str(tmp_path / "src")], check=True)
+    (src,) = (tmp_path / "src").glob("pyfuse3-*")
+    c = (src / "src" / "pyfuse3" / "__init__.c").read_text()
+    assert patched.fast_path_version() in c and "fusefs_fast_start" in c
+    env = dict(os.environ, OPT="-O0",  # (python3: this venv's, whose headers the build uses)
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    subprocess.run(["bash", os.path.join(REPO, "scripts", "device.sh"), "build-pyfuse3", str(src),
+                    str(tmp_path / "site")], check=True, env=env)
+    where = subprocess.run([sys.executable, "-c", "import pyfuse3; print(pyfuse3.__file__)"],
+                           env=dict(os.environ, PYTHONPATH=str(tmp_path / "site")),
+                           capture_output=True, text=True, check=True).stdout
+    assert where.startswith(str(tmp_path / "site"))  # (not the venv's own build)
+    assert patched.installed(list(patched.PATCHES), str(tmp_path / "site"))
