@@ -20,10 +20,15 @@ set -u
 # build_pyfuse3 SRC SITE: compile the patched sources SRC (.device/pyfuse3-*) into SITE/pyfuse3
 # with gcc alone, against the libfuse3 of $FUSE3_CFLAGS and $FUSE3_LIBS (default: pkg-config's),
 # optimised with ${OPT:--O2}; tests/test_pyfuse3_patched.py builds it here the same way
-build_pyfuse3() {
-    local src=$1 site=$2 inc suf
+# python3's headers and extension suffix: $inc, $suf
+python_build_vars() {
     inc=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])")
     suf=$(python3 -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+}
+
+build_pyfuse3() {
+    local src=$1 site=$2 inc suf
+    python_build_vars
     mkdir -p "$site/pyfuse3"
     cp "$src"/src/pyfuse3/*.py "$src"/src/pyfuse3/*.pyi "$src"/src/pyfuse3/py.typed "$site/pyfuse3/"
     gcc -shared -fPIC ${OPT:--O2} -DFUSE_USE_VERSION=32 -I"$inc" ${FUSE3_CFLAGS:-$(pkg-config --cflags fuse3)} \
@@ -48,8 +53,7 @@ setup)
     [ -d "$here/.device/debs" ] || { echo "device.sh: no .device (prepare it here, carry it there)"; return 1; }
     source "$here/.device/fusefs-on-device.sh" setup || return 1
     fx=/tmp/fx; lib=$fx/lib/x86_64-linux-gnu; site=/tmp/site-fusefs
-    inc=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])")
-    suf=$(python3 -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+    python_build_vars
     src=$(ls -d "$here"/.device/pyfuse3-*/ | head -1)
     if [ ! -f $site/.ready ] || [ "$src/src/pyfuse3/__init__.c" -nt $site/.ready ]; then
         FUSE3_CFLAGS="-I$fx/usr/include/fuse3" FUSE3_LIBS="-L$lib -l:libfuse3.so.3 -Wl,-rpath,$lib" \

@@ -42,7 +42,7 @@
     .venv/bin/python scripts/pyfuse3_patched.py        # (scripts/setup.sh runs it)
     .venv/bin/python scripts/pyfuse3_patched.py --check
         (exit 0 if this Python's pyfuse3 has every patch, as built from this script and
-        header now; scripts/setup.sh builds only when it does not)
+        header as they are now; scripts/setup.sh builds only when it does not)
     .venv/bin/python scripts/pyfuse3_patched.py --patches inode --target DIR
         (a build with some patches into DIR, e.g. for bench_hotpath.py --against-pyfuse3 DIR)
     .venv/bin/python scripts/pyfuse3_patched.py --emit .device
@@ -301,7 +301,7 @@ cdef extern from "fusefs_fastpath.h":
 
 
 def fast_path_start(file_base, n_files, fh_base, sid_bits, serial, serial_wrap, write_flags,
-                    batch=64, delay_us=2000):
+                    batch, delay_us):
     """Start the fast path's thread (after init(), before main()). It answers the open of
     inodes [file_base, file_base + n_files) without write_flags, the k-th with handle
     ((serial + k) % serial_wrap << sid_bits) | (inode - file_base) and keep_cache; the
@@ -343,9 +343,12 @@ FAST_CLOSE = "    if unmount:\n        log.debug('Calling fuse_session_unmount')
 
 
 def fast_path_version() -> str:
-    """The FAST_PATH mark: a hash of the C it was built from (scripts/setup.sh rebuilds
-    pyfuse3 when the header changed)."""
-    return hashlib.sha256(FAST_HEADER.read_bytes()).hexdigest()[:16]
+    """The FAST_PATH mark: a hash of what the build is made from, the fast path's C and this
+    script (its Cython half, FAST_DECLS, and the other patches are here): scripts/setup.sh
+    rebuilds pyfuse3 when either changed (--check)."""
+    h = hashlib.sha256(FAST_HEADER.read_bytes())
+    h.update(pathlib.Path(__file__).read_bytes())
+    return h.hexdigest()[:16]
 
 
 def marks(patches) -> dict:

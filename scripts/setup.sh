@@ -46,7 +46,8 @@ fi
 # (many page cache pushes with one GIL hand-off), ioctl requests counted, and the loop
 # starting a task only when every other is inside a handler; and a sixth: the fast path, a
 # thread in C answering the dataset files' open, ioctl and release (its mark is a hash of
-# scripts/pyfuse3_fastpath.h: a changed header rebuilds; --check compares the marks)
+# scripts/pyfuse3_fastpath.h and of pyfuse3_patched.py: a change to either rebuilds; --check
+# compares the marks)
 if ! .venv/bin/python scripts/pyfuse3_patched.py --check; then
     echo "setup: building pyfuse3 with fusefs's patches"
     .venv/bin/python scripts/pyfuse3_patched.py

@@ -223,9 +223,9 @@ def test_read_ahead_bytes_pushed_to_the_kernel_page_cache(tricky, tmp_path, mode
     """With --kernel-cache a sample read ahead is pushed to the kernel as it arrives (the
     tree was listed first, as ImageFolder does, so the kernel knows its inode): a reader of
     a sample the kernel holds then costs exactly one lookup of its name when the kernel
-    opens files, or an open and a release when the daemon does; no read, no flush, no
-    getattr (answered in C on the fast path's thread: none reaches the Python loop; or in
-    Python with --no-fast-path); and the next epoch reads nothing from the backend. The kernel may drop clean
+    opens files, or an open and a release when the daemon does (answered in C on the fast
+    path's thread, none of them by the Python loop; in Python with --no-fast-path); no read,
+    no flush, no getattr; and the next epoch reads nothing from the backend. The kernel may drop clean
     pages when memory is short (it did on a CI machine): a read reaches the daemon only for
     a sample whose pages mincore found gone just before it, and each such sample is counted
     as dropped once. Without --kernel-cache, every read reaches the daemon (and makes the

@@ -259,9 +259,11 @@ def test_the_fast_path_takes_the_loops_requests_and_ends_with_the_session():
 
 
 def test_the_venv_has_the_fast_path():
-    assert pyfuse3.FAST_PATH == patched.fast_path_version()  # (built from this header)
+    from fusefs import fastpath
+    assert pyfuse3.FAST_PATH == patched.fast_path_version()  # (built from this header and script)
     with pytest.raises(RuntimeError, match="init"):  # (no session in this process)
-        pyfuse3.fast_path_start(2, 10, 1 << 62, 32, 0, 1 << 29, os.O_WRONLY)
+        pyfuse3.fast_path_start(2, 10, 1 << 62, 32, 0, 1 << 29, os.O_WRONLY, fastpath.BATCH,
+                                fastpath.DELAY_US)
     assert pyfuse3.fast_path_events() == b""
     assert set(pyfuse3.fast_path_counts()) == {"open", "release", "ioctl"}
 
