@@ -7,13 +7,16 @@
  * each sample's own bytes object, gaps into a scratch buffer) and their xxh3-64 checks
  * run in one stretch without it.
  *
- * read_verified(reads) -> list
+ * read_verified(reads, least=-1, budget_us=0) -> list
  *   reads: a list of (fd, offset, length, members), members a list of
  *          (relative offset, size, checksum) within length, those that are not empty in
  *          increasing relative offset and not overlapping.
- *   For each read: an int errno if the read failed, else (bytes read, entries) with one
- *   entry per member: its bytes if they match the checksum, else an int: -1 for a checksum
- *   mismatch, or the number of its bytes the file held (a short read).
+ *   The reads are made in order, each checked as soon as it is read (its bytes are still
+ *   in the CPU's caches). After `least` of them (-1: all), the call returns once it has
+ *   taken budget_us microseconds: the result lists the reads made, a prefix of reads.
+ *   For each read made: an int errno if the read failed, else (bytes read, entries) with
+ *   one entry per member: its bytes if they match the checksum, else an int: -1 for a
+ *   checksum mismatch, or the number of its bytes the file held (a short read).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -23,6 +26,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/uio.h>
+#include <time.h>
 
 /* Debian's libxxhash picks the fastest XXH3 for the CPU at run time (AVX2, SSE2, ...): the
  * same function as the checksums that `fusefs pack` writes with python-xxhash. */
@@ -95,8 +99,33 @@ static void free_reads(read_t *reads, Py_ssize_t n) {
     free(reads);
 }
 
-static PyObject *read_verified(PyObject *self, PyObject *arg) {
+static long long now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000 + t.tv_nsec / 1000;
+}
+
+/* Check r's members against their checksums (m->buf = NULL on a mismatch). Without the
+ * GIL. */
+static void verify(read_t *r) {
+    if (r->error)
+        return;
+    for (Py_ssize_t j = 0; j < r->n; j++) {
+        member_t *m = &r->members[j];
+        if (m->rel + m->size > r->got)
+            continue; /* short: reported by the caller */
+        if (XXH3_64bits_dispatch(m->buf, (size_t)m->size) != m->sum)
+            m->buf = NULL;
+    }
+}
+
+static PyObject *read_verified(PyObject *self, PyObject *args) {
     (void)self;
+    PyObject *arg;
+    Py_ssize_t least = -1;
+    long long budget_us = 0;
+    if (!PyArg_ParseTuple(args, "O|nL:read_verified", &arg, &least, &budget_us))
+        return NULL;
     PyObject *list = PySequence_Fast(arg, "read_verified: reads must be a list");
     if (list == NULL)
         return NULL;
@@ -159,28 +188,23 @@ static PyObject *read_verified(PyObject *self, PyObject *arg) {
         goto done;
     }
 
+    Py_ssize_t made = 0;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < nreads; i++)
-        do_read(&reads[i], scratch);
-    for (Py_ssize_t i = 0; i < nreads; i++) {
-        read_t *r = &reads[i];
-        if (r->error)
-            continue;
-        for (Py_ssize_t j = 0; j < r->n; j++) {
-            member_t *m = &r->members[j];
-            if (m->rel + m->size > r->got)
-                continue; /* short: reported below */
-            if (XXH3_64bits_dispatch(m->buf, (size_t)m->size) != m->sum)
-                m->buf = NULL; /* a mismatch: reported below */
-        }
+    long long start = now_us();
+    while (made < nreads) {
+        do_read(&reads[made], scratch);
+        verify(&reads[made]);
+        made++;
+        if (least >= 0 && made >= least && now_us() - start >= budget_us)
+            break;
     }
     Py_END_ALLOW_THREADS
 
-    out = PyList_New(nreads);
+    out = PyList_New(made);
     if (out == NULL)
         goto done;
     Py_ssize_t k = 0; /* position in bufs */
-    for (Py_ssize_t i = 0; i < nreads; i++) {
+    for (Py_ssize_t i = 0; i < made; i++) {
         read_t *r = &reads[i];
         PyObject *item;
         if (r->error) {
@@ -263,8 +287,9 @@ static PyObject *willneed(PyObject *self, PyObject *arg) {
 static PyMethodDef methods[] = {
     {"willneed", willneed, METH_O,
      "willneed(reads): posix_fadvise WILLNEED each (fd, offset, length) without the GIL."},
-    {"read_verified", read_verified, METH_O,
-     "read_verified(reads) -> list: a batch's reads and checksums without the GIL (see the "
+    {"read_verified", read_verified, METH_VARARGS,
+     "read_verified(reads, least=-1, budget_us=0) -> list: a batch's reads and checksums "
+     "without the GIL, all of them or from `least` on until budget_us has passed (see the "
      "module's source)."},
     {NULL, NULL, 0, NULL},
 };

@@ -207,7 +207,8 @@ class Fetcher:
             while todo:
                 try:
                     results, local = await trio.to_thread.run_sync(
-                        self._read, todo, on_read, limiter=self.limiters[node])
+                        self._read, todo, on_read, unpushed is not None,
+                        limiter=self.limiters[node])
                 except Exception as e:  # a bug, not a backend error (read_batch returns those)
                     log.exception("fetch of %d samples from node %s failed", len(todo),
                                   self.node_names[node])
@@ -240,15 +241,17 @@ class Fetcher:
             for sid in list(pendings):
                 finish(sid, FetchCancelled())
 
-    def _read(self, sids: list[int], on_read):
+    def _read(self, sids: list[int], on_read, waited: bool):
         """(results, sids served by the local tier); blocking. on_read(results, reads, bytes)
         after each group of backend reads (ChunkStore.read_batch), and once with what the
-        local tier held (local=True)."""
+        local tier held (local=True). waited: a reader waits for the first sample (its
+        read is handed on alone)."""
         got = self.local.read_many(sids) if self.local is not None else {}
         if got:
             on_read(got, local=True)
         rest = [s for s in sids if s not in got]
-        results = self.store.read_batch(rest, self.max_gap, on_read)[0] if rest else {}
+        results = (self.store.read_batch(rest, self.max_gap, on_read, first_alone=waited)[0]
+                   if rest else {})
         results.update(got)
         return results, got.keys()
 

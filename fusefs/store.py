@@ -9,6 +9,7 @@ import logging
 import os
 import resource
 import threading
+import time
 
 import numpy as np
 
@@ -22,6 +23,10 @@ except ImportError:  # pragma: no cover (scripts/setup.sh requires them)
     _fetchio = None
 
 log = logging.getLogger("fusefs.store")
+
+# A group of a batch's reads (ChunkStore.read_batch) goes on past its least reads while it
+# has taken less than this: fast reads then come in one or two groups a batch.
+GROUP_S = 0.001
 
 
 class StoreError(UserError):
@@ -161,9 +166,17 @@ class ChunkStore:
         reads.sort(key=lambda r: min(first[s] for s in r[3]))
         return reads
 
-    def read_batch(self, sids, max_gap: int = 256 << 10, on_read=None) -> tuple[dict, int, int]:
+    def read_batch(self, sids, max_gap: int = 256 << 10, on_read=None, *,
+                   first_alone: bool = False, group_s: float = GROUP_S) -> tuple[dict, int, int]:
         """Read several samples with as few reads as the layout allows, in the order of
-        sids (see coalesce), in groups of 1, 1, 2, 4, 8, ... reads (see _groups).
+        sids (see coalesce), in groups: each group is one call without the GIL and one
+        hand-on of its results (on_read), so groups cost CPU per sample, and each makes
+        its reader wait for the group's last read. A group makes at least 1, 1, 2, 4, 8,
+        ... reads (the i-th read of a batch reaches its reader after at most about 2i
+        reads) and goes on while it has taken less than group_s: reads that take longer
+        (a remote node's round trip) come in those minimal groups, fast ones (the page
+        cache, a local disk) in one or two groups a batch. first_alone: the first read is a
+        group of its own (a reader waits for its sample).
 
         Returns ({sid: bytes or the exception for that sample}, reads made, bytes read).
         A failed read fails only the samples in it; a corrupt sample fails alone.
@@ -175,8 +188,11 @@ class ChunkStore:
         if self.willneed:
             self.advise(reads[1:])
         read_group = self._read_native if self.native else self._read_python
-        for group in _groups(reads):
-            got, n, b = read_group(group)
+        done = 0
+        while done < len(reads):
+            budget = 0.0 if first_alone and done == 0 else group_s
+            got, n, b, made = read_group(reads[done:], max(1, done), budget)
+            done += made
             nreads += n
             nbytes += b
             out.update(got)
@@ -184,11 +200,15 @@ class ChunkStore:
                 on_read(got, n, b)
         return out, nreads, nbytes
 
-    def _read_python(self, reads) -> tuple[dict, int, int]:
-        """(results, reads made, bytes read) of reads [(chunk, offset, length, sids)]."""
+    def _read_python(self, reads, least: int, budget_s: float) -> tuple[dict, int, int, int]:
+        """(results, reads made, bytes read, reads done) of reads [(chunk, offset, length,
+        sids)]: the first `least`, then more until budget_s has passed."""
         got, nreads, nbytes = {}, 0, 0
         ix = self.index
-        for k, off, length, members in reads:
+        start = time.perf_counter()
+        for i, (k, off, length, members) in enumerate(reads):
+            if i >= least and time.perf_counter() - start >= budget_s:
+                return got, nreads, nbytes, i
             try:
                 raw = self.read_range(k, off, length)
             except OSError as e:
@@ -208,29 +228,36 @@ class ChunkStore:
                     got[sid] = self.verify(sid, data)
                 except CorruptSample as e:
                     got[sid] = e
-        return got, nreads, nbytes
+        return got, nreads, nbytes, len(reads)
 
-    def _read_native(self, reads) -> tuple[dict, int, int]:
+    def _read_native(self, reads, least: int, budget_s: float) -> tuple[dict, int, int, int]:
         """As _read_python, with the reads and checksums in fusefs._fetchio: one stretch
         without the GIL, each sample read straight into its own bytes."""
         ix = self.index
         got, nreads, nbytes = {}, 0, 0
-        todo = []  # (chunk, offset, length, sids, handle)
-        for k, off, length, members in reads:
+        todo = []  # (position in reads, chunk, offset, length, sids, handle)
+        failed = []  # (position, sids, error): chunks that would not open
+        for i, (k, off, length, members) in enumerate(reads):
             try:
-                todo.append((k, off, length, members, self._acquire(k)))
+                todo.append((i, k, off, length, members, self._acquire(k)))
             except OSError as e:
-                got.update(dict.fromkeys(members, e))
+                failed.append((i, members, e))
         results = []
         try:
             results = _fetchio.read_verified([
                 (h.fd, off, length, [(int(ix.offset[s]) - off, int(ix.size[s]), int(ix.checksum[s]))
                                      for s in members])
-                for k, off, length, members, h in todo])
+                for _, k, off, length, members, h in todo],
+                sum(1 for t in todo if t[0] < least), int(budget_s * 1e6))
         finally:
-            for i, (k, _, _, _, h) in enumerate(todo):
-                self._release(k, h, i >= len(results) or type(results[i]) is int)
-        for (k, off, length, members, _), r in zip(todo, results):
+            for i, (_, k, _, _, _, h) in enumerate(todo):
+                self._release(k, h, i < len(results) and type(results[i]) is int)
+        # the reads done: up to the last one made (all, if every one was made)
+        done = len(reads) if len(results) == len(todo) else todo[len(results) - 1][0] + 1
+        for i, members, e in failed:
+            if i < done:
+                got.update(dict.fromkeys(members, e))
+        for (_, k, off, length, members, _), r in zip(todo, results):
             if type(r) is int:  # the read failed: errno
                 e = OSError(r, os.strerror(r))
                 got.update(dict.fromkeys(members, e))
@@ -240,7 +267,7 @@ class ChunkStore:
             nbytes += nread
             for sid, v in zip(members, r):  # (v: bytes, -1: a mismatch, or the bytes held)
                 got[sid] = v if type(v) is bytes else self.corrupt(sid, None if v < 0 else v)
-        return got, nreads, nbytes
+        return got, nreads, nbytes, done
 
     def advise(self, reads) -> None:
         """posix_fadvise WILLNEED for each (chunk, offset, length, ...) of reads (natively:
@@ -278,17 +305,6 @@ class ChunkStore:
             for h in self._fds.values():
                 os.close(h.fd)
             self._fds.clear()
-
-
-def _groups(reads):
-    """reads in groups of 1, 1, 2, 4, 8, ...: each group is one call and one delivery to
-    the event loop (as few GIL hand-offs as a batch allows), and the sample of a batch's
-    i-th read still reaches its reader after at most about 2i reads, not the whole batch's."""
-    i = 0
-    while i < len(reads):
-        size = max(1, i)
-        yield reads[i:i + size]
-        i += size
 
 
 class _OpenChunk:

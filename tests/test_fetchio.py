@@ -1,7 +1,8 @@
 """The compiled fetch reads (fusefs/_fetchio.c; ChunkStore(native=True), the default where
 it is built) give what the reads in Python give: the same bytes, and the same errors for a
 corrupt sample, a short chunk and a failing read. And read_batch hands results on in
-groups of 1, 1, 2, 4... reads; a group of pushes goes to the kernel in one call."""
+groups of at least 1, 1, 2, 4... reads that go on within a time budget; a group of pushes
+goes to the kernel in one call."""
 import errno
 import os
 import shutil
@@ -11,7 +12,7 @@ import pytest
 
 from fusefs import store as storemod
 from fusefs.index import INDEX_NAME, Index
-from fusefs.store import ChunkStore, CorruptSample, StoreError, _groups
+from fusefs.store import ChunkStore, CorruptSample, StoreError
 
 from conftest import corrupt_sample
 
@@ -42,15 +43,17 @@ def test_the_compiled_reads_are_built_and_used(tricky):
 
 
 @pytest.mark.parametrize("max_gap", [0, 256 << 10])
-def test_native_and_python_reads_agree(tricky, max_gap):
+@pytest.mark.parametrize("group_s", [0, 3600])
+def test_native_and_python_reads_agree(tricky, max_gap, group_s):
     """Random batches of the tricky set (empty files, 1 byte to 300 KB, coalesced reads of
-    neighbours with max_gap): the same bytes, reads and bytes read, and the same groups."""
+    neighbours with max_gap): the same bytes, reads and bytes read, and the same groups
+    (the least ones with no time budget, one group with a budget no batch uses up)."""
     src, dst, files = tricky
     ix = Index.load(os.path.join(dst, INDEX_NAME))
     rng = np.random.default_rng(0)
     for _ in range(40):
         sids = rng.choice(ix.n_files, size=int(rng.integers(1, ix.n_files)), replace=False).tolist()
-        (a, na, ba, ca), (b, nb, bb, cb) = both(dst, ix, sids, max_gap=max_gap)
+        (a, na, ba, ca), (b, nb, bb, cb) = both(dst, ix, sids, max_gap=max_gap, group_s=group_s)
         for s in sids:
             assert a[s] == b[s] == files[os.fsdecode(ix.file_path(s))]
             assert type(a[s]) is bytes
@@ -95,11 +98,47 @@ def test_a_short_chunk_and_a_failing_read_give_the_same_errors(tricky, tmp_path)
     assert na == nb == 0
 
 
-def test_reads_are_handed_on_in_groups_of_1_1_2_4():
-    assert [len(g) for g in _groups(list(range(16)))] == [1, 1, 2, 4, 8]
-    assert [len(g) for g in _groups(list(range(5)))] == [1, 1, 2, 1]
-    assert list(_groups([])) == []
-    assert sum(_groups(list(range(40))), []) == list(range(40))
+@pytest.mark.parametrize("native", [True, False])
+def test_groups_make_their_least_reads_and_go_on_within_their_budget(tricky, native):
+    """A batch of 16 reads: with a budget no read uses up, in one group, or two when a
+    reader waits for the first; with reads slower than the budget (of the 16 largest
+    samples, 1 us), in groups of the least 1, 1, 2, 4, 8 reads."""
+    _, dst, files = tricky
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    store = ChunkStore(dst, ix, native=native, willneed=False)
+    sids = []
+    for s in sorted(range(ix.n_files), key=lambda s: -int(ix.size[s])):
+        if len(sids) < 16 and len(store.coalesce(sids + [s], 0)) == len(sids) + 1:
+            sids.append(s)  # (not read along with one taken before)
+    assert len(sids) == 16 and int(ix.size[sids[-1]]) >= 10_000
+
+    def groups(**kw):
+        calls = []
+        got = store.read_batch(sids, 0, lambda got, n, b: calls.append(n), **kw)[0]
+        assert all(got[s] == files[os.fsdecode(ix.file_path(s))] for s in sids)
+        return calls
+    assert groups(group_s=3600) == [16]
+    assert groups(group_s=3600, first_alone=True) == [1, 15]
+    assert groups(group_s=1e-6) == groups(group_s=0) == [1, 1, 2, 4, 8]
+    assert groups(group_s=0, first_alone=True) == [1, 1, 2, 4, 8]
+
+
+def test_the_compiled_reads_stop_after_least_once_the_budget_is_spent(tricky):
+    from fusefs import _fetchio
+    _, dst, files = tricky
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    s = max(range(ix.n_files), key=lambda s: int(ix.size[s]))
+    fd = os.open(os.path.join(dst, ix.chunks[int(ix.chunk[s])].path), os.O_RDONLY)
+    try:
+        one = (fd, int(ix.offset[s]), int(ix.size[s]), [(0, int(ix.size[s]), int(ix.checksum[s]))])
+        want = files[os.fsdecode(ix.file_path(s))]
+        assert _fetchio.read_verified([one] * 5) == [(len(want), [want])] * 5
+        assert len(_fetchio.read_verified([one] * 5, 2)) == 2  # (budget 0)
+        assert len(_fetchio.read_verified([one] * 5, 0)) == 1  # at least one read
+        assert len(_fetchio.read_verified([one] * 5, 2, 3600 * 10**6)) == 5
+        assert len(_fetchio.read_verified([one] * 5, 9, 0)) == 5
+    finally:
+        os.close(fd)
 
 
 def test_bad_arguments_are_refused(tricky):

@@ -96,8 +96,11 @@ def test_the_accelerator_never_waits_for_the_cpu_replica():
     assert ht.iteration == 7 and ht.merges == 0  # merges asked for wait for the CPU's offer
     gate.opened.set()
     second = ht.train_epoch()
-    assert second["samples_cpu"] >= 32 and ht.merges >= 1
     assert second["samples_cpu"] + second["samples_accel"] + first["samples"] <= 512
+    # (when the released batch ends, in the second epoch or after it, is the scheduler's
+    # choice: on a loaded machine the accelerator's 7 steps may all come first)
+    ht.finish()
+    assert ht.samples["cpu"] >= 32 and ht.merges >= 1
     ht.close()
     for (n1, t1), (n2, t2) in zip(ht.nc.state_dict().items(), ht.ng.state_dict().items()):
         assert torch.equal(t1, t2), n1  # close() merged the CPU's last batch

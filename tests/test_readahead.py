@@ -244,7 +244,7 @@ class SlowStore(ChunkStore):
 @pytest.mark.parametrize("runs", [1, 2])
 def test_each_sample_reaches_its_reader_when_its_own_read_is_done(three_nodes, runs):
     """A batch reads its samples in the order's order and delivers them in groups of 1, 1,
-    2, 4, ... reads (ChunkStore.read_batch): the reader of a node's i-th sample has it
+    2, 4, ... reads (ChunkStore.read_batch; reads of 50 ms each use up GROUP_S): the reader of a node's i-th sample has it
     after at most about 2i reads on that node, the first two after one and two reads, not
     after the whole batch of k (one request at a time per node here). Also in a second
     trio run of the same core (the results' inbox belongs to the run: one bound to a
@@ -342,13 +342,14 @@ def test_a_node_with_all_the_work_borrows_the_idle_nodes_slots(three_nodes):
 class PositionStore(ChunkStore):
     """Records when each sample reached the event loop within its request: 0 with the
     request's first read, 1 with its second, 2 with its third and fourth... (a request
-    reads one after the other and delivers groups of 1, 1, 2, 4... reads)."""
+    reads one after the other and delivers groups of 1, 1, 2, 4... reads: without a time
+    budget, as when every read takes longer than ChunkStore's GROUP_S)."""
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
         self.position = {}
 
-    def read_batch(self, sids, max_gap=256 << 10, on_read=None):
+    def read_batch(self, sids, max_gap=256 << 10, on_read=None, **kw):
         count = [0]
 
         def seen(got, nreads, nbytes):
@@ -357,7 +358,43 @@ class PositionStore(ChunkStore):
             count[0] += 1
             if on_read is not None:
                 on_read(got, nreads, nbytes)
-        return super().read_batch(sids, max_gap, seen)
+        return super().read_batch(sids, max_gap, seen, **dict(kw, group_s=0))
+
+
+class FirstAloneStore(ChunkStore):
+    """Records, for each batch, its first sample and whether its first read came alone."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.batches = []
+
+    def read_batch(self, sids, max_gap=256 << 10, on_read=None, **kw):
+        self.batches.append((sids[0], kw.get("first_alone", False)))
+        return super().read_batch(sids, max_gap, on_read, **kw)
+
+
+def test_a_miss_has_its_first_read_alone_and_the_read_ahead_does_not(three_nodes):
+    """A reader that missed waits for its sample, the first of its batch: that read is a
+    group of its own (ChunkStore.read_batch's first_alone); batches of the read-ahead,
+    which no reader waits for as they start, come in as few groups as the time allows."""
+    dst, _ = three_nodes
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    store = FirstAloneStore(dst, ix)
+    core = Core(ix, store, cache_bytes=ix.total_bytes, batch=8, readahead=ix.total_bytes)
+    order = np.random.default_rng(6).permutation(ix.n_files).tolist()
+
+    async def main():
+        async with trio.open_nursery() as n:
+            await n.start(core.run)
+            assert await read_whole(core, 5) == store.read_sample(5)  # no order: a miss
+            core.set_order(0, orderfmt.encode(order))
+            with trio.fail_after(20):
+                while core.statistics()["backend_samples"] < ix.n_files:
+                    await trio.sleep(0.01)
+            n.cancel_scope.cancel()
+    trio.run(main)
+    assert store.batches[0] == (5, True)
+    assert len(store.batches) > 3 and not any(alone for _, alone in store.batches[1:])
 
 
 def test_an_order_start_is_dealt_over_the_free_slots(three_nodes):

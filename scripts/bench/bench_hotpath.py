@@ -47,9 +47,8 @@ median CPU per sample is printed, with every round's figure beside it.
 checked out into a temporary git worktree) and the working tree, each round running both
 with fresh daemons, in alternating order (A B, B A, ...). Rows carry "version"; each
 regime's line of the second version adds the per-round ratios to the first (round i of one
-against round i of the other, which ran next to it). REF imports the working tree's build of
-the compiled fusefs._fetchio (the editable install supplies it): to compare a change to
-_fetchio.c's existing functions, build REF's into a copy instead. --against-options ARGS
+against round i of the other, which ran next to it). REF's compiled fusefs._fetchio is built
+into its worktree (setup.py build_ext --inplace). --against-options ARGS
 does the same for the working tree with and without extra mount arguments, and
 --against-pyfuse3 DIR with
 the pyfuse3 installed in DIR (scripts/pyfuse3_patched.py --target DIR) instead of the
@@ -316,6 +315,8 @@ def main() -> int:
         ref = git("rev-parse", "--short", a.against)
         worktree = tempfile.mkdtemp(prefix="fusefs-against-")
         subprocess.run(["git", "-C", REPO, "worktree", "add", "-f", "--detach", worktree, ref],
+                       check=True, capture_output=True)
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=worktree,
                        check=True, capture_output=True)
         versions = {ref: (dict(os.environ, PYTHONPATH=worktree, PYTHONSAFEPATH="1"), []), **versions}
     if a.against_pyfuse3:
