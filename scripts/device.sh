@@ -17,15 +17,15 @@
 #   fusefs/_fetchio in place, and checks both with scripts/pyfuse3_patched.py --check.
 set -u
 
-# build_pyfuse3 SRC SITE: compile the patched sources SRC (.device/pyfuse3-*) into SITE/pyfuse3
-# with gcc alone, against the libfuse3 of $FUSE3_CFLAGS and $FUSE3_LIBS (default: pkg-config's),
-# optimised with ${OPT:--O2}; tests/test_pyfuse3_patched.py builds it here the same way
 # python3's headers and extension suffix: $inc, $suf
 python_build_vars() {
     inc=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])")
     suf=$(python3 -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 }
 
+# build_pyfuse3 SRC SITE: compile the patched sources SRC (.device/pyfuse3-*) into SITE/pyfuse3
+# with gcc alone, against the libfuse3 of $FUSE3_CFLAGS and $FUSE3_LIBS (default: pkg-config's),
+# optimised with ${OPT:--O2}; tests/test_pyfuse3_patched.py builds it here the same way
 build_pyfuse3() {
     local src=$1 site=$2 inc suf
     python_build_vars

@@ -47,8 +47,8 @@ median CPU per sample is printed, with every round's figure beside it.
 checked out into a temporary git worktree) and the working tree, each round running both
 with fresh daemons, in alternating order (A B, B A, ...). Rows carry "version"; each
 regime's line of the second version adds the per-round ratios to the first (round i of one
-against round i of the other, which ran next to it). REF's compiled fusefs._fetchio is built
-into its worktree (setup.py build_ext --inplace). --against-options ARGS
+against round i of the other, which ran next to it). REF's compiled fusefs._fetchio, where it
+has one, is built into its worktree (setup.py build_ext --inplace). --against-options ARGS
 does the same for the working tree with and without extra mount arguments, and
 --against-pyfuse3 DIR with
 the pyfuse3 installed in DIR (scripts/pyfuse3_patched.py --target DIR) instead of the
@@ -316,8 +316,9 @@ def main() -> int:
         worktree = tempfile.mkdtemp(prefix="fusefs-against-")
         subprocess.run(["git", "-C", REPO, "worktree", "add", "-f", "--detach", worktree, ref],
                        check=True, capture_output=True)
-        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=worktree,
-                       check=True, capture_output=True)
+        if os.path.exists(os.path.join(worktree, "setup.py")):  # (REF has fusefs/_fetchio.c)
+            subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+                           cwd=worktree, check=True, capture_output=True)
         versions = {ref: (dict(os.environ, PYTHONPATH=worktree, PYTHONSAFEPATH="1"), []), **versions}
     if a.against_pyfuse3:
         versions[f"{here} pyfuse3={a.against_pyfuse3}"] = (
