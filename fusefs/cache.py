@@ -9,6 +9,9 @@ out entries needed later than the sample it brings (`reserve(nbytes, key)`), so 
 read-ahead never evicts what a reader needs sooner, and a sample a reader missed (key
 inf) is kept only where room can be made that way (its reader holds its bytes anyway).
 
+The cache can tell another holder of every entry that comes or goes (`mirror_to`: the fast
+path's thread answers reads from the entries it is told of, fastpath.py).
+
 Pinned entries (`set_pins`: the samples of highest importance, within the static share of
 the budget) are never evicted. Bytes reserved for fetches under way count against the
 budget too, so the budget is never exceeded.
@@ -40,6 +43,7 @@ class SampleCache:
         self._key: dict[int, float] = {}   # sid -> its current key
         self._heap: list = []              # (-key, seq, sid); stale items skipped
         self._seq = itertools.count()
+        self._mirror = None  # hold(sid, bytes or None), told of every entry that comes or goes
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -54,6 +58,13 @@ class SampleCache:
     @property
     def free(self) -> int:
         return self.budget - self.used - self.reserved
+
+    def mirror_to(self, hold) -> None:
+        """Call hold(sid, data) for every entry cached now and every one put from now on,
+        and hold(sid, None) for every one that leaves."""
+        self._mirror = hold
+        for sid, data in self._entries.items():
+            hold(sid, data)
 
     def get(self, sid: int) -> bytes | None:
         return self._entries.get(sid)
@@ -98,11 +109,14 @@ class SampleCache:
             for item in taken:
                 heapq.heappush(heap, item)
             return False
+        mirror = self._mirror
         for _, _, sid in taken:
             data = entries.pop(sid)
             del current[sid]
             self.used -= len(data)
             self.evictions += 1
+            if mirror is not None:
+                mirror(sid, None)
         return True
 
     def reserve(self, nbytes: int, key: float = math.inf) -> bool:
@@ -125,6 +139,8 @@ class SampleCache:
             return False
         self._entries[sid] = data
         self._key[sid] = key
+        if self._mirror is not None:
+            self._mirror(sid, data)
         if sid in self.pin_set:
             self.pinned_bytes += len(data)
         else:
@@ -143,6 +159,8 @@ class SampleCache:
         self.used -= len(data)
         if sid in self.pin_set:
             self.pinned_bytes -= len(data)
+        if self._mirror is not None:
+            self._mirror(sid, None)
         return True
 
     def set_pins(self, ids: np.ndarray, importance: np.ndarray, sizes: np.ndarray) -> None:

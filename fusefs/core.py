@@ -50,7 +50,12 @@ assert FILES < CTRL_SLOTS
 SID_BITS = 32  # a data file's handle is (serial << SID_BITS) | sample id
 SID_MASK = (1 << SID_BITS) - 1
 SERIAL_WRAP = 1 << 29  # serials wrap far below control handles (control.FH_BASE = 1 << 62)
-RELEASED = 1 << 63  # the fast path's event for a release (FUSEFS_RELEASED in pyfuse3_fastpath.h)
+# the fast path's events (pyfuse3_fastpath.h): a handle opened; RELEASED | handle released;
+# READ | sample read from the bytes held for it (| READ_END: up to the sample's end)
+RELEASED = 1 << 63  # (FUSEFS_RELEASED)
+READ = 1 << 62      # (FUSEFS_READ)
+READ_END = 1 << 61  # (FUSEFS_READ_END)
+assert SERIAL_WRAP << SID_BITS <= READ_END
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
 
@@ -72,11 +77,14 @@ class Stats:
         self.binding_requests = None
         # () -> {type: count} of requests the fast path's thread answered (mount.py), or None
         self.fast_path_requests = None
+        self.fast_path_bytes = None  # () -> bytes its reads answered (mount.py), or None
         self.loop_tasks = None  # () -> tasks pyfuse3's request loop started, or None (fs.py)
         self.cpu_start = cpu_seconds()
 
     def snapshot(self) -> dict:
         out = {f: getattr(self, f) for f in self.FIELDS}
+        if self.fast_path_bytes is not None:
+            out["bytes_served"] += self.fast_path_bytes()
         out["read_wait_s"] = round(self.wait_s, 4)
         out["uptime_s"] = round(time.time() - self.started, 3)
         out["cpu_s"] = round(cpu_seconds() - self.cpu_start, 4)
@@ -306,11 +314,15 @@ class Core:
                 "serial": self._serial, "serial_wrap": SERIAL_WRAP, "write_flags": WRITE_FLAGS}
 
     def answered(self, events) -> None:
-        """Opens and releases of dataset files answered outside the loop (fastpath), in the
-        order they came: their handles, a release's with RELEASED set."""
+        """Opens, reads and releases of dataset files answered outside the loop (fastpath),
+        in the order they came: an open's handle, a release's with RELEASED set, a read's
+        sample with READ set (and READ_END where it reached the sample's end)."""
         for e in events:
             if e >= RELEASED:
                 self.release(e - RELEASED)
+            elif e >= READ:
+                self.stats.reads += 1
+                self.reads.answered(e & SID_MASK, bool(e & READ_END))
             else:
                 self._count_open(e & SID_MASK)
                 self._serial = e >> SID_BITS  # (one sequence of handles)

@@ -1,11 +1,15 @@
 """The fast path: a thread of pyfuse3, in C, answers the dataset files' open, ioctl and
-release, so that a sample the kernel holds costs the Python loop nothing.
+release, so that a sample the kernel holds costs the Python loop nothing, and the reads of
+samples the daemon's cache holds, so that one the kernel does not hold costs it little.
 
 pyfuse3 built by scripts/pyfuse3_patched.py (patch "fast", scripts/pyfuse3_fastpath.h)
 reads /dev/fuse on a thread of its own. It answers an open of a dataset file (no write
 flag) as Core.open would (handle (serial << SID_BITS) | sample, keep_cache), a release of a
 dataset handle, and every ioctl (ENOTTY, as the ioctl patch does); it hands every other
-request to pyfuse3's request loop unchanged. The opens and releases it answered reach the
+request to pyfuse3's request loop unchanged. It answers a read of a dataset handle when the
+sample's bytes are held for it: the cache tells it of every entry that comes or goes
+(`hold`, cache.SampleCache.mirror_to), and the thread keeps a reference to each held bytes
+object. The opens, reads and releases it answered reach the
 core as events, in order and in batches (`Core.answered`): from 256 of them (128 samples)
 or 20 ms after the first. Before each request the loop handles, the events before it are
 applied (fs.Operations), so the accounting sees opens, releases and order changes in the
@@ -60,3 +64,14 @@ class FastPath:
     def requests() -> dict[str, int]:
         """The requests the thread answered, by type (for the statistics)."""
         return pyfuse3.fast_path_counts()
+
+    @staticmethod
+    def read_bytes() -> int:
+        """The bytes the thread's answers to reads carried (for the statistics)."""
+        return pyfuse3.fast_path_read_bytes()
+
+    @staticmethod
+    def hold(sid: int, data) -> None:
+        """Answer the reads of sample sid from data from now on (None: no longer). Only a
+        bytes object is held (the thread reads it without the GIL); other data is not."""
+        pyfuse3.fast_path_hold(sid, data if type(data) is bytes else None)

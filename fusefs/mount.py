@@ -154,6 +154,8 @@ def _start_fast_path(core: Core, ops: Operations) -> fastpath.FastPath | None:
         raise MountError(f"the fast path did not start ({e}); --no-fast-path mounts without it") from None
     ops.catch_up = fast.catch_up
     core.stats.fast_path_requests = fast.requests
+    core.stats.fast_path_bytes = fast.read_bytes
+    core.cache.mirror_to(fast.hold)  # (the thread answers reads of what the cache holds)
     return fast
 
 

@@ -121,6 +121,16 @@ class Reads:
             if self.prefetcher is not None:
                 self.prefetcher.rewind()
 
+    def answered(self, sid: int, end: bool) -> None:
+        """A read of sample sid was answered from its cached bytes outside the loop (the
+        fast path): as fetch() would count it, and as the daemon's read (Core.read) would
+        tell what the kernel holds (end: the read reached the sample's end)."""
+        self.lost(sid)
+        self._recent.append(sid)
+        self.stats.hits += 1
+        if end:
+            self.read_through(sid)
+
     def new_order(self) -> None:
         """A new order: count drops afresh."""
         self.kernel_drops = False

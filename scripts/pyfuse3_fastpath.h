@@ -1,6 +1,7 @@
 /* fusefs's fast path: a thread of pyfuse3 that reads /dev/fuse and answers, in C, the
  * requests a sample the kernel already holds costs (open, ioctl, release of a dataset
- * file); it hands every other request to pyfuse3's request loop unchanged.
+ * file), and the reads of samples the daemon's cache holds; it hands every other request
+ * to pyfuse3's request loop unchanged.
  *
  * scripts/pyfuse3_patched.py copies this file into pyfuse3's sources (patch "fast"):
  * _session_loop then takes its requests from fusefs_receive() and waits on
@@ -15,8 +16,18 @@
  * first; fusefs also takes them before it handles each request handed to the loop, so
  * that it sees everything in the order the kernel sent it.
  *
+ * A read of a dataset handle is answered here when the sample's bytes are held: fusefs
+ * mirrors its cache into a table (fusefs_fast_hold: sample -> a bytes object, to which the
+ * table holds a reference). The thread reads such an object's bytes without the GIL (a
+ * bytes object's size and contents never change) while it holds `held_lock`, and an
+ * object leaves the table under that lock before its reference is dropped. The read is
+ * an event too: the sample with FUSEFS_READ set, and FUSEFS_READ_END when it reached the
+ * sample's end (the kernel then holds every page of it).
+ *
  * The thread reads first and waits (poll) only when nothing is queued: under load a
- * request costs it a read and a writev, as in libfuse's own loop. */
+ * request costs it a read and a writev, as in libfuse's own loop.
+ *
+ * This header is compiled into pyfuse3's Cython module, after Python.h. */
 #ifndef FUSEFS_FASTPATH_H
 #define FUSEFS_FASTPATH_H
 
@@ -35,6 +46,8 @@
 
 #define FUSEFS_BUFSIZE (256 * 4096 + 4096) /* libfuse's: FUSE_MAX_MAX_PAGES pages + a header page */
 #define FUSEFS_RELEASED (1ULL << 63)
+#define FUSEFS_READ (1ULL << 62)       /* (data handles stay below 1 << 61: fusefs/core.py) */
+#define FUSEFS_READ_END (1ULL << 61)
 
 typedef struct fusefs_req {
     struct fusefs_req *next;
@@ -62,9 +75,14 @@ static struct {
     int ev_signalled;
     struct timespec ev_first;
     long delay_ns;
-    /* requests answered here (atomic) */
-    unsigned long long opens, releases, ioctls;
-} fusefs_fast = {0, -1, -1, -1, -1, 0, PTHREAD_MUTEX_INITIALIZER};
+    /* requests answered here, and the bytes of the reads (atomic) */
+    unsigned long long opens, releases, ioctls, reads, read_bytes;
+    /* sample -> a bytes object holding its bytes, or NULL (n_files of them), under held_lock */
+    PyObject **held;
+    pthread_mutex_t held_lock;
+} fusefs_fast = {0, -1, -1, -1, -1, 0, PTHREAD_MUTEX_INITIALIZER, .held_lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void fusefs_fast_free_held(void);
 
 static void fusefs_kick(int fd) {
     uint64_t one = 1;
@@ -179,6 +197,29 @@ static int fusefs_answer(const char *data, size_t len) {
         fusefs_event(in->fh | FUSEFS_RELEASED);
         return 1;
     }
+    case FUSE_READ: {
+        const struct fuse_read_in *in = (const struct fuse_read_in *) (h + 1);
+        uint64_t sid = in->fh & ((1ULL << fusefs_fast.sid_bits) - 1);
+        if (len < sizeof *h + sizeof *in || in->fh >= fusefs_fast.fh_base
+                || sid >= fusefs_fast.n_files)
+            return 0;
+        pthread_mutex_lock(&fusefs_fast.held_lock);
+        PyObject *o = fusefs_fast.held[sid];
+        if (o == NULL) {
+            pthread_mutex_unlock(&fusefs_fast.held_lock);
+            return 0;
+        }
+        uint64_t n = (uint64_t) PyBytes_GET_SIZE(o);
+        uint64_t off = in->offset < n ? in->offset : n;
+        uint64_t k = n - off < in->size ? n - off : in->size;
+        fusefs_reply(h->unique, 0, PyBytes_AS_STRING(o) + off, (size_t) k);
+        pthread_mutex_unlock(&fusefs_fast.held_lock);
+        __atomic_add_fetch(&fusefs_fast.reads, 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&fusefs_fast.read_bytes, k, __ATOMIC_RELAXED);
+        fusefs_event(FUSEFS_READ | sid
+                     | (in->offset < n && in->offset + in->size >= n ? FUSEFS_READ_END : 0));
+        return 1;
+    }
     case FUSE_IOCTL:  /* as the ioctl patch answers it: ENOTTY (Python's open() asks isatty) */
         fusefs_reply(h->unique, ENOTTY, NULL, 0);
         __atomic_add_fetch(&fusefs_fast.ioctls, 1, __ATOMIC_RELAXED);
@@ -248,6 +289,7 @@ static int fusefs_fast_start(int fd, uint64_t file_base, uint64_t n_files, uint6
                              uint64_t write_flags, size_t batch, long delay_us) {
     if (fusefs_fast.running)
         return EBUSY;
+    fusefs_fast_free_held();  /* (a table an earlier run left, if its close never came) */
     fusefs_fast.fd = fd;
     fusefs_fast.file_base = file_base;
     fusefs_fast.n_files = n_files;
@@ -260,6 +302,10 @@ static int fusefs_fast_start(int fd, uint64_t file_base, uint64_t n_files, uint6
     fusefs_fast.delay_ns = delay_us * 1000L;
     fusefs_fast.ended = fusefs_fast.err = fusefs_fast.stop = 0;
     fusefs_fast.opens = fusefs_fast.releases = fusefs_fast.ioctls = 0;
+    fusefs_fast.reads = fusefs_fast.read_bytes = 0;
+    fusefs_fast.held = (PyObject **) calloc(n_files ? n_files : 1, sizeof *fusefs_fast.held);
+    if (fusefs_fast.held == NULL)
+        return ENOMEM;
     if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0)  /* (the thread reads first) */
         return errno;
     fusefs_fast.fwd_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -358,11 +404,40 @@ static int fusefs_fast_event_fd(void) {
     return fusefs_fast.running ? fusefs_fast.ev_fd : -1;
 }
 
-/* The requests answered here since the start: opens, releases, ioctls. */
-static void fusefs_fast_counts(unsigned long long out[3]) {
+/* The requests answered here since the start: opens, releases, ioctls, reads; and the
+ * bytes the reads answered. */
+static void fusefs_fast_counts(unsigned long long out[5]) {
     out[0] = __atomic_load_n(&fusefs_fast.opens, __ATOMIC_RELAXED);
     out[1] = __atomic_load_n(&fusefs_fast.releases, __ATOMIC_RELAXED);
     out[2] = __atomic_load_n(&fusefs_fast.ioctls, __ATOMIC_RELAXED);
+    out[3] = __atomic_load_n(&fusefs_fast.reads, __ATOMIC_RELAXED);
+    out[4] = __atomic_load_n(&fusefs_fast.read_bytes, __ATOMIC_RELAXED);
+}
+
+/* (with the GIL) Hold o, a bytes object, as sample sid's bytes (NULL: hold none); the
+ * table takes a reference to o and drops the one to the object it held before. Does
+ * nothing while the thread has no table (not started, or after fusefs_fast_free_held). */
+static void fusefs_fast_hold(uint64_t sid, PyObject *o) {
+    PyObject *old;
+    if (fusefs_fast.held == NULL || sid >= fusefs_fast.n_files)
+        return;
+    Py_XINCREF(o);
+    pthread_mutex_lock(&fusefs_fast.held_lock);
+    old = fusefs_fast.held[sid];
+    fusefs_fast.held[sid] = o;
+    pthread_mutex_unlock(&fusefs_fast.held_lock);
+    Py_XDECREF(old);  /* (after the lock: the thread no longer reads it) */
+}
+
+/* (with the GIL, after fusefs_fast_join) Drop every held object and the table. */
+static void fusefs_fast_free_held(void) {
+    PyObject **held = fusefs_fast.held;
+    if (held == NULL)
+        return;
+    fusefs_fast.held = NULL;
+    for (uint64_t i = 0; i < fusefs_fast.n_files; i++)
+        Py_XDECREF(held[i]);
+    free(held);
 }
 
 /* The waiting events, taken (their number in *n; free() the array). */

@@ -33,7 +33,8 @@
    fd's flags again and getting a fresh request buffer. `pyfuse3.loop_tasks_started()`
    counts them (fusefs's stats: `loop_tasks`). Mark: `pyfuse3.TASKS_WHEN_ALL_BUSY`.
 6. fast: a thread in C reads /dev/fuse and answers the dataset files' open, ioctl and
-   release itself (scripts/pyfuse3_fastpath.h, copied into the sources); every other
+   release itself, and the reads of samples fusefs holds for it (`fast_path_hold`: its
+   cache's bytes) (scripts/pyfuse3_fastpath.h, copied into the sources); every other
    request goes to the request loop, which takes it from the thread's queue instead of the
    fd. The opens and releases reach fusefs as events in batches (`fast_path_events()`).
    Off until `fast_path_start(...)` is called after `init`: then a sample the kernel holds
@@ -285,7 +286,10 @@ def patch_ioctl(text: str) -> str:
 FAST_HEADER = pathlib.Path(__file__).with_name("pyfuse3_fastpath.h")
 FAST_ANCHOR = "async def _wait_fuse_readable():\n"
 FAST_DECLS = '''\
-# fusefs: the fast path, a thread in C answering the dataset files' open, ioctl and release
+# fusefs: the fast path, a thread in C answering the dataset files' open, ioctl and release,
+# and the reads of samples held for it
+from cpython.object cimport PyObject
+
 cdef extern from "fusefs_fastpath.h":
     int fusefs_fast_start(int fd, unsigned long long file_base, unsigned long long n_files,
                           unsigned long long fh_base, unsigned sid_bits,
@@ -298,6 +302,8 @@ cdef extern from "fusefs_fastpath.h":
     int fusefs_fast_event_fd() nogil
     void fusefs_fast_counts(unsigned long long *out) nogil
     unsigned long long *fusefs_fast_take(size_t *n) nogil
+    void fusefs_fast_hold(unsigned long long sid, PyObject *o)
+    void fusefs_fast_free_held()
 
 
 def fast_path_start(file_base, n_files, fh_base, sid_bits, serial, serial_wrap, write_flags,
@@ -329,10 +335,29 @@ def fast_path_events():
 
 
 def fast_path_counts():
-    """Requests the fast path's thread answered, by type (open, release, ioctl)."""
-    cdef unsigned long long c[3]
+    """Requests the fast path's thread answered, by type (open, release, ioctl, read)."""
+    cdef unsigned long long c[5]
     fusefs_fast_counts(c)
-    return {'open': c[0], 'release': c[1], 'ioctl': c[2]}
+    return {'open': c[0], 'release': c[1], 'ioctl': c[2], 'read': c[3]}
+
+
+def fast_path_read_bytes():
+    """The bytes of the reads the fast path's thread answered."""
+    cdef unsigned long long c[5]
+    fusefs_fast_counts(c)
+    return c[4]
+
+
+def fast_path_hold(sid, data):
+    """Let the fast path answer the reads of a handle of sample sid from data (bytes), or
+    no longer (None): each read is then an event, the sample with bit 62 set, and bit 61
+    when it reached the sample's end. The thread keeps a reference to data meanwhile."""
+    if data is None:
+        fusefs_fast_hold(sid, NULL)
+    elif type(data) is bytes:
+        fusefs_fast_hold(sid, <PyObject *> data)
+    else:
+        raise TypeError('fast_path_hold: data must be bytes or None')
 
 
 '''
@@ -383,7 +408,7 @@ def patch_fast_init(text: str) -> str:
     if text.count(FAST_TERMINATE) != 1 or text.count(FAST_CLOSE) != 1:
         raise SystemExit(f"pyfuse3 {VERSION}'s terminate or close changed")
     text = text.replace(FAST_TERMINATE, "    fusefs_fast_stop()\n" + FAST_TERMINATE)
-    return text.replace(FAST_CLOSE, "    fusefs_fast_join()\n" + FAST_CLOSE)
+    return text.replace(FAST_CLOSE, "    fusefs_fast_join()\n    fusefs_fast_free_held()\n" + FAST_CLOSE)
 
 
 # name -> (the source file it changes, the change, the mark it sets on the module, why)
@@ -400,7 +425,7 @@ PATCHES = {
     "spawn": ("internal.pxi", patch_spawn, "TASKS_WHEN_ALL_BUSY",
               "the request loop starts a task only when every other is inside a handler"),
     "fast": ("internal.pxi", patch_fast_loop, "FAST_PATH",
-             "a thread in C answers the dataset files' open, ioctl and release: fast_path_start()"),
+             "a thread in C answers the dataset files' open, ioctl, release and held reads: fast_path_start()"),
 }
 # other files a patch changes (a file it adds gets its change of "")
 EXTRA = {"fast": (("__init__.pyx", patch_fast_init),

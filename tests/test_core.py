@@ -288,3 +288,35 @@ def test_opens_and_releases_answered_on_the_fast_path_count_as_the_loops_do(tric
         assert fast.statistics()[name] == looped.statistics()[name], name
     assert fast.plans[0].cursor == looped.plans[0].cursor == 4
     assert fast.open(fast.file_base + 2, os.O_RDONLY).fh >> SID_BITS == serial + 1  # serials go on
+
+
+def test_reads_answered_on_the_fast_path_count_as_the_loops_do(tricky):
+    """The fast path's thread answers reads of cached samples from the bytes the cache holds
+    for it (cache.mirror_to) and hands them over as events (the sample with READ set,
+    READ_END where the read reached its end): applied, they leave the statistics and what
+    the daemon takes the kernel to hold as the loop's reads of the same samples do."""
+    from fusefs.core import READ, READ_END
+    from fusefs.fs import KernelCache
+    _, dst, files = tricky
+    looped, fast = _core(dst), _core(dst)
+    held = {}
+    fast.cache.mirror_to(lambda sid, data: held.__setitem__(sid, data) if data is not None
+                         else held.pop(sid))
+    sids = [resolve(looped.index, r)[1] for r in sorted(files) if files[r] and len(files[r]) > 10][:2]
+    for core in (looped, fast):
+        core.kernel = KernelCache()  # (what reads tell of the kernel: read_through)
+        for sid in sids:
+            core.cache.put(sid, core.store.read_sample(sid))
+    assert held == {s: fast.cache.get(s) for s in sids}  # (the thread's table, as it sees it)
+    first, second = sids
+
+    async def go():
+        async with serving(looped):
+            await read_sample(looped, first, 0, 10)  # (not to its end)
+            await read_sample(looped, second)
+    trio.run(go)
+    fast.answered([READ | first, READ | READ_END | second])
+    for name in ("reads", "hits", "misses", "in_kernel", "backend_samples"):
+        assert fast.statistics()[name] == looped.statistics()[name], name
+    assert fast.statistics()["in_kernel"] == 1 and fast.reads.kernel_holds(second)
+    assert fast.reads._recent[-1] == second  # (scan detection sees them too)

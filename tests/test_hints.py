@@ -228,8 +228,10 @@ def test_read_ahead_bytes_pushed_to_the_kernel_page_cache(tricky, tmp_path, mode
     no flush, no getattr; and the next epoch reads nothing from the backend. The kernel may drop clean
     pages when memory is short (it did on a CI machine): a read reaches the daemon only for
     a sample whose pages mincore found gone just before it, and each such sample is counted
-    as dropped once. Without --kernel-cache, every read reaches the daemon (and makes the
-    kernel ask for the file's attributes at the next fstat: the mount is not read-only)."""
+    as dropped once (answered from the cache by the fast path's thread). Without
+    --kernel-cache, every read reaches the daemon (the fast path's thread answers it from
+    the cache) and makes the kernel ask for the file's attributes at the next fstat (the
+    mount is not read-only)."""
     src, dst, files = tricky
     rels = sorted(k for k, v in files.items() if not k.endswith("/") and v)
     mnt = str(tmp_path / "mnt")
@@ -285,7 +287,8 @@ def test_read_ahead_bytes_pushed_to_the_kernel_page_cache(tricky, tmp_path, mode
                 assert asked == {**opened, "ioctl": ioctl}, asked
                 in_c = {k: v - before["fast_path_requests"][k] - (again["fast_path_requests"][k] - v)
                         for k, v in s["fast_path_requests"].items()} if mode == "daemon-opens" else None
-                assert in_c == ({"open": len(rels), "release": len(rels), "ioctl": ioctl}
+                # (the reads of dropped samples too: from the cache's bytes, held for it)
+                assert in_c == ({"open": len(rels), "release": len(rels), "ioctl": ioctl, "read": reads}
                                 if mode == "daemon-opens" else None), in_c
                 assert s["fast_path_requests"] is None or mode == "daemon-opens"
                 # (fewer drops than it takes to distrust every push: reads.MIN_DROPS)
@@ -299,6 +302,9 @@ def test_read_ahead_bytes_pushed_to_the_kernel_page_cache(tricky, tmp_path, mode
                 assert s["pushed"] == 0
                 if epoch == 0:  # (then the kernel keeps what the reads brought: keep_cache)
                     assert reads >= len(rels), asked
+                # every read answered by the fast path's thread, from the cached bytes
+                in_c = s["fast_path_requests"]["read"] - before["fast_path_requests"]["read"]
+                assert in_c == reads and s["hits"] - before["hits"] == reads, (in_c, reads)
             assert s["backend_samples"] == len(rels)  # fetched once, in the first epoch
             assert s["cache_samples"] == len(rels)  # kept: room is not needed
 

@@ -150,3 +150,34 @@ def test_scalar_keys_agree_with_the_vector_keys_as_readers_go(ranks):
         cursors = [plan.cursor for plan in p.plans.values()]
         if p.use(sid) is not None and cursors == [plan.cursor for plan in p.plans.values()]:
             assert p.key(sid) == after, step  # (with one plan keys are positions: always)
+
+
+def test_the_cache_mirror_holds_exactly_the_cached_entries():
+    """cache.mirror_to tells the fast path of every entry that comes or goes (it answers
+    reads from what it was told): under random puts, drops and evictions its table always
+    equals the cache's entries, bytes objects included."""
+    rng = np.random.default_rng(7)
+    cache = SampleCache(5_000)
+    cache.put(0, b"x" * 100, 1.0)  # (cached before the mirror: told at once)
+    held = {}
+
+    def hold(sid, data):
+        if data is None:
+            assert sid in held
+            del held[sid]
+        else:
+            held[sid] = data
+    cache.mirror_to(hold)
+    for _ in range(2_000):
+        sid = int(rng.integers(0, 60))
+        if rng.random() < 0.2:
+            cache.drop(sid)
+        elif rng.random() < 0.3:
+            n = int(rng.integers(1, 900))  # (a fetch's room: may evict)
+            if cache.reserve(n, float(rng.integers(0, 100))):
+                cache.unreserve(n)
+        else:
+            cache.put(sid, bytes(int(rng.integers(1, 900))), float(rng.integers(0, 100)))
+        assert held.keys() == cache._entries.keys()
+        assert all(held[s] is cache.get(s) for s in held)
+    assert cache.evictions > 0 and held

@@ -254,6 +254,7 @@ def test_the_fast_path_takes_the_loops_requests_and_ends_with_the_session():
     out = patched.patch_fast_init(init)
     assert out.index("fusefs_fast_stop()") < out.index("fuse_session_exit(session)")
     assert out.index("fusefs_fast_join()") < out.index("fuse_session_unmount(session)")
+    assert out.index("fusefs_fast_join()") < out.index("fusefs_fast_free_held()")  # (thread ended first)
     with pytest.raises(SystemExit, match="terminate or close changed"):
         patched.patch_fast_init(init.replace("notify_closing", "closing"))
 
@@ -265,7 +266,21 @@ def test_the_venv_has_the_fast_path():
         pyfuse3.fast_path_start(2, 10, 1 << 62, 32, 0, 1 << 29, os.O_WRONLY, fastpath.BATCH,
                                 fastpath.DELAY_US)
     assert pyfuse3.fast_path_events() == b""
-    assert set(pyfuse3.fast_path_counts()) == {"open", "release", "ioctl"}
+    assert set(pyfuse3.fast_path_counts()) == {"open", "release", "ioctl", "read"}
+    assert pyfuse3.fast_path_read_bytes() == 0
+
+
+def test_fast_path_hold_takes_bytes_only_and_keeps_no_reference_without_a_thread():
+    """fast_path_hold keeps a reference to what it holds while the thread runs (tests
+    with a mount: test_mount.py); before the thread started there is no table, and the
+    bytes are neither kept nor leaked."""
+    data = bytes(1000)
+    before = sys.getrefcount(data)
+    pyfuse3.fast_path_hold(3, data)
+    pyfuse3.fast_path_hold(3, None)
+    assert sys.getrefcount(data) == before
+    with pytest.raises(TypeError, match="bytes or None"):
+        pyfuse3.fast_path_hold(3, bytearray(10))
 
 
 def test_check_accepts_only_a_build_of_the_current_patches_and_header(tmp_path):
