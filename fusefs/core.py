@@ -51,10 +51,12 @@ SID_BITS = 32  # a data file's handle is (serial << SID_BITS) | sample id
 SID_MASK = (1 << SID_BITS) - 1
 SERIAL_WRAP = 1 << 29  # serials wrap far below control handles (control.FH_BASE = 1 << 62)
 # the fast path's events (pyfuse3_fastpath.h): a handle opened; RELEASED | handle released;
-# READ | sample read from the bytes held for it (| READ_END: up to the sample's end)
+# READ | sample read from the bytes held for it (| READ_END: up to the sample's end;
+# | READ_LOST: the sample's in_kernel flag was set when the read was answered)
 RELEASED = 1 << 63  # (FUSEFS_RELEASED)
 READ = 1 << 62      # (FUSEFS_READ)
 READ_END = 1 << 61  # (FUSEFS_READ_END)
+READ_LOST = 1 << 60  # (FUSEFS_READ_LOST)
 assert SERIAL_WRAP << SID_BITS <= READ_END
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
@@ -309,9 +311,11 @@ class Core:
 
     def fast_path_args(self) -> dict:
         """What the fast path needs to answer opens as open() does (fastpath.FastPath.start);
-        it continues the handles' serials from here."""
+        it continues the handles' serials from here, and reads in_kernel's bytes as it
+        answers reads (READ_LOST)."""
         return {"file_base": self.file_base, "n_files": self.index.n_files, "sid_bits": SID_BITS,
-                "serial": self._serial, "serial_wrap": SERIAL_WRAP, "write_flags": WRITE_FLAGS}
+                "serial": self._serial, "serial_wrap": SERIAL_WRAP, "write_flags": WRITE_FLAGS,
+                "kernel_flags": self.in_kernel.view(np.uint8)}
 
     def answered(self, events) -> None:
         """Opens, reads and releases of dataset files answered outside the loop (fastpath),
@@ -322,7 +326,7 @@ class Core:
                 self.release(e - RELEASED)
             elif e >= READ:
                 self.stats.reads += 1
-                self.reads.answered(e & SID_MASK, bool(e & READ_END))
+                self.reads.answered(e & SID_MASK, bool(e & READ_END), bool(e & READ_LOST))
             else:
                 self._count_open(e & SID_MASK)
                 self._serial = e >> SID_BITS  # (one sequence of handles)

@@ -42,9 +42,11 @@ class FastPath:
         self.fd = -1
 
     def start(self, file_base: int, n_files: int, sid_bits: int, serial: int, serial_wrap: int,
-              write_flags: int) -> None:
+              write_flags: int, kernel_flags=None) -> None:
         """Start the thread (after pyfuse3.init, before pyfuse3.main); handles continue the
-        core's serials."""
+        core's serials. kernel_flags: one byte per sample, nonzero while the core takes the
+        kernel to hold its pages (read by the thread as it answers a read: READ_LOST)."""
+        pyfuse3.fast_path_kernel_flags(kernel_flags)
         self.fd = pyfuse3.fast_path_start(file_base, n_files, FH_BASE, sid_bits, serial, serial_wrap,
                                           write_flags, BATCH, DELAY_US)
 

@@ -121,11 +121,15 @@ class Reads:
             if self.prefetcher is not None:
                 self.prefetcher.rewind()
 
-    def answered(self, sid: int, end: bool) -> None:
+    def answered(self, sid: int, end: bool, held: bool) -> None:
         """A read of sample sid was answered from its cached bytes outside the loop (the
         fast path): as fetch() would count it, and as the daemon's read (Core.read) would
-        tell what the kernel holds (end: the read reached the sample's end)."""
-        self.lost(sid)
+        tell what the kernel holds (end: the read reached the sample's end; held: in_kernel
+        was set for it when the read was answered, so the kernel had dropped its pages. Not
+        in_kernel now: a push that ended after the read, waiting for the pages it held,
+        may have set it since)."""
+        if held:
+            self.lost(sid)
         self._recent.append(sid)
         self.stats.hits += 1
         if end:

@@ -21,8 +21,12 @@
  * table holds a reference). The thread reads such an object's bytes without the GIL (a
  * bytes object's size and contents never change) while it holds `held_lock`, and an
  * object leaves the table under that lock before its reference is dropped. The read is
- * an event too: the sample with FUSEFS_READ set, and FUSEFS_READ_END when it reached the
- * sample's end (the kernel then holds every page of it).
+ * an event too: the sample with FUSEFS_READ set, FUSEFS_READ_END when it reached the
+ * sample's end (the kernel then holds every page of it), and FUSEFS_READ_LOST when fusefs
+ * took the kernel to hold the sample's pages at the time of the read (its flags, one byte
+ * per sample, fusefs_fast_kernel_flags): the kernel dropped them. The flag is read here,
+ * when the read is answered, not when fusefs applies the event: a push of the sample that
+ * ends after the read (it waits for the pages the read holds) must not make it look lost.
  *
  * The thread reads first and waits (poll) only when nothing is queued: under load a
  * request costs it a read and a writev, as in libfuse's own loop.
@@ -48,6 +52,7 @@
 #define FUSEFS_RELEASED (1ULL << 63)
 #define FUSEFS_READ (1ULL << 62)       /* (data handles stay below 1 << 61: fusefs/core.py) */
 #define FUSEFS_READ_END (1ULL << 61)
+#define FUSEFS_READ_LOST (1ULL << 60)
 
 typedef struct fusefs_req {
     struct fusefs_req *next;
@@ -80,9 +85,13 @@ static struct {
     /* sample -> a bytes object holding its bytes, or NULL (n_files of them), under held_lock */
     PyObject **held;
     pthread_mutex_t held_lock;
+    /* sample -> nonzero while fusefs takes the kernel to hold its pages (fusefs's array;
+     * read without a lock: a byte, and a stale value is what a read racing a push sees) */
+    const unsigned char *kernel_flags;
+    uint64_t kernel_flags_n;
 } fusefs_fast = {0, -1, -1, -1, -1, 0, PTHREAD_MUTEX_INITIALIZER, .held_lock = PTHREAD_MUTEX_INITIALIZER};
 
-static void fusefs_fast_free_held(void);
+static void fusefs_fast_drop_table(void);
 
 static void fusefs_kick(int fd) {
     uint64_t one = 1;
@@ -216,7 +225,9 @@ static int fusefs_answer(const char *data, size_t len) {
         pthread_mutex_unlock(&fusefs_fast.held_lock);
         __atomic_add_fetch(&fusefs_fast.reads, 1, __ATOMIC_RELAXED);
         __atomic_add_fetch(&fusefs_fast.read_bytes, k, __ATOMIC_RELAXED);
-        fusefs_event(FUSEFS_READ | sid
+        int lost = sid < fusefs_fast.kernel_flags_n
+                   && __atomic_load_n(&fusefs_fast.kernel_flags[sid], __ATOMIC_RELAXED);
+        fusefs_event(FUSEFS_READ | sid | (lost ? FUSEFS_READ_LOST : 0)
                      | (in->offset < n && in->offset + in->size >= n ? FUSEFS_READ_END : 0));
         return 1;
     }
@@ -289,7 +300,7 @@ static int fusefs_fast_start(int fd, uint64_t file_base, uint64_t n_files, uint6
                              uint64_t write_flags, size_t batch, long delay_us) {
     if (fusefs_fast.running)
         return EBUSY;
-    fusefs_fast_free_held();  /* (a table an earlier run left, if its close never came) */
+    fusefs_fast_drop_table();  /* (a table an earlier run left, if its close never came) */
     fusefs_fast.fd = fd;
     fusefs_fast.file_base = file_base;
     fusefs_fast.n_files = n_files;
@@ -429,8 +440,15 @@ static void fusefs_fast_hold(uint64_t sid, PyObject *o) {
     Py_XDECREF(old);  /* (after the lock: the thread no longer reads it) */
 }
 
-/* (with the GIL, after fusefs_fast_join) Drop every held object and the table. */
-static void fusefs_fast_free_held(void) {
+/* (with the GIL, before the thread starts) The kernel flags, n bytes, one per sample: the
+ * caller keeps them alive until fusefs_fast_free_held. */
+static void fusefs_fast_kernel_flags(const unsigned char *flags, uint64_t n) {
+    fusefs_fast.kernel_flags = flags;
+    fusefs_fast.kernel_flags_n = flags ? n : 0;
+}
+
+/* (with the GIL, while the thread does not run) Drop every held object and the table. */
+static void fusefs_fast_drop_table(void) {
     PyObject **held = fusefs_fast.held;
     if (held == NULL)
         return;
@@ -438,6 +456,12 @@ static void fusefs_fast_free_held(void) {
     for (uint64_t i = 0; i < fusefs_fast.n_files; i++)
         Py_XDECREF(held[i]);
     free(held);
+}
+
+/* (with the GIL, after fusefs_fast_join) Drop the table and forget the kernel flags. */
+static void fusefs_fast_free_held(void) {
+    fusefs_fast_drop_table();
+    fusefs_fast_kernel_flags(NULL, 0);
 }
 
 /* The waiting events, taken (their number in *n; free() the array). */

@@ -289,6 +289,7 @@ FAST_DECLS = '''\
 # fusefs: the fast path, a thread in C answering the dataset files' open, ioctl and release,
 # and the reads of samples held for it
 from cpython.object cimport PyObject
+from libc.stdint cimport uintptr_t
 
 cdef extern from "fusefs_fastpath.h":
     int fusefs_fast_start(int fd, unsigned long long file_base, unsigned long long n_files,
@@ -304,6 +305,7 @@ cdef extern from "fusefs_fastpath.h":
     unsigned long long *fusefs_fast_take(size_t *n) nogil
     void fusefs_fast_hold(unsigned long long sid, PyObject *o)
     void fusefs_fast_free_held()
+    void fusefs_fast_kernel_flags(const unsigned char *flags, unsigned long long n)
 
 
 def fast_path_start(file_base, n_files, fh_base, sid_bits, serial, serial_wrap, write_flags,
@@ -346,6 +348,24 @@ def fast_path_read_bytes():
     cdef unsigned long long c[5]
     fusefs_fast_counts(c)
     return c[4]
+
+
+_fusefs_kernel_flags = None  # (kept alive while the thread reads them)
+
+
+def fast_path_kernel_flags(flags):
+    """Before fast_path_start: flags (a contiguous numpy uint8 array, one byte per sample)
+    that are nonzero while the caller takes the kernel to hold a sample's pages; the thread
+    reads a sample's flag when it answers a read of it, and sets bit 60 of the read's event
+    if the flag was set (the kernel had dropped the pages). None: no flags."""
+    global _fusefs_kernel_flags
+    if flags is None:
+        fusefs_fast_kernel_flags(NULL, 0)
+    else:
+        if flags.dtype.itemsize != 1 or not flags.flags.c_contiguous:
+            raise TypeError('fast_path_kernel_flags: a contiguous array of bytes')
+        fusefs_fast_kernel_flags(<const unsigned char *> <uintptr_t> flags.ctypes.data, len(flags))
+    _fusefs_kernel_flags = flags
 
 
 def fast_path_hold(sid, data):

@@ -295,7 +295,7 @@ def test_reads_answered_on_the_fast_path_count_as_the_loops_do(tricky):
     for it (cache.mirror_to) and hands them over as events (the sample with READ set,
     READ_END where the read reached its end): applied, they leave the statistics and what
     the daemon takes the kernel to hold as the loop's reads of the same samples do."""
-    from fusefs.core import READ, READ_END
+    from fusefs.core import READ, READ_END, READ_LOST
     from fusefs.fs import KernelCache
     _, dst, files = tricky
     looped, fast = _core(dst), _core(dst)
@@ -320,3 +320,11 @@ def test_reads_answered_on_the_fast_path_count_as_the_loops_do(tricky):
         assert fast.statistics()[name] == looped.statistics()[name], name
     assert fast.statistics()["in_kernel"] == 1 and fast.reads.kernel_holds(second)
     assert fast.reads._recent[-1] == second  # (scan detection sees them too)
+    # a push of `first` that ended after a read answered in C (the push waits for the pages
+    # that read holds) set in_kernel before the event came: not a drop. A read made while
+    # in_kernel was set (READ_LOST, the flag as the thread read it) is one.
+    fast.in_kernel[first] = True
+    fast.answered([READ | first])
+    assert fast.statistics()["kernel_dropped"] == 0 and fast.reads.kernel_holds(first)
+    fast.answered([READ | READ_LOST | second])
+    assert fast.statistics()["kernel_dropped"] == 1 and not fast.reads.kernel_holds(second)

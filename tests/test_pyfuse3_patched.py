@@ -14,6 +14,7 @@ import threading
 import time
 
 import pyfuse3
+import numpy as np
 import pytest
 
 from conftest import REPO
@@ -281,6 +282,11 @@ def test_fast_path_hold_takes_bytes_only_and_keeps_no_reference_without_a_thread
     assert sys.getrefcount(data) == before
     with pytest.raises(TypeError, match="bytes or None"):
         pyfuse3.fast_path_hold(3, bytearray(10))
+    flags = np.zeros(4, dtype=bool).view(np.uint8)  # (Core.in_kernel's bytes)
+    pyfuse3.fast_path_kernel_flags(flags)
+    pyfuse3.fast_path_kernel_flags(None)
+    with pytest.raises(TypeError, match="array of bytes"):
+        pyfuse3.fast_path_kernel_flags(np.zeros(4, dtype=np.int64))
 
 
 def test_check_accepts_only_a_build_of_the_current_patches_and_header(tmp_path):
