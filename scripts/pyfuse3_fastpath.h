@@ -208,9 +208,10 @@ static int fusefs_answer(const char *data, size_t len) {
     }
     case FUSE_READ: {
         const struct fuse_read_in *in = (const struct fuse_read_in *) (h + 1);
+        if (len < sizeof *h + sizeof *in || in->fh >= fusefs_fast.fh_base)
+            return 0;
         uint64_t sid = in->fh & ((1ULL << fusefs_fast.sid_bits) - 1);
-        if (len < sizeof *h + sizeof *in || in->fh >= fusefs_fast.fh_base
-                || sid >= fusefs_fast.n_files)
+        if (sid >= fusefs_fast.n_files)
             return 0;
         pthread_mutex_lock(&fusefs_fast.held_lock);
         PyObject *o = fusefs_fast.held[sid];
