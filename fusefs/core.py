@@ -34,7 +34,7 @@ import trio
 from . import order as orderfmt
 from .cache import SampleCache
 from .control import FH_BASE, FILES, ControlHooks, ControlNamespace
-from .entries import UNORDERED_ENTRY_TIMEOUT, Attr, FsError, OpenResult
+from .entries import DATA_TIMEOUT, UNORDERED_ENTRY_TIMEOUT, Attr, FsError, OpenResult
 from .config import DEFAULTS
 from .index import CONTROL_NAME, Index
 from .policy import Policy
@@ -52,11 +52,13 @@ SID_MASK = (1 << SID_BITS) - 1
 SERIAL_WRAP = 1 << 29  # serials wrap far below control handles (control.FH_BASE = 1 << 62)
 # the fast path's events (pyfuse3_fastpath.h): a handle opened; RELEASED | handle released;
 # READ | sample read from the bytes held for it (| READ_END: up to the sample's end;
-# | READ_LOST: the sample's in_kernel flag was set when the read was answered)
+# | READ_LOST: the sample's in_kernel flag was set when the read was answered); FORGOTTEN |
+# sample: the kernel forgot the sample's inode
 RELEASED = 1 << 63  # (FUSEFS_RELEASED)
 READ = 1 << 62      # (FUSEFS_READ)
 READ_END = 1 << 61  # (FUSEFS_READ_END)
 READ_LOST = 1 << 60  # (FUSEFS_READ_LOST)
+FORGOTTEN = RELEASED | READ  # (FUSEFS_FORGOTTEN: a released handle never has READ's bit)
 assert SERIAL_WRAP << SID_BITS <= READ_END
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
@@ -280,7 +282,10 @@ class Core:
         for ino in inodes:
             sid = self.sid_of(ino)
             if sid is not None:
-                self.in_kernel[sid] = False
+                self._forgot(sid)
+
+    def _forgot(self, sid: int) -> None:
+        self.in_kernel[sid] = False
 
     # ---- data ------------------------------------------------------------------------
     def may_control(self, uid: int | None) -> bool:
@@ -311,19 +316,30 @@ class Core:
 
     def fast_path_args(self) -> dict:
         """What the fast path needs to answer opens as open() does (fastpath.FastPath.start);
-        it continues the handles' serials from here, and reads in_kernel's bytes as it
-        answers reads (READ_LOST)."""
-        return {"file_base": self.file_base, "n_files": self.index.n_files, "sid_bits": SID_BITS,
+        it continues the handles' serials from here, reads in_kernel's bytes as it answers
+        reads (READ_LOST), and answers the lookups of files' names as lookup() does from
+        the index's tree (not with kernel opens: their lookups are the opens)."""
+        ix = self.index
+        tree = None if self.kernel_opens else {
+            "dir_first_file": ix.dir_first_file, "dir_nfiles": ix.dir_nfiles,
+            "name_off": ix.file_name_off, "name_len": ix.file_name_len,
+            "names": np.frombuffer(ix.names, dtype=np.uint8), "size": ix.size, "mode": ix.mode,
+            "mtime_ns": ix.mtime_ns, "uid": self.uid, "gid": self.gid, "timeout": DATA_TIMEOUT}
+        return {"file_base": self.file_base, "n_files": ix.n_files, "sid_bits": SID_BITS,
                 "serial": self._serial, "serial_wrap": SERIAL_WRAP, "write_flags": WRITE_FLAGS,
-                "kernel_flags": self.in_kernel.view(np.uint8)}
+                "kernel_flags": self.in_kernel.view(np.uint8), "tree": tree}
 
     def answered(self, events) -> None:
-        """Opens, reads and releases of dataset files answered outside the loop (fastpath),
-        in the order they came: an open's handle, a release's with RELEASED set, a read's
-        sample with READ set (and READ_END where it reached the sample's end)."""
+        """Opens, reads, releases and forgets of dataset files answered outside the loop
+        (fastpath), in the order they came: an open's handle, a release's with RELEASED
+        set, a read's sample with READ set (and READ_END where it reached the sample's end),
+        a forgotten sample with FORGOTTEN set."""
         for e in events:
             if e >= RELEASED:
-                self.release(e - RELEASED)
+                if e & READ:
+                    self._forgot(e & SID_MASK)
+                else:
+                    self.release(e - RELEASED)
             elif e >= READ:
                 self.stats.reads += 1
                 self.reads.answered(e & SID_MASK, bool(e & READ_END), bool(e & READ_LOST))

@@ -1,15 +1,19 @@
-"""The fast path: a thread of pyfuse3, in C, answers the dataset files' open, ioctl and
-release, so that a sample the kernel holds costs the Python loop nothing, and the reads of
-samples the daemon's cache holds, so that one the kernel does not hold costs it little.
+"""The fast path: a thread of pyfuse3, in C, answers the dataset files' lookup, open, ioctl,
+release and forget, so that a sample the kernel holds costs the Python loop nothing, and
+the reads of samples the daemon's cache holds, so that one the kernel does not hold costs
+it little.
 
 pyfuse3 built by scripts/pyfuse3_patched.py (patch "fast", scripts/pyfuse3_fastpath.h)
 reads /dev/fuse on a thread of its own. It answers an open of a dataset file (no write
 flag) as Core.open would (handle (serial << SID_BITS) | sample, keep_cache), a release of a
-dataset handle, and every ioctl (ENOTTY, as the ioctl patch does); it hands every other
-request to pyfuse3's request loop unchanged. It answers a read of a dataset handle when the
+dataset handle, every ioctl (ENOTTY, as the ioctl patch does), the lookup of a dataset
+file's name (as Core.lookup would, from the index's arrays: the tree in
+Core.fast_path_args) and every forget (it has no answer; fusefs keeps no lookup counts); it
+hands every other request (folders' and control files' names among them) to pyfuse3's
+request loop unchanged. It answers a read of a dataset handle when the
 sample's bytes are held for it: the cache tells it of every entry that comes or goes
 (`hold`, cache.SampleCache.mirror_to), and the thread keeps a reference to each held bytes
-object. The opens, reads and releases it answered reach the
+object. The opens, reads, releases and dataset files' forgets it answered reach the
 core as events, in order and in batches (`Core.answered`): from 256 of them (128 samples)
 or 20 ms after the first. Before each request the loop handles, the events before it are
 applied (fs.Operations), so the accounting sees opens, releases and order changes in the
@@ -42,11 +46,14 @@ class FastPath:
         self.fd = -1
 
     def start(self, file_base: int, n_files: int, sid_bits: int, serial: int, serial_wrap: int,
-              write_flags: int, kernel_flags=None) -> None:
+              write_flags: int, kernel_flags=None, tree=None) -> None:
         """Start the thread (after pyfuse3.init, before pyfuse3.main); handles continue the
         core's serials. kernel_flags: one byte per sample, nonzero while the core takes the
-        kernel to hold its pages (read by the thread as it answers a read: READ_LOST)."""
+        kernel to hold its pages (read by the thread as it answers a read: READ_LOST).
+        tree: the index's arrays the thread answers the lookups of files' names from
+        (pyfuse3.fast_path_tree), or None: the loop answers every lookup."""
         pyfuse3.fast_path_kernel_flags(kernel_flags)
+        pyfuse3.fast_path_tree(tree)
         self.fd = pyfuse3.fast_path_start(file_base, n_files, FH_BASE, sid_bits, serial, serial_wrap,
                                           write_flags, BATCH, DELAY_US)
 

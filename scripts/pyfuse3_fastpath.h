@@ -1,7 +1,7 @@
 /* fusefs's fast path: a thread of pyfuse3 that reads /dev/fuse and answers, in C, the
- * requests a sample the kernel already holds costs (open, ioctl, release of a dataset
- * file), and the reads of samples the daemon's cache holds; it hands every other request
- * to pyfuse3's request loop unchanged.
+ * requests a sample the kernel already holds costs (lookup, open, ioctl, release, forget
+ * of a dataset file), and the reads of samples the daemon's cache holds; it hands every
+ * other request to pyfuse3's request loop unchanged.
  *
  * scripts/pyfuse3_patched.py copies this file into pyfuse3's sources (patch "fast"):
  * _session_loop then takes its requests from fusefs_receive() and waits on
@@ -28,6 +28,13 @@
  * when the read is answered, not when fusefs applies the event: a push of the sample that
  * ends after the read (it waits for the pages the read holds) must not make it look lost.
  *
+ * A lookup of a dataset file's name (a file, not a folder, in one of the dataset's folders)
+ * is answered here too, as fusefs's Core.lookup would, from the tree fusefs hands over
+ * before the thread starts (fusefs_fast_tree: per folder its run of files, sorted by name;
+ * per file its name, size, mode and mtime). Every other name goes to the loop. A forget
+ * needs no answer: that of a dataset file is an event (FUSEFS_FORGOTTEN | sample), and
+ * that of any other inode is dropped (fusefs keeps no lookup counts).
+ *
  * The thread reads first and waits (poll) only when nothing is queued: under load a
  * request costs it a read and a writev, as in libfuse's own loop.
  *
@@ -43,6 +50,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -53,6 +61,19 @@
 #define FUSEFS_READ (1ULL << 62)       /* (data handles stay below 1 << 61: fusefs/core.py) */
 #define FUSEFS_READ_END (1ULL << 61)
 #define FUSEFS_READ_LOST (1ULL << 60)
+#define FUSEFS_FORGOTTEN (FUSEFS_RELEASED | FUSEFS_READ)  /* (a release's handle lacks bit 62) */
+#define FUSEFS_BLKSIZE 131072  /* st_blksize, as fusefs's adapter answers it (fs.py) */
+
+/* the dataset's tree, for lookups (fusefs_fast_tree), or n_dirs 0 */
+typedef struct {
+    uint64_t n_dirs;  /* folder d is inode d + 1 */
+    const uint64_t *dir_first_file, *dir_nfiles, *name_off, *size;
+    const uint32_t *name_len, *mode;
+    const int64_t *mtime_ns;
+    const char *names;
+    uint64_t names_len, timeout_s;
+    uint32_t uid, gid;
+} fusefs_tree;
 
 typedef struct fusefs_req {
     struct fusefs_req *next;
@@ -89,6 +110,8 @@ static struct {
      * read without a lock: a byte, and a stale value is what a read racing a push sees) */
     const unsigned char *kernel_flags;
     uint64_t kernel_flags_n;
+    fusefs_tree tree;  /* for lookups (fusefs_fast_tree; the caller keeps it alive) */
+    unsigned long long lookups, forgets;  /* (atomic) */
 } fusefs_fast = {0, -1, -1, -1, -1, 0, PTHREAD_MUTEX_INITIALIZER, .held_lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void fusefs_fast_drop_table(void);
@@ -175,6 +198,39 @@ static void fusefs_forward(const char *data, size_t len) {
     pthread_mutex_unlock(&fusefs_fast.lock);
 }
 
+/* file sid's name against name (n bytes), as Python compares bytes */
+static int fusefs_name_cmp(uint64_t sid, const char *name, size_t n) {
+    const char *s = fusefs_fast.tree.names + fusefs_fast.tree.name_off[sid];
+    size_t m = fusefs_fast.tree.name_len[sid];
+    int c = memcmp(s, name, m < n ? m : n);
+    return c ? c : (m < n ? -1 : m > n);
+}
+
+/* The sample called name (n bytes) in folder inode parent, or -1 (not a file there). */
+static int64_t fusefs_lookup_file(uint64_t parent, const char *name, size_t n) {
+    uint64_t d = parent - 1;
+    if (parent < 1 || d >= fusefs_fast.tree.n_dirs)
+        return -1;
+    uint64_t lo = fusefs_fast.tree.dir_first_file[d];
+    uint64_t end = lo + fusefs_fast.tree.dir_nfiles[d], hi = end;
+    if (end > fusefs_fast.n_files || lo > end)
+        return -1;
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (fusefs_name_cmp(mid, name, n) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < end && fusefs_name_cmp(lo, name, n) == 0 ? (int64_t) lo : -1;
+}
+
+/* a forget of inode ino (no answer) */
+static void fusefs_forgot(uint64_t ino) {
+    if (ino >= fusefs_fast.file_base && ino - fusefs_fast.file_base < fusefs_fast.n_files)
+        fusefs_event(FUSEFS_FORGOTTEN | (ino - fusefs_fast.file_base));
+}
+
 /* 1 if the request was answered here */
 static int fusefs_answer(const char *data, size_t len) {
     const struct fuse_in_header *h = (const struct fuse_in_header *) data;
@@ -230,6 +286,52 @@ static int fusefs_answer(const char *data, size_t len) {
                    && __atomic_load_n(&fusefs_fast.kernel_flags[sid], __ATOMIC_RELAXED);
         fusefs_event(FUSEFS_READ | sid | (lost ? FUSEFS_READ_LOST : 0)
                      | (in->offset < n && in->offset + in->size >= n ? FUSEFS_READ_END : 0));
+        return 1;
+    }
+    case FUSE_LOOKUP: {
+        const char *name = (const char *) (h + 1);
+        size_t room = len - sizeof *h, n = strnlen(name, room);
+        if (fusefs_fast.tree.n_dirs == 0 || n == room)
+            return 0;
+        int64_t found = fusefs_lookup_file(h->nodeid, name, n);
+        if (found < 0)
+            return 0;
+        uint64_t sid = (uint64_t) found;
+        int64_t t = fusefs_fast.tree.mtime_ns[sid];
+        int64_t sec = t / 1000000000 - (t % 1000000000 < 0);  /* (floor, as the kernel wants) */
+        uint32_t nsec = (uint32_t) (t - sec * 1000000000);
+        struct fuse_entry_out out;
+        memset(&out, 0, sizeof out);
+        out.nodeid = out.attr.ino = fusefs_fast.file_base + sid;
+        out.entry_valid = out.attr_valid = fusefs_fast.tree.timeout_s;
+        out.attr.size = fusefs_fast.tree.size[sid];
+        out.attr.blocks = (out.attr.size + 511) / 512;
+        out.attr.atime = out.attr.mtime = out.attr.ctime = (uint64_t) sec;
+        out.attr.atimensec = out.attr.mtimensec = out.attr.ctimensec = nsec;
+        out.attr.mode = S_IFREG | fusefs_fast.tree.mode[sid];
+        out.attr.nlink = 1;
+        out.attr.uid = fusefs_fast.tree.uid;
+        out.attr.gid = fusefs_fast.tree.gid;
+        out.attr.blksize = FUSEFS_BLKSIZE;
+        fusefs_reply(h->unique, 0, &out, sizeof out);
+        __atomic_add_fetch(&fusefs_fast.lookups, 1, __ATOMIC_RELAXED);
+        return 1;
+    }
+    case FUSE_FORGET:
+        if (len < sizeof *h + sizeof (struct fuse_forget_in))
+            return 0;
+        fusefs_forgot(h->nodeid);
+        __atomic_add_fetch(&fusefs_fast.forgets, 1, __ATOMIC_RELAXED);
+        return 1;
+    case FUSE_BATCH_FORGET: {
+        const struct fuse_batch_forget_in *in = (const struct fuse_batch_forget_in *) (h + 1);
+        if (len < sizeof *h + sizeof *in
+                || (len - sizeof *h - sizeof *in) / sizeof (struct fuse_forget_one) < in->count)
+            return 0;
+        const struct fuse_forget_one *one = (const struct fuse_forget_one *) (in + 1);
+        for (uint32_t i = 0; i < in->count; i++)
+            fusefs_forgot(one[i].nodeid);
+        __atomic_add_fetch(&fusefs_fast.forgets, 1, __ATOMIC_RELAXED);
         return 1;
     }
     case FUSE_IOCTL:  /* as the ioctl patch answers it: ENOTTY (Python's open() asks isatty) */
@@ -315,6 +417,7 @@ static int fusefs_fast_start(int fd, uint64_t file_base, uint64_t n_files, uint6
     fusefs_fast.ended = fusefs_fast.err = fusefs_fast.stop = 0;
     fusefs_fast.opens = fusefs_fast.releases = fusefs_fast.ioctls = 0;
     fusefs_fast.reads = fusefs_fast.read_bytes = 0;
+    fusefs_fast.lookups = fusefs_fast.forgets = 0;
     fusefs_fast.held = (PyObject **) calloc(n_files ? n_files : 1, sizeof *fusefs_fast.held);
     if (fusefs_fast.held == NULL)
         return ENOMEM;
@@ -416,14 +519,16 @@ static int fusefs_fast_event_fd(void) {
     return fusefs_fast.running ? fusefs_fast.ev_fd : -1;
 }
 
-/* The requests answered here since the start: opens, releases, ioctls, reads; and the
- * bytes the reads answered. */
-static void fusefs_fast_counts(unsigned long long out[5]) {
+/* The requests answered here since the start: opens, releases, ioctls, reads; the bytes
+ * the reads answered; lookups, forgets. */
+static void fusefs_fast_counts(unsigned long long out[7]) {
     out[0] = __atomic_load_n(&fusefs_fast.opens, __ATOMIC_RELAXED);
     out[1] = __atomic_load_n(&fusefs_fast.releases, __ATOMIC_RELAXED);
     out[2] = __atomic_load_n(&fusefs_fast.ioctls, __ATOMIC_RELAXED);
     out[3] = __atomic_load_n(&fusefs_fast.reads, __ATOMIC_RELAXED);
     out[4] = __atomic_load_n(&fusefs_fast.read_bytes, __ATOMIC_RELAXED);
+    out[5] = __atomic_load_n(&fusefs_fast.lookups, __ATOMIC_RELAXED);
+    out[6] = __atomic_load_n(&fusefs_fast.forgets, __ATOMIC_RELAXED);
 }
 
 /* (with the GIL) Hold o, a bytes object, as sample sid's bytes (NULL: hold none); the
@@ -448,6 +553,36 @@ static void fusefs_fast_kernel_flags(const unsigned char *flags, uint64_t n) {
     fusefs_fast.kernel_flags_n = flags ? n : 0;
 }
 
+/* (with the GIL, before the thread starts) The tree that lookups are answered from: n_dirs
+ * folders (folder d is inode d + 1), the files of folder d are samples dir_first_file[d] ..
+ * + dir_nfiles[d], sorted by name; sample i's name is names[name_off[i] .. + name_len[i]],
+ * its size, mode (permission bits) and mtime (ns) size[i], mode[i], mtime_ns[i]; every
+ * file's owner is uid:gid; the kernel may keep names and attributes timeout_s seconds.
+ * The caller keeps the arrays alive until fusefs_fast_free_held. n_dirs 0: no tree (every
+ * lookup goes to the loop). EBUSY while the thread runs, EINVAL for a tree that points
+ * outside its arrays (n_files samples, names_len bytes of names). */
+static int fusefs_fast_tree(uint64_t n_dirs, const uint64_t *dir_first_file,
+                            const uint64_t *dir_nfiles, uint64_t n_files,
+                            const uint64_t *name_off, const uint32_t *name_len,
+                            const char *names, uint64_t names_len, const uint64_t *size,
+                            const uint32_t *mode, const int64_t *mtime_ns, uint32_t uid,
+                            uint32_t gid, uint64_t timeout_s) {
+    if (fusefs_fast.running)
+        return EBUSY;
+    for (uint64_t d = 0; d < n_dirs; d++)
+        if (dir_first_file[d] > n_files || dir_nfiles[d] > n_files - dir_first_file[d])
+            return EINVAL;
+    for (uint64_t i = 0; i < n_files; i++)
+        if (name_off[i] > names_len || name_len[i] > names_len - name_off[i])
+            return EINVAL;
+    fusefs_fast.tree = (fusefs_tree) {
+        .n_dirs = n_dirs, .dir_first_file = dir_first_file, .dir_nfiles = dir_nfiles,
+        .name_off = name_off, .size = size, .name_len = name_len, .mode = mode,
+        .mtime_ns = mtime_ns, .names = names, .names_len = names_len, .timeout_s = timeout_s,
+        .uid = uid, .gid = gid};
+    return 0;
+}
+
 /* (with the GIL, while the thread does not run) Drop every held object and the table. */
 static void fusefs_fast_drop_table(void) {
     PyObject **held = fusefs_fast.held;
@@ -459,10 +594,12 @@ static void fusefs_fast_drop_table(void) {
     free(held);
 }
 
-/* (with the GIL, after fusefs_fast_join) Drop the table and forget the kernel flags. */
+/* (with the GIL, after fusefs_fast_join) Drop the table, forget the kernel flags and the
+ * tree. */
 static void fusefs_fast_free_held(void) {
     fusefs_fast_drop_table();
     fusefs_fast_kernel_flags(NULL, 0);
+    memset(&fusefs_fast.tree, 0, sizeof fusefs_fast.tree);
 }
 
 /* The waiting events, taken (their number in *n; free() the array). */

@@ -32,11 +32,12 @@
    so under load it started (and soon ended) about one task per sample, each setting the
    fd's flags again and getting a fresh request buffer. `pyfuse3.loop_tasks_started()`
    counts them (fusefs's stats: `loop_tasks`). Mark: `pyfuse3.TASKS_WHEN_ALL_BUSY`.
-6. fast: a thread in C reads /dev/fuse and answers the dataset files' open, ioctl and
-   release itself, and the reads of samples fusefs holds for it (`fast_path_hold`: its
-   cache's bytes) (scripts/pyfuse3_fastpath.h, copied into the sources); every other
-   request goes to the request loop, which takes it from the thread's queue instead of the
-   fd. The opens and releases reach fusefs as events in batches (`fast_path_events()`).
+6. fast: a thread in C reads /dev/fuse and answers the dataset files' lookup, open, ioctl,
+   release and forget itself (lookups from the index's arrays, `fast_path_tree`), and the
+   reads of samples fusefs holds for it (`fast_path_hold`: its cache's bytes)
+   (scripts/pyfuse3_fastpath.h, copied into the sources); every other request goes to the
+   request loop, which takes it from the thread's queue instead of the fd. The opens,
+   releases, reads and forgets reach fusefs as events in batches (`fast_path_events()`).
    Off until `fast_path_start(...)` is called after `init`: then a sample the kernel holds
    costs the Python loop nothing. Mark: `pyfuse3.FAST_PATH`.
 
@@ -306,6 +307,13 @@ cdef extern from "fusefs_fastpath.h":
     void fusefs_fast_hold(unsigned long long sid, PyObject *o)
     void fusefs_fast_free_held()
     void fusefs_fast_kernel_flags(const unsigned char *flags, unsigned long long n)
+    int fusefs_fast_tree(unsigned long long n_dirs, const unsigned long long *dir_first_file,
+                         const unsigned long long *dir_nfiles, unsigned long long n_files,
+                         const unsigned long long *name_off, const unsigned int *name_len,
+                         const char *names, unsigned long long names_len,
+                         const unsigned long long *size, const unsigned int *mode,
+                         const long long *mtime_ns, unsigned int uid, unsigned int gid,
+                         unsigned long long timeout_s)
 
 
 def fast_path_start(file_base, n_files, fh_base, sid_bits, serial, serial_wrap, write_flags,
@@ -337,15 +345,17 @@ def fast_path_events():
 
 
 def fast_path_counts():
-    """Requests the fast path's thread answered, by type (open, release, ioctl, read)."""
-    cdef unsigned long long c[5]
+    """Requests the fast path's thread answered, by type (open, release, ioctl, read,
+    lookup, forget: a batch of forgets counts one)."""
+    cdef unsigned long long c[7]
     fusefs_fast_counts(c)
-    return {'open': c[0], 'release': c[1], 'ioctl': c[2], 'read': c[3]}
+    return {'open': c[0], 'release': c[1], 'ioctl': c[2], 'read': c[3], 'lookup': c[5],
+            'forget': c[6]}
 
 
 def fast_path_read_bytes():
     """The bytes of the reads the fast path's thread answered."""
-    cdef unsigned long long c[5]
+    cdef unsigned long long c[7]
     fusefs_fast_counts(c)
     return c[4]
 
@@ -366,6 +376,45 @@ def fast_path_kernel_flags(flags):
             raise TypeError('fast_path_kernel_flags: a contiguous array of bytes')
         fusefs_fast_kernel_flags(<const unsigned char *> <uintptr_t> flags.ctypes.data, len(flags))
     _fusefs_kernel_flags = flags
+
+
+_fusefs_tree = None  # (kept alive while the thread reads it)
+
+
+def _fusefs_array(a, dtype, n, what):
+    if a.dtype != dtype or not a.flags.c_contiguous or len(a) != n:
+        raise TypeError(f'fast_path_tree: {what} must be {n} contiguous {dtype}')
+    return a.ctypes.data
+
+
+def fast_path_tree(tree):
+    """Before fast_path_start: the tree the thread answers the lookups of files from, or
+    None (every lookup goes to the handlers). A dict of numpy arrays: dir_first_file,
+    dir_nfiles (uint64, one per folder: folder d is inode d + 1, its files the samples
+    dir_first_file[d] .. + dir_nfiles[d], sorted by name); name_off (uint64), name_len
+    (uint32), size (uint64), mode (uint32, permission bits), mtime_ns (int64), one per
+    sample; names (uint8, every name); and uid, gid, timeout (seconds) for every file. A
+    file's inode is file_base + its sample (fast_path_start's)."""
+    global _fusefs_tree
+    if tree is None:
+        fusefs_fast_tree(0, NULL, NULL, 0, NULL, NULL, NULL, 0, NULL, NULL, NULL, 0, 0, 0)
+        _fusefs_tree = None
+        return
+    nd, nf = len(tree['dir_first_file']), len(tree['size'])
+    cdef int err = fusefs_fast_tree(
+        nd, <const unsigned long long *> <uintptr_t> _fusefs_array(tree['dir_first_file'], 'uint64', nd, 'dir_first_file'),
+        <const unsigned long long *> <uintptr_t> _fusefs_array(tree['dir_nfiles'], 'uint64', nd, 'dir_nfiles'), nf,
+        <const unsigned long long *> <uintptr_t> _fusefs_array(tree['name_off'], 'uint64', nf, 'name_off'),
+        <const unsigned int *> <uintptr_t> _fusefs_array(tree['name_len'], 'uint32', nf, 'name_len'),
+        <const char *> <uintptr_t> _fusefs_array(tree['names'], 'uint8', len(tree['names']), 'names'),
+        len(tree['names']),
+        <const unsigned long long *> <uintptr_t> _fusefs_array(tree['size'], 'uint64', nf, 'size'),
+        <const unsigned int *> <uintptr_t> _fusefs_array(tree['mode'], 'uint32', nf, 'mode'),
+        <const long long *> <uintptr_t> _fusefs_array(tree['mtime_ns'], 'int64', nf, 'mtime_ns'),
+        tree['uid'], tree['gid'], int(tree['timeout']))
+    if err:
+        raise OSError(err, 'fast_path_tree: ' + strerror(err))
+    _fusefs_tree = tree
 
 
 def fast_path_hold(sid, data):

@@ -328,3 +328,22 @@ def test_reads_answered_on_the_fast_path_count_as_the_loops_do(tricky):
     assert fast.statistics()["kernel_dropped"] == 0 and fast.reads.kernel_holds(first)
     fast.answered([READ | READ_LOST | second])
     assert fast.statistics()["kernel_dropped"] == 1 and not fast.reads.kernel_holds(second)
+
+
+def test_forgets_answered_on_the_fast_path_count_as_the_loops_do(tricky):
+    """The fast path's thread drops every forget (it needs no answer) and hands a dataset
+    file's over as an event (FORGOTTEN | sample): applied, it leaves what the daemon takes
+    the kernel to hold as the loop's forget() does, in order with the other events."""
+    from fusefs.core import FORGOTTEN, READ, READ_END, RELEASED, SID_BITS
+    _, dst, _ = tricky
+    looped, fast = _core(dst), _core(dst)
+    sids = [0, 3, 7]
+    for core in (looped, fast):
+        core.in_kernel[sids] = True
+    looped.forget([looped.file_base + 3, ROOT, looped.ctrl_dir])
+    fast.answered([FORGOTTEN | 3])
+    assert list(fast.in_kernel) == list(looped.in_kernel) and fast.in_kernel[[0, 7]].all()
+    # a forgotten sample's read after it is not a drop; a release's handle is no forget
+    fast.answered([FORGOTTEN | 0, READ | READ_END | 0, (1 << SID_BITS | 7) | RELEASED])
+    assert fast.statistics()["kernel_dropped"] == 0 and fast.in_kernel[7]
+

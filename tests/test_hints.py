@@ -288,8 +288,9 @@ def test_read_ahead_bytes_pushed_to_the_kernel_page_cache(tricky, tmp_path, mode
                 in_c = {k: v - before["fast_path_requests"][k] - (again["fast_path_requests"][k] - v)
                         for k, v in s["fast_path_requests"].items()} if mode == "daemon-opens" else None
                 # (the reads of dropped samples too: from the cache's bytes, held for it)
-                assert in_c == ({"open": len(rels), "release": len(rels), "ioctl": ioctl, "read": reads}
-                                if mode == "daemon-opens" else None), in_c
+                # (no lookup: the names were listed before; no forget)
+                assert in_c == ({"open": len(rels), "release": len(rels), "ioctl": ioctl, "read": reads,
+                                 "lookup": 0, "forget": 0} if mode == "daemon-opens" else None), in_c
                 assert s["fast_path_requests"] is None or mode == "daemon-opens"
                 # (fewer drops than it takes to distrust every push: reads.MIN_DROPS)
                 assert len(dropped) < MIN_DROPS, dropped
@@ -307,6 +308,41 @@ def test_read_ahead_bytes_pushed_to_the_kernel_page_cache(tricky, tmp_path, mode
                 assert in_c == reads and s["hits"] - before["hits"] == reads, (in_c, reads)
             assert s["backend_samples"] == len(rels)  # fetched once, in the first epoch
             assert s["cache_samples"] == len(rels)  # kept: room is not needed
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping the kernel's inodes needs root (CI runs as root)")
+def test_inodes_the_kernel_forgets_are_no_longer_taken_to_hold_pages(tricky, tmp_path):
+    """When the kernel forgets a file's inode it drops its pages (the README's benchmark
+    drops dentries and inodes before each epoch). The forgets are answered by the fast
+    path's thread, none by the Python loop, and reach the core as events: every sample
+    pushed before is taken as held no longer; its reads reach the daemon again."""
+    _, dst, files = tricky
+    rels = sorted(k for k, v in files.items() if not k.endswith("/") and v)
+    mnt = str(tmp_path / "mnt")
+    with running_mount(dst, mnt, "--cache-size", "200%"):
+        assert len([f for _, _, fs in os.walk(mnt) for f in fs]) == len(files) - 2  # listed
+        ids = mount_ids(mnt)
+        write_order(mnt, [ids[os.fsencode(r)] for r in rels], epoch=0)
+        deadline = time.monotonic() + 30
+        while mount_stats(mnt)["pushed"] < len(rels) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        before = mount_stats(mnt)
+        assert before["in_kernel"] == len(rels), before
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3")  # (pages, then dentries and inodes)
+        deadline = time.monotonic() + 10
+        while mount_stats(mnt)["in_kernel"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        after = mount_stats(mnt)
+        assert after["in_kernel"] == 0, after
+        fast = after["fast_path_requests"]["forget"] - before["fast_path_requests"]["forget"]
+        assert fast > 0 and after["requests"]["forget"] - before["requests"].get("forget", 0) == fast
+        for r in rels:  # (served from the daemon's cache: read in C, not counted as drops)
+            with open(os.path.join(mnt, r), "rb") as f:
+                assert f.read() == files[r], r
+        s = mount_stats(mnt)
+        assert s["fast_path_requests"]["read"] - after["fast_path_requests"]["read"] >= len(rels)
+        assert s["kernel_dropped"] == before["kernel_dropped"], s
 
 
 def _epoch(mnt, rels, files, ids, epoch, pause=0.01):

@@ -35,6 +35,44 @@ def test_every_file_is_byte_identical_with_same_metadata(tricky_mount):
                 assert a.st_size == b.st_size, rel
 
 
+def _stat_fields(st: os.stat_result) -> tuple:
+    return (st.st_ino, st.st_mode, st.st_nlink, st.st_uid, st.st_gid, st.st_size, st.st_blocks,
+            st.st_blksize, st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def test_names_looked_up_in_c_have_the_attributes_the_loop_gives(tricky, tmp_path):
+    """The fast path's thread answers the lookup of every dataset file's name from the
+    index's arrays (pyfuse3_fastpath.h: a binary search of the folder's run of files): the
+    same inode and attributes as the loop's lookup gives (--no-fast-path); folders, the
+    control folder, its files and names that are not there go to the loop."""
+    _, dst, files = tricky
+    rels = sorted(k for k in files if not k.endswith("/"))
+    folders = sorted({os.path.dirname(r) for r in rels} | {k.rstrip("/") for k in files if k.endswith("/")})
+    folders = sorted({"/".join(f.split("/")[:i + 1]) for f in folders if f for i in range(f.count("/") + 1)})
+    absent = ["cat/img 00", "cat/img 000.jpgx", "cat/img", "cat/\xff", "aaa", "zzz/x", "root file.tx"]
+    seen, looped = {}, {}
+    for flags in ([], ["--no-fast-path"]):
+        mnt = str(tmp_path / ("mnt" + "".join(flags)))
+        with running_mount(dst, mnt, *flags):  # (no listing: each stat below is a lookup)
+            before = mount_stats(mnt)
+            seen[bool(flags)] = {r: _stat_fields(os.stat(os.path.join(mnt, r))) for r in rels + folders}
+            for name in absent:
+                with pytest.raises(FileNotFoundError):
+                    os.stat(os.path.join(mnt, name))
+            after = mount_stats(mnt)
+            looped[bool(flags)] = after["requests"]["lookup"] - before["requests"]["lookup"]
+            fast = after["fast_path_requests"]
+            if flags:
+                assert fast is None
+            else:
+                in_c = fast["lookup"] - before["fast_path_requests"]["lookup"]
+                assert in_c == len(rels), in_c  # every file's, nothing else
+    # (the requests counts include the thread's): as many lookups either way
+    assert looped[False] == looped[True] >= len(rels) + len(folders) + len(absent)
+    assert {r: seen[False][r][5] for r in rels} == {r: len(files[r]) for r in rels}
+    assert seen[False] == seen[True]
+
+
 def _random_preads(args):
     src, mnt, rels, seed = args
     rng = random.Random(seed)

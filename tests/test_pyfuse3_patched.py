@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from fusefs.index import INDEX_NAME, Index
 
 BENCH = os.path.join(REPO, "scripts", "bench")
 sys.path.insert(0, BENCH)
@@ -267,7 +268,7 @@ def test_the_venv_has_the_fast_path():
         pyfuse3.fast_path_start(2, 10, 1 << 62, 32, 0, 1 << 29, os.O_WRONLY, fastpath.BATCH,
                                 fastpath.DELAY_US)
     assert pyfuse3.fast_path_events() == b""
-    assert set(pyfuse3.fast_path_counts()) == {"open", "release", "ioctl", "read"}
+    assert set(pyfuse3.fast_path_counts()) == {"open", "release", "ioctl", "read", "lookup", "forget"}
     assert pyfuse3.fast_path_read_bytes() == 0
 
 
@@ -287,6 +288,32 @@ def test_fast_path_hold_takes_bytes_only_and_keeps_no_reference_without_a_thread
     pyfuse3.fast_path_kernel_flags(None)
     with pytest.raises(TypeError, match="array of bytes"):
         pyfuse3.fast_path_kernel_flags(np.zeros(4, dtype=np.int64))
+
+
+def test_fast_path_tree_takes_only_arrays_it_can_read_within(tricky):
+    """fast_path_tree takes the index's arrays as the core hands them over
+    (Core.fast_path_args) and refuses arrays of another type or length, and a tree whose
+    folders or names point outside its arrays (the thread reads them without checks)."""
+    from fusefs.core import Core
+    from fusefs.store import ChunkStore
+    _, dst, _ = tricky
+    index = Index.load(os.path.join(dst, INDEX_NAME))
+    tree = Core(index, ChunkStore(dst, index)).fast_path_args()["tree"]
+    pyfuse3.fast_path_tree(tree)
+    pyfuse3.fast_path_tree(None)
+    with pytest.raises(TypeError, match="name_len"):
+        pyfuse3.fast_path_tree(dict(tree, name_len=tree["name_len"].astype(np.uint64)))
+    with pytest.raises(TypeError, match="mtime_ns must be"):
+        pyfuse3.fast_path_tree(dict(tree, mtime_ns=tree["mtime_ns"][:-1]))
+    bad = tree["dir_nfiles"].copy()
+    bad[0] = index.n_files + 1
+    with pytest.raises(OSError, match="Invalid argument"):
+        pyfuse3.fast_path_tree(dict(tree, dir_nfiles=bad))
+    bad = tree["name_off"].copy()
+    bad[-1] = len(tree["names"])
+    with pytest.raises(OSError, match="Invalid argument"):
+        pyfuse3.fast_path_tree(dict(tree, name_off=bad))
+    pyfuse3.fast_path_tree(None)
 
 
 def test_check_accepts_only_a_build_of_the_current_patches_and_header(tmp_path):

@@ -48,7 +48,9 @@ checked out into a temporary git worktree) and the working tree, each round runn
 with fresh daemons, in alternating order (A B, B A, ...). Rows carry "version"; each
 regime's line of the second version adds the per-round ratios to the first (round i of one
 against round i of the other, which ran next to it). REF's compiled fusefs._fetchio, where it
-has one, is built into its worktree (setup.py build_ext --inplace). --against-options ARGS
+has one, is built into its worktree (setup.py build_ext --inplace), and so is REF's patched
+pyfuse3 where REF's patch (scripts/pyfuse3_patched.py, scripts/pyfuse3_fastpath.h) differs
+from the working tree's (a fusefs and the pyfuse3 it was built for go together; 30 s). --against-options ARGS
 does the same for the working tree with and without extra mount arguments, and
 --against-pyfuse3 DIR with
 the pyfuse3 installed in DIR (scripts/pyfuse3_patched.py --target DIR) instead of the
@@ -279,6 +281,18 @@ def warm_chunks(dst: str) -> None:
                 pass
 
 
+PYFUSE3_PATCH = ("scripts/pyfuse3_patched.py", "scripts/pyfuse3_fastpath.h")
+
+
+def _differs(worktree: str, rel: str) -> bool:
+    """Whether file rel of worktree differs from the working tree's (or either lacks it)."""
+    try:
+        with open(os.path.join(worktree, rel), "rb") as f, open(os.path.join(REPO, rel), "rb") as g:
+            return f.read() != g.read()
+    except FileNotFoundError:
+        return True
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="2,000 files (under a minute)")
@@ -319,7 +333,12 @@ def main() -> int:
         if os.path.exists(os.path.join(worktree, "setup.py")):  # (REF has fusefs/_fetchio.c)
             subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
                            cwd=worktree, check=True, capture_output=True)
-        versions = {ref: (dict(os.environ, PYTHONPATH=worktree, PYTHONSAFEPATH="1"), []), **versions}
+        path = worktree
+        if any(_differs(worktree, f) for f in PYFUSE3_PATCH):  # (REF's own pyfuse3 build)
+            path = f"{worktree}/.pyfuse3:{worktree}"
+            subprocess.run([sys.executable, "scripts/pyfuse3_patched.py", "--target", ".pyfuse3"],
+                           cwd=worktree, check=True, capture_output=True)
+        versions = {ref: (dict(os.environ, PYTHONPATH=path, PYTHONSAFEPATH="1"), []), **versions}
     if a.against_pyfuse3:
         versions[f"{here} pyfuse3={a.against_pyfuse3}"] = (
             dict(versions[here][0], PYTHONPATH=f"{os.path.abspath(a.against_pyfuse3)}:{REPO}"), [])
