@@ -67,7 +67,7 @@ class Stats:
     """Counters of the daemon; a snapshot goes to `.fusefs/stats`."""
 
     FIELDS = ("opens", "opens_pushed", "releases", "reads", "bytes_served", "hits", "pushed",
-              "push_skipped", "kernel_dropped",
+              "push_skipped", "kernel_dropped", "kernel_forgotten",
               "misses", "read_waits", "eio", "orders_accepted", "orders_refused")
 
     def __init__(self):
@@ -285,7 +285,9 @@ class Core:
                 self._forgot(sid)
 
     def _forgot(self, sid: int) -> None:
-        self.in_kernel[sid] = False
+        if self.in_kernel[sid]:  # (its pushed pages are gone with the inode)
+            self.stats.kernel_forgotten += 1
+            self.in_kernel[sid] = False
 
     # ---- data ------------------------------------------------------------------------
     def may_control(self, uid: int | None) -> bool:

@@ -23,6 +23,8 @@ COUNTERS = (
     ("pushed", "kernel_pushed_samples", "Samples pushed into the kernel page cache"),
     ("kernel_dropped", "kernel_dropped_samples",
      "Pushed samples whose pages the kernel was found to have dropped (a read reached the daemon)"),
+    ("kernel_forgotten", "kernel_forgotten_samples",
+     "Samples taken as held in the kernel page cache whose inode the kernel forgot (and their pages)"),
     ("misses", "cache_misses", "Samples fetched on demand (not read ahead)"),
     ("eio", "eio", "Reads answered with EIO"),
     ("evictions", "cache_evictions", "Samples evicted from the cache"),

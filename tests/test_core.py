@@ -343,6 +343,7 @@ def test_forgets_answered_on_the_fast_path_count_as_the_loops_do(tricky):
     looped.forget([looped.file_base + 3, ROOT, looped.ctrl_dir])
     fast.answered([FORGOTTEN | 3])
     assert list(fast.in_kernel) == list(looped.in_kernel) and fast.in_kernel[[0, 7]].all()
+    assert fast.statistics()["kernel_forgotten"] == looped.statistics()["kernel_forgotten"] == 1
     # a forgotten sample's read after it is not a drop; a release's handle is no forget
     fast.answered([FORGOTTEN | 0, READ | READ_END | 0, (1 << SID_BITS | 7) | RELEASED])
     assert fast.statistics()["kernel_dropped"] == 0 and fast.in_kernel[7]
