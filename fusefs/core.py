@@ -34,7 +34,7 @@ import trio
 from . import order as orderfmt
 from .cache import SampleCache
 from .control import FH_BASE, FILES, ControlHooks, ControlNamespace
-from .entries import DATA_TIMEOUT, UNORDERED_ENTRY_TIMEOUT, Attr, FsError, OpenResult
+from .entries import BLKSIZE, DATA_TIMEOUT, UNORDERED_ENTRY_TIMEOUT, Attr, FsError, OpenResult
 from .config import DEFAULTS
 from .index import CONTROL_NAME, Index
 from .policy import Policy
@@ -274,7 +274,7 @@ class Core:
 
     def statfs(self) -> dict:
         ix = self.index
-        return {"bsize": 131072, "blocks": (ix.total_bytes + 131071) // 131072,
+        return {"bsize": BLKSIZE, "blocks": (ix.total_bytes + BLKSIZE - 1) // BLKSIZE,
                 "files": ix.n_files + ix.n_dirs, "namemax": 255}
 
     def forget(self, inodes) -> None:
@@ -326,7 +326,8 @@ class Core:
             "dir_first_file": ix.dir_first_file, "dir_nfiles": ix.dir_nfiles,
             "name_off": ix.file_name_off, "name_len": ix.file_name_len,
             "names": np.frombuffer(ix.names, dtype=np.uint8), "size": ix.size, "mode": ix.mode,
-            "mtime_ns": ix.mtime_ns, "uid": self.uid, "gid": self.gid, "timeout": DATA_TIMEOUT}
+            "mtime_ns": ix.mtime_ns, "uid": self.uid, "gid": self.gid, "timeout": DATA_TIMEOUT,
+            "blksize": BLKSIZE}
         return {"file_base": self.file_base, "n_files": ix.n_files, "sid_bits": SID_BITS,
                 "serial": self._serial, "serial_wrap": SERIAL_WRAP, "write_flags": WRITE_FLAGS,
                 "kernel_flags": self.in_kernel.view(np.uint8), "tree": tree}

@@ -13,6 +13,7 @@ DATA_TIMEOUT = 24 * 3600.0  # the dataset is immutable: let the kernel keep entr
 # ImageFolder does, is looked up at its opens under it; and an order makes the kernel
 # forget the names it keeps from lookups made without one: core.Core.set_order.)
 UNORDERED_ENTRY_TIMEOUT = 1.0
+BLKSIZE = 131072  # every file's st_blksize, and the mount's statfs block size
 
 
 class FsError(Exception):

@@ -18,7 +18,7 @@ import logging
 import pyfuse3
 
 from .core import Core
-from .entries import Attr, FsError
+from .entries import BLKSIZE, Attr, FsError
 
 log = logging.getLogger("fusefs")
 
@@ -114,7 +114,7 @@ class Operations(pyfuse3.Operations):
         e.st_gid = self.core.gid if a.gid is None else a.gid
         e.st_rdev = 0
         e.st_size = a.size
-        e.st_blksize = 131072
+        e.st_blksize = BLKSIZE
         e.st_blocks = (a.size + 511) // 512
         e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = a.mtime_ns
         return e

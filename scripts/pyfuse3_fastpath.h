@@ -62,7 +62,6 @@
 #define FUSEFS_READ_END (1ULL << 61)
 #define FUSEFS_READ_LOST (1ULL << 60)
 #define FUSEFS_FORGOTTEN (FUSEFS_RELEASED | FUSEFS_READ)  /* (a release's handle lacks bit 62) */
-#define FUSEFS_BLKSIZE 131072  /* st_blksize, as fusefs's adapter answers it (fs.py) */
 
 /* the dataset's tree, for lookups (fusefs_fast_tree), or n_dirs 0 */
 typedef struct {
@@ -72,7 +71,7 @@ typedef struct {
     const int64_t *mtime_ns;
     const char *names;
     uint64_t names_len, timeout_s;
-    uint32_t uid, gid;
+    uint32_t uid, gid, blksize;
 } fusefs_tree;
 
 typedef struct fusefs_req {
@@ -312,7 +311,7 @@ static int fusefs_answer(const char *data, size_t len) {
         out.attr.nlink = 1;
         out.attr.uid = fusefs_fast.tree.uid;
         out.attr.gid = fusefs_fast.tree.gid;
-        out.attr.blksize = FUSEFS_BLKSIZE;
+        out.attr.blksize = fusefs_fast.tree.blksize;
         fusefs_reply(h->unique, 0, &out, sizeof out);
         __atomic_add_fetch(&fusefs_fast.lookups, 1, __ATOMIC_RELAXED);
         return 1;
@@ -557,7 +556,8 @@ static void fusefs_fast_kernel_flags(const unsigned char *flags, uint64_t n) {
  * folders (folder d is inode d + 1), the files of folder d are samples dir_first_file[d] ..
  * + dir_nfiles[d], sorted by name; sample i's name is names[name_off[i] .. + name_len[i]],
  * its size, mode (permission bits) and mtime (ns) size[i], mode[i], mtime_ns[i]; every
- * file's owner is uid:gid; the kernel may keep names and attributes timeout_s seconds.
+ * file's owner is uid:gid, its st_blksize blksize; the kernel may keep names and
+ * attributes timeout_s seconds.
  * The caller keeps the arrays alive until fusefs_fast_free_held. n_dirs 0: no tree (every
  * lookup goes to the loop). EBUSY while the thread runs, EINVAL for a tree that points
  * outside its arrays (n_files samples, names_len bytes of names). */
@@ -566,7 +566,7 @@ static int fusefs_fast_tree(uint64_t n_dirs, const uint64_t *dir_first_file,
                             const uint64_t *name_off, const uint32_t *name_len,
                             const char *names, uint64_t names_len, const uint64_t *size,
                             const uint32_t *mode, const int64_t *mtime_ns, uint32_t uid,
-                            uint32_t gid, uint64_t timeout_s) {
+                            uint32_t gid, uint32_t blksize, uint64_t timeout_s) {
     if (fusefs_fast.running)
         return EBUSY;
     for (uint64_t d = 0; d < n_dirs; d++)
@@ -579,7 +579,7 @@ static int fusefs_fast_tree(uint64_t n_dirs, const uint64_t *dir_first_file,
         .n_dirs = n_dirs, .dir_first_file = dir_first_file, .dir_nfiles = dir_nfiles,
         .name_off = name_off, .size = size, .name_len = name_len, .mode = mode,
         .mtime_ns = mtime_ns, .names = names, .names_len = names_len, .timeout_s = timeout_s,
-        .uid = uid, .gid = gid};
+        .uid = uid, .gid = gid, .blksize = blksize};
     return 0;
 }
 

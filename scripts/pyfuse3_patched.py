@@ -313,7 +313,7 @@ cdef extern from "fusefs_fastpath.h":
                          const char *names, unsigned long long names_len,
                          const unsigned long long *size, const unsigned int *mode,
                          const long long *mtime_ns, unsigned int uid, unsigned int gid,
-                         unsigned long long timeout_s)
+                         unsigned int blksize, unsigned long long timeout_s)
 
 
 def fast_path_start(file_base, n_files, fh_base, sid_bits, serial, serial_wrap, write_flags,
@@ -393,11 +393,12 @@ def fast_path_tree(tree):
     dir_nfiles (uint64, one per folder: folder d is inode d + 1, its files the samples
     dir_first_file[d] .. + dir_nfiles[d], sorted by name); name_off (uint64), name_len
     (uint32), size (uint64), mode (uint32, permission bits), mtime_ns (int64), one per
-    sample; names (uint8, every name); and uid, gid, timeout (seconds) for every file. A
+    sample; names (uint8, every name); and uid, gid, blksize, timeout (seconds) for every
+    file. A
     file's inode is file_base + its sample (fast_path_start's)."""
     global _fusefs_tree
     if tree is None:
-        fusefs_fast_tree(0, NULL, NULL, 0, NULL, NULL, NULL, 0, NULL, NULL, NULL, 0, 0, 0)
+        fusefs_fast_tree(0, NULL, NULL, 0, NULL, NULL, NULL, 0, NULL, NULL, NULL, 0, 0, 0, 0)
         _fusefs_tree = None
         return
     nd, nf = len(tree['dir_first_file']), len(tree['size'])
@@ -411,10 +412,18 @@ def fast_path_tree(tree):
         <const unsigned long long *> <uintptr_t> _fusefs_array(tree['size'], 'uint64', nf, 'size'),
         <const unsigned int *> <uintptr_t> _fusefs_array(tree['mode'], 'uint32', nf, 'mode'),
         <const long long *> <uintptr_t> _fusefs_array(tree['mtime_ns'], 'int64', nf, 'mtime_ns'),
-        tree['uid'], tree['gid'], int(tree['timeout']))
+        tree['uid'], tree['gid'], tree['blksize'], int(tree['timeout']))
     if err:
         raise OSError(err, 'fast_path_tree: ' + strerror(err))
     _fusefs_tree = tree
+
+
+def _fusefs_free():
+    """(close(), after the thread's join) Drop the held bytes, the kernel flags and the tree,
+    and the references that kept the last two alive."""
+    global _fusefs_kernel_flags, _fusefs_tree
+    fusefs_fast_free_held()
+    _fusefs_kernel_flags = _fusefs_tree = None
 
 
 def fast_path_hold(sid, data):
@@ -477,7 +486,7 @@ def patch_fast_init(text: str) -> str:
     if text.count(FAST_TERMINATE) != 1 or text.count(FAST_CLOSE) != 1:
         raise SystemExit(f"pyfuse3 {VERSION}'s terminate or close changed")
     text = text.replace(FAST_TERMINATE, "    fusefs_fast_stop()\n" + FAST_TERMINATE)
-    return text.replace(FAST_CLOSE, "    fusefs_fast_join()\n    fusefs_fast_free_held()\n" + FAST_CLOSE)
+    return text.replace(FAST_CLOSE, "    fusefs_fast_join()\n    _fusefs_free()\n" + FAST_CLOSE)
 
 
 # name -> (the source file it changes, the change, the mark it sets on the module, why)

@@ -256,7 +256,7 @@ def test_the_fast_path_takes_the_loops_requests_and_ends_with_the_session():
     out = patched.patch_fast_init(init)
     assert out.index("fusefs_fast_stop()") < out.index("fuse_session_exit(session)")
     assert out.index("fusefs_fast_join()") < out.index("fuse_session_unmount(session)")
-    assert out.index("fusefs_fast_join()") < out.index("fusefs_fast_free_held()")  # (thread ended first)
+    assert out.index("fusefs_fast_join()") < out.index("_fusefs_free()")  # (thread ended first)
     with pytest.raises(SystemExit, match="terminate or close changed"):
         patched.patch_fast_init(init.replace("notify_closing", "closing"))
 
@@ -300,7 +300,9 @@ def test_fast_path_tree_takes_only_arrays_it_can_read_within(tricky):
     index = Index.load(os.path.join(dst, INDEX_NAME))
     tree = Core(index, ChunkStore(dst, index)).fast_path_args()["tree"]
     pyfuse3.fast_path_tree(tree)
-    pyfuse3.fast_path_tree(None)
+    assert pyfuse3._fusefs_tree is tree  # (kept alive while the thread may read it) ...
+    pyfuse3._fusefs_free()  # ... until close() frees it after the thread's join
+    assert pyfuse3._fusefs_tree is None and pyfuse3._fusefs_kernel_flags is None
     with pytest.raises(TypeError, match="name_len"):
         pyfuse3.fast_path_tree(dict(tree, name_len=tree["name_len"].astype(np.uint64)))
     with pytest.raises(TypeError, match="mtime_ns must be"):
