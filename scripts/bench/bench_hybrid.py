@@ -22,7 +22,7 @@ import subprocess
 import sys
 
 
-from common import REPO, run_trainer, commit as common_commit
+from common import REPO, JsonLines, run_trainer, commit as common_commit
 
 from fusefs.pack import pack
 from fusefs.synth import make_digits
@@ -31,7 +31,7 @@ from fusefs.testing import running_mount
 MODES = ("accel", "cpu", "hybrid")
 
 
-def train(mnt, test, model, mode, epochs, a) -> list[dict]:
+def train(mnt, test, model, mode, epochs, a, lines) -> list[dict]:
     args = [mnt, test, "--mode", mode, "--model", model, "--epochs", str(epochs),
             "--workers", str(a.workers), "--batch", str(a.batch)]
     if mode == "hybrid":
@@ -46,7 +46,8 @@ def train(mnt, test, model, mode, epochs, a) -> list[dict]:
                  ) if mode == "hybrid" else ""
         print(f"  {model:<8} {mode:<6} epoch {row['epoch']:2d}: test acc {100 * row['test_acc']:.2f}%  "
               f"{row['samples_per_s']:8.1f} samples/s{extra}", flush=True)
-    return run_trainer("train_hybrid.py", args, show)
+        lines.write(bench="bench_hybrid", **row)
+    return run_trainer("train_hybrid.py", args, show, python=a.python)
 
 
 def summarise(runs: dict) -> dict:
@@ -77,7 +78,11 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=1, help="runs of each mode, in turn (default 1)")
     p.add_argument("--batch", type=int, default=64, help="batch size (default 64)")
     p.add_argument("--workers", type=int, default=1, help="DataLoader worker processes (default 1)")
+    p.add_argument("--python", default="/usr/bin/python3",
+                   help="the trainers' Python (needs torch and torchvision; python3 on the GPU node)")
     p.add_argument("--out", default=os.path.join(REPO, "out", "bench_hybrid"))
+    p.add_argument("--jsonl", help="append each epoch and each model's summary as a JSON line here "
+                                   "as it is measured (default OUT/bench_hybrid.jsonl)")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     digits = os.path.join(a.out, "digits")
@@ -85,23 +90,27 @@ def main() -> int:
     packed = os.path.join(a.out, "packed")
     if not os.path.exists(os.path.join(packed, "index.fusefs")):
         pack(os.path.join(digits, "train"), packed, chunk_bytes=1 << 20, force=True, progress=False)
-    probe = subprocess.run(["/usr/bin/python3", "-c", "import torch, os; print(torch.cuda.is_available(), "
+    probe = subprocess.run([a.python, "-c", "import torch, os; print(torch.cuda.is_available(), "
                             "torch.cuda.get_device_name() if torch.cuda.is_available() else '', os.cpu_count())"],
                            capture_output=True, text=True).stdout.split(maxsplit=1)
     gpu = probe[0] == "True"
     machine = probe[1].strip() if len(probe) > 1 else ""
     commit = common_commit()
+    lines = JsonLines(a.jsonl or os.path.join(a.out, "bench_hybrid.jsonl"))
     mnt = os.path.join(a.out, "mnt")
     runs: dict = {}
+    summary: dict = {}
     for model in a.models.split(","):
         runs[model] = {m: [] for m in MODES}
         for _ in range(a.rounds):
             for mode in MODES:
                 with running_mount(packed, mnt, "--cache-size", "100%"):
                     runs[model][mode].append(train(mnt, os.path.join(digits, "test"), model, mode,
-                                                   a.epochs, a))
-    summary = {model: summarise(r) for model, r in runs.items()}
-    print(json.dumps(summary, indent=1))
+                                                   a.epochs, a, lines))
+        summary[model] = summarise(runs[model])
+        lines.write(bench="bench_hybrid", model=model, summary=summary[model], gpu=gpu, epochs=a.epochs,
+                    batch=a.batch, workers=a.workers)
+        print(json.dumps({model: summary[model]}, indent=1), flush=True)
     with open(os.path.join(a.out, "bench_hybrid.json"), "w") as f:
         json.dump({"summary": summary, "runs": runs, "gpu": gpu, "machine": machine, "commit": commit,
                    "epochs": a.epochs, "rounds": a.rounds, "workers": a.workers, "batch": a.batch}, f,

@@ -41,7 +41,7 @@ import os
 import shutil
 import sys
 
-from common import REPO, build_minimal_c, commit as common_commit, minimal_daemon, run_trainer
+from common import REPO, JsonLines, build_minimal_c, commit as common_commit, minimal_daemon, run_trainer
 
 from fusefs.pack import pack
 from fusefs.synth import make_imagefolder
@@ -147,6 +147,8 @@ def main() -> int:
     p.add_argument("--python", default="/usr/bin/python3",
                    help="the readers' Python (needs torch and torchvision)")
     p.add_argument("--out", default=os.path.join(REPO, "out", "bench_node"))
+    p.add_argument("--jsonl", help="append each row as a JSON line here as it is measured "
+                                   "(default OUT/bench_node.jsonl)")
     a = p.parse_args()
     workers = [int(w) for w in a.workers.split(",")]
     loaders = a.loaders.split(",")
@@ -160,13 +162,15 @@ def main() -> int:
     src = os.path.join(a.out, f"src-{a.files}")
     packed = os.path.join(a.out, f"packed-{a.files}")
     if not os.path.isdir(src):
-        g = make_imagefolder(src + ".part", a.files, n_classes=100, mean_bytes=110_000, progress=True)
+        g = make_imagefolder(src + ".part", a.files, n_classes=100, mean_bytes=110_000, progress=True,
+                             workers=os.cpu_count() or 4)
         os.replace(src + ".part", src)
         print(f"generated {g['files']} JPEGs, {g['bytes'] / 1e9:.2f} GB, mean {g['mean_bytes'] / 1e3:.0f} KB")
     if not os.path.exists(os.path.join(packed, "index.fusefs")):
         pack(src, packed, force=True)
     results = {"files": a.files, "epochs": a.epochs, "cores": os.cpu_count(), "python": a.python,
                "commit": common_commit(), "rows": []}
+    lines = JsonLines(a.jsonl or os.path.join(a.out, "bench_node.jsonl"))
     print(f"commit {results['commit']}, {os.cpu_count()} cores, {a.files} files, readers: {a.python}")
     for loader in loaders:
         for w in workers:
@@ -180,6 +184,7 @@ def main() -> int:
                 elif base:
                     row["ratio_to_loose"] = round(mean / base, 3)
                 results["rows"].append(row)
+                lines.write(bench="bench_node", files=a.files, epochs=a.epochs, **row)
                 rates = " / ".join(f"{x:,.0f}" for x in row["samples_per_s"])
                 extra = f"; {row['ratio_to_loose']:.2f}x loose" if "ratio_to_loose" in row else ""
                 if "daemon_cpu_us_per_sample" in row:

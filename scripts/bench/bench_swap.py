@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from common import REPO, commit as common_commit
+from common import REPO, JsonLines, commit as common_commit
 
 from trainer import SwapScheduler
 from trainer.accel.swap import is_oom, largest_batch
@@ -153,7 +153,7 @@ def largest_batch_cuda(enter, dev, model, make, start):
     return largest_batch(fits, start)
 
 
-def bench_model(name, a, dev) -> tuple[dict, list]:
+def bench_model(name, a, dev, lines) -> tuple[dict, list]:
     model, blocks, make = MODELS[name]()
     model = model.to(dev)
     x, y = make(a.batch, dev)
@@ -192,8 +192,10 @@ def bench_model(name, a, dev) -> tuple[dict, list]:
     res = {"batch": a.batch, "budget": a.budget, "rounds": sched.rounds, "learn_s": learn_s,
            "plan": sched.plan_dict(learned), "converged_by_itself": converged,
            "failed_plans": len(sched.failed)}
+    lines.write(bench="bench_swap", model=name, **res, step_s=step_s)
     if dev.type == "cuda" and a.memory_limit:
         torch.cuda.set_per_process_memory_fraction(a.memory_limit, dev)
+        res["memory_limit_bytes"] = int(a.memory_limit * torch.cuda.get_device_properties(dev).total_memory)
     for row, enter in rows.items():
         sched.hooks.reset_counts()
         if dev.type == "cuda":
@@ -208,8 +210,10 @@ def bench_model(name, a, dev) -> tuple[dict, list]:
         else:
             memory = sched.hooks.resident_bytes
         res[row] = {"memory": memory, "step_s": step_s[row], "time_ratio": step_s[row] / step_s["no_swap"]}
-        if dev.type == "cuda":
+        if dev.type == "cuda" and row in a.largest_rows.split(","):
             res[row]["largest_batch"] = largest_batch_cuda(enter, dev, model, make, a.batch)
+        lines.write(bench="bench_swap", model=name, row=row, batch=a.batch, budget=a.budget,
+                    memory_limit_bytes=res.get("memory_limit_bytes"), **res[row])
     for row in rows:
         res[row]["memory_share"] = res[row]["memory"] / res["no_swap"]["memory"]
     res["learned_within_budget"] = res["learned"]["memory_share"] <= a.budget
@@ -232,19 +236,24 @@ def main() -> int:
     p.add_argument("--rounds-timed", type=int, default=5, help="interleaved timing rounds (default 5)")
     p.add_argument("--memory-limit", type=float, default=0.5,
                    help="CUDA: share of the GPU's memory for the largest-batch search (default 0.5)")
+    p.add_argument("--largest-rows", default="no_swap,save_on_cpu,checkpoint,swap_all,learned",
+                   help="CUDA: the rows whose largest batch is searched (comma-separated; default all)")
     p.add_argument("--out", default=os.path.join(REPO, "out", "bench_swap"))
+    p.add_argument("--jsonl", help="append each model's rows as JSON lines here as they are measured "
+                                   "(default OUT/bench_swap.jsonl)")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     a.batch = a.batch or (128 if dev.type == "cuda" else 32)
     models = (a.models or ("resnet50,transformer" if dev.type == "cuda" else "cnn,transformer")).split(",")
     commit = common_commit()
+    lines = JsonLines(a.jsonl or os.path.join(a.out, "bench_swap.jsonl"))
     out = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "commit": commit,
            "timing": {"rounds": a.rounds_timed, "steps": a.steps}, "models": {}}
     points = {}
     what = "peak CUDA memory" if dev.type == "cuda" else "resident saved activations"
     for name in models:
-        res, points[name] = bench_model(name, a, dev)
+        res, points[name] = bench_model(name, a, dev, lines)
         out["models"][name] = res
         print(f"{name}: batch {a.batch}, budget {a.budget:.0%}: learned {res['plan']} after "
               f"{res['rounds']} rounds ({res['learn_s']:.1f} s)")

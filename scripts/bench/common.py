@@ -3,8 +3,11 @@ finds it without any sys.path edit)."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -22,8 +25,38 @@ def git(*args: str) -> str:
 
 def commit() -> str:
     """The commit the figures come from: HEAD, short, with "+dirty" when fusefs/ or
-    trainer/ differ from it."""
-    return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain", "fusefs", "trainer") else "")
+    trainer/ differ from it; where the tree has no git (a copy on the GPU node), $FUSEFS_COMMIT."""
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:
+        return os.environ.get("FUSEFS_COMMIT", "unknown")
+    return head + ("+dirty" if git("status", "--porcelain", "fusefs", "trainer") else "")
+
+
+def machine() -> str:
+    """This machine in a few words: its host name, its cores and the GPUs nvidia-smi lists."""
+    gpus = ""
+    if shutil.which("nvidia-smi"):
+        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                               capture_output=True, text=True).stdout.split("\n")
+        gpus = ", ".join(n.strip() for n in names if n.strip())
+    return f"{socket.gethostname()}, {os.cpu_count()} cores" + (f", {gpus}" if gpus else "")
+
+
+class JsonLines:
+    """A benchmark's figures as JSON lines appended to `path` as each is measured, so that a
+    run cut short keeps what it measured; every line carries the commit, the date (UTC), the
+    machine and the command that printed it."""
+
+    def __init__(self, path: str):
+        self.path = path
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.context = {"commit": commit(), "machine": machine(),
+                        "command": " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])}
+
+    def write(self, **row) -> None:
+        date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        with open(self.path, "a") as f:
+            f.write(json.dumps({**row, **self.context, "date": date}) + "\n")
 
 
 def run_trainer(script: str, args: list[str], show=None, python: str = "/usr/bin/python3") -> list[dict]:
