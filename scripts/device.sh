@@ -48,6 +48,7 @@ build_pyfuse3() {
 part() {
     local name=$1 limit=$2 t0 rc
     shift 2
+    [[ " ${PARTS:-swap node_raw node_decode hybrid} " == *" $name "* ]] || return 0
     t0=$(date +%s)
     echo "== $name (at most $limit s): $*"
     timeout -k 10 "$limit" "$@"
@@ -110,8 +111,8 @@ check)
     # $OUT: figures.jsonl (every benchmark's lines, and each part's exit status and
     # seconds), check.log and the PNGs. Sizes and timeouts from the environment, for a
     # rehearsal on a small machine: FILES, EPOCHS, WORKERS, HYBRID_EPOCHS, SWAP_MODELS,
-    # SWAP_BATCH, SWAP_ROUNDS, and LIMITS (seconds of each part: swap, node raw, node
-    # decode, hybrid). The tree there has no .git: FUSEFS_COMMIT names the commit.
+    # SWAP_BATCH, SWAP_ROUNDS, LIMITS (seconds of each part: swap, node raw, node
+    # decode, hybrid) and PARTS (which of swap node_raw node_decode hybrid to run). The tree there has no .git: FUSEFS_COMMIT names the commit.
     here=$(cd "$(dirname "$0")/.." && pwd); cd "$here"
     OUT=${OUT:?"device.sh check: set OUT to the folder for the figures"}
     exec > >(tee -a "$OUT/check.log") 2>&1
