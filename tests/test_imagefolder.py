@@ -85,3 +85,10 @@ def test_bench_node_compares_loose_files_fusefs_and_the_minimal_daemons(tmp_path
     assert rows["fusefs"]["fetched_samples"] == rows["fusefs_python"]["fetched_samples"] == 0
     assert (out / "bench_node.png").stat().st_size > 0
     assert not os.path.ismount(out / "mnt")
+    # each row also went out as a JSON line as it was measured, with where it came from
+    lines = [json.loads(x) for x in open(out / "bench_node.jsonl")]
+    assert [x["system"] for x in lines] == ["loose", "fusefs", "fusefs_python", "minimal", "minimal_c"]
+    for x in lines:
+        assert x["samples_per_s"] == rows[x["system"]]["samples_per_s"]
+        assert x["commit"] and x["date"].startswith("20") and "cores" in x["machine"]
+        assert x["command"].startswith("scripts/bench/bench_node.py --files 120")

@@ -1,7 +1,12 @@
 """The activation-swap scheduler: identical gradients, the Q update, epsilon-greedy choice,
 convergence on a toy reward, unswappable units never swapped, segments of equal bytes,
 a memory budget never exceeded by the chosen plan, running out of memory handled as a
-penalty, host buffers reused."""
+penalty, host buffers reused; scripts/bench/bench_swap.py end to end."""
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -271,3 +276,33 @@ def test_host_buffers_are_reused_from_step_to_step():
         s.run(lambda: nn.functional.cross_entropy(model(x), y).backward())
         held.append(s.hooks.pool.bytes)
     assert held[0] == s.hooks.swapped_bytes > 0 and held == [held[0]] * 3
+
+
+BENCH_SWAP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "scripts", "bench", "bench_swap.py")
+
+
+def _bench_swap(out, *extra):
+    return subprocess.run([sys.executable, BENCH_SWAP, "--models", "cnn", "--batch", "8", "--rounds", "4",
+                           "--rounds-timed", "1", "--steps", "1", "--out", str(out), *extra],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_bench_swap_writes_each_row_as_a_json_line(tmp_path):
+    """scripts/bench/bench_swap.py end to end at a tiny scale (the GPU node runs it with
+    ResNet-50): the learned plan and every row go out as JSON lines as they are measured."""
+    r = _bench_swap(tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [json.loads(x) for x in open(tmp_path / "bench_swap.jsonl")]
+    assert [x.get("row") for x in lines] == [None, "no_swap", "save_on_cpu", "checkpoint", "swap_all", "learned"]
+    assert "plan" in lines[0] and set(lines[0]["step_s"]) == {x["row"] for x in lines[1:]}
+    assert all(x["step_s"] > 0 and x["commit"] and x["date"] for x in lines[1:])
+    assert lines[1]["memory"] > lines[3]["memory"]  # checkpointing keeps less than no swap
+
+
+def test_bench_swap_stops_with_a_report_past_its_host_memory_limit(tmp_path):
+    """On the GPU node the benchmark's memory grew until the kernel killed it, silently;
+    past --host-limit it stops itself and says where it was."""
+    r = _bench_swap(tmp_path, "--host-limit", "0.0001")
+    assert r.returncode == 3
+    assert "passed the limit" in r.stderr and "during cnn: learning" in r.stderr

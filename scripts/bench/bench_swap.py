@@ -27,8 +27,10 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 
+import psutil
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -87,6 +89,42 @@ def step(model, x, y):
     nn.functional.cross_entropy(model(x), y).backward()
 
 
+# ---- host memory ------------------------------------------------------------------------
+class HostWatch:
+    """Stops the benchmark with a report when this process's resident memory passes `limit`
+    bytes (pinned host buffers count): on the GPU node, a run grew past the host's 125 GiB
+    and the kernel killed it with nothing printed. `phase` names what runs now; each new
+    phase is printed with the memory so far."""
+
+    def __init__(self, limit: int, pool, period: float = 0.25):
+        self.limit, self.pool, self.period = limit, pool, period
+        self.phase = "start"
+        self.peak = 0
+        threading.Thread(target=self._watch, daemon=True, name="host-watch").start()
+
+    def rss(self) -> int:
+        return psutil.Process().memory_info().rss
+
+    def enter(self, phase: str) -> None:
+        self.phase = phase
+        print(f"    [{phase}: host RSS {self.rss() / 2**30:.1f} GiB, swap pool "
+              f"{self.pool().bytes / 2**30:.1f} GiB]", flush=True)
+
+    def _watch(self) -> None:
+        while True:
+            rss = self.rss()
+            self.peak = max(self.peak, rss)
+            if rss > self.limit:
+                stats = torch.cuda.host_memory_stats() if torch.cuda.is_available() else {}
+                held = {k: v for k, v in stats.items() if "bytes" in k or "segment" in k}
+                print(f"bench_swap: host RSS {rss / 2**30:.1f} GiB passed the limit of "
+                      f"{self.limit / 2**30:.1f} GiB during {self.phase}; swap pool "
+                      f"{self.pool().bytes / 2**30:.1f} GiB; torch's pinned host allocator: {held}",
+                      file=sys.stderr, flush=True)
+                os._exit(3)
+            time.sleep(self.period)
+
+
 # ---- the rows ---------------------------------------------------------------------------
 def save_everything(dev):
     """Every saved tensor moved off the device (see the docstring for CPU)."""
@@ -118,14 +156,16 @@ def checkpointed(blocks, hooks):
             b.forward = f
 
 
-def side_by_side(rows, run, rounds, steps):
+def side_by_side(rows, run, rounds, steps, watch):
     """Median step time per row, the rows interleaved round by round."""
     times = {name: [] for name in rows}
-    for enter in rows.values():  # warm-up: allocator, caches
+    for name, enter in rows.items():  # warm-up: allocator, caches
+        watch.enter(f"warm-up step of {name}")
         with enter():
             run()
-    for _ in range(rounds):
+    for k in range(rounds):
         for name, enter in rows.items():
+            watch.phase = f"timing round {k} of {name}"
             with enter():
                 for _ in range(steps):
                     t0 = time.perf_counter()
@@ -158,6 +198,8 @@ def bench_model(name, a, dev, lines) -> tuple[dict, list]:
     model = model.to(dev)
     x, y = make(a.batch, dev)
     sched = SwapScheduler(model, budget=a.budget, segments=a.segments, steps_per_round=2, device=dev, seed=0)
+    watch = HostWatch(int(a.host_limit * psutil.virtual_memory().total), lambda: sched.hooks.pool)
+    watch.enter(f"{name}: learning, {a.rounds} rounds")
     t0 = time.perf_counter()
     sched.pretrain(lambda b: step(model, *b), [(x, y)], rounds=a.rounds)
     learn_s = time.perf_counter() - t0
@@ -188,7 +230,7 @@ def bench_model(name, a, dev, lines) -> tuple[dict, list]:
 
     rows = {"no_swap": lambda: plan(0), "save_on_cpu": everything, "checkpoint": anchor,
             "swap_all": lambda: plan(2 ** len(sched.units) - 1), "learned": lambda: plan(learned)}
-    step_s = side_by_side(rows, lambda: step(model, x, y), a.rounds_timed, a.steps)
+    step_s = side_by_side(rows, lambda: step(model, x, y), a.rounds_timed, a.steps, watch)
     res = {"batch": a.batch, "budget": a.budget, "rounds": sched.rounds, "learn_s": learn_s,
            "plan": sched.plan_dict(learned), "converged_by_itself": converged,
            "failed_plans": len(sched.failed)}
@@ -197,6 +239,7 @@ def bench_model(name, a, dev, lines) -> tuple[dict, list]:
         torch.cuda.set_per_process_memory_fraction(a.memory_limit, dev)
         res["memory_limit_bytes"] = int(a.memory_limit * torch.cuda.get_device_properties(dev).total_memory)
     for row, enter in rows.items():
+        watch.enter(f"memory of {row}")
         sched.hooks.reset_counts()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
@@ -216,6 +259,7 @@ def bench_model(name, a, dev, lines) -> tuple[dict, list]:
                     memory_limit_bytes=res.get("memory_limit_bytes"), **res[row])
     for row in rows:
         res[row]["memory_share"] = res[row]["memory"] / res["no_swap"]["memory"]
+    res["host_rss_peak"] = watch.peak
     res["learned_within_budget"] = res["learned"]["memory_share"] <= a.budget
     res["learned_vs_checkpoint_time"] = res["learned"]["step_s"] / res["checkpoint"]["step_s"]
     sched.save(os.path.join(a.out, f"swap_q_{name}.npz"))
@@ -238,6 +282,9 @@ def main() -> int:
                    help="CUDA: share of the GPU's memory for the largest-batch search (default 0.5)")
     p.add_argument("--largest-rows", default="no_swap,save_on_cpu,checkpoint,swap_all,learned",
                    help="CUDA: the rows whose largest batch is searched (comma-separated; default all)")
+    p.add_argument("--host-limit", type=float, default=0.6,
+                   help="stop with a report when this process's resident memory passes this share "
+                        "of the host's (default 0.6)")
     p.add_argument("--out", default=os.path.join(REPO, "out", "bench_swap"))
     p.add_argument("--jsonl", help="append each model's rows as JSON lines here as they are measured "
                                    "(default OUT/bench_swap.jsonl)")

@@ -25,10 +25,11 @@ def git(*args: str) -> str:
 
 def commit() -> str:
     """The commit the figures come from: HEAD, short, with "+dirty" when fusefs/ or
-    trainer/ differ from it; where the tree has no git (a copy on the GPU node), $FUSEFS_COMMIT."""
-    head = git("rev-parse", "--short", "HEAD")
-    if not head:
-        return os.environ.get("FUSEFS_COMMIT", "unknown")
+    trainer/ differ from it; $FUSEFS_COMMIT where set (a copy of the tree on the GPU node,
+    whose .git, if any, is not this checkout's)."""
+    if os.environ.get("FUSEFS_COMMIT"):
+        return os.environ["FUSEFS_COMMIT"]
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
     return head + ("+dirty" if git("status", "--porcelain", "fusefs", "trainer") else "")
 
 
