@@ -101,7 +101,7 @@ def parse_group(text: str | None) -> int | None:
 
 
 def cmd_mount(a) -> int:
-    from .mount import clear_dead_mount, open_dataset, serve, start_background
+    from .mount import clear_dead_mount, missing_native, open_dataset, serve, start_background
     apply_mount_options(a)
     if a.background:  # (in the foreground, serve clears a dead mount itself)
         if clear_dead_mount(a.mnt):
@@ -110,6 +110,8 @@ def cmd_mount(a) -> int:
         argv = [x for x in a.argv if x not in ("--background", "-b")]
         log_path = a.log or os.path.join("/tmp", f"fusefs-{os.getuid()}-{os.path.basename(os.path.abspath(a.mnt))}.log")
         return start_background(argv, a.mnt, log_path)
+    for line in missing_native(a.fast_path):
+        logging.getLogger("fusefs").warning(line)
     index, store = open_dataset(a.dst, a.retries, willneed=a.willneed)  # refuses a broken dataset before mounting
     serve(index, store, a.mnt, mount_config(a, index.total_bytes), options=a.o or [])
     return 0

@@ -21,7 +21,7 @@ from .fs import KernelCache, Operations, binding_passes_inode
 from .index import INDEX_NAME, Index, IndexFormatError
 from .local import LocalTier, LocalTierError
 from .mounts import fusermount
-from .store import ChunkStore, StoreError
+from .store import NATIVE as store_native_built, ChunkStore, StoreError
 
 log = logging.getLogger("fusefs")
 
@@ -141,11 +141,22 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
         log.info("unmounted %s", mnt)
 
 
+def missing_native(fast_path: bool) -> list[str]:
+    """What of fusefs's native parts this install lacks, a line each (`fusefs mount` logs
+    them before anything else)."""
+    out = []
+    if not store_native_built:
+        out.append("fusefs._fetchio is not built (installed with FUSEFS_NO_NATIVE=1?): fetches "
+                   "are read and checked in Python, slower")
+    if fast_path and not fastpath.available():
+        out.append("this pyfuse3 has no fast path (scripts/pyfuse3_patched.py builds it): lookups, "
+                   "opens, releases and reads of cached samples are answered in Python")
+    return out
+
+
 def _start_fast_path(core: Core, ops: Operations) -> fastpath.FastPath | None:
     """The fast path started (fastpath.py), or None where this pyfuse3 has none."""
     if not fastpath.available():
-        log.warning("this pyfuse3 has no fast path (scripts/pyfuse3_patched.py builds it): "
-                    "opens and releases are answered in Python")
         return None
     fast = fastpath.FastPath(core.answered)
     try:

@@ -17,10 +17,11 @@ from . import chunk as chunkfmt
 from .errors import UserError
 from .index import Index
 
-try:  # the compiled reads (setup.py); without them, reads are made in Python
+try:  # the compiled reads (setup.py); without them (FUSEFS_NO_NATIVE=1), reads are made in Python
     from . import _fetchio
-except ImportError:  # pragma: no cover (scripts/setup.sh requires them)
+except ImportError:  # pragma: no cover (the install requires them unless opted out)
     _fetchio = None
+NATIVE = _fetchio is not None
 
 log = logging.getLogger("fusefs.store")
 

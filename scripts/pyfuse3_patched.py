@@ -64,6 +64,8 @@ import tarfile
 import tempfile
 
 VERSION = "3.5.0"
+# the sdist's SHA-256: a download that differs is refused (pyproject.toml pins the version)
+SDIST_SHA256 = "88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24"
 HANDLE_LINE = "    c.fh = fi.fh\n"
 HANDLERS = ("fuse_read ", "fuse_write ", "fuse_write_buf", "fuse_flush ", "fuse_fsync ")
 
@@ -515,7 +517,11 @@ def patched_source(into: pathlib.Path, patches) -> pathlib.Path:
     source tree (holding pyproject.toml), with the .pyx to be compiled again."""
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
                     "--no-binary", ":all:", f"pyfuse3=={VERSION}", "-d", str(into)], check=True)
-    with tarfile.open(next(into.glob("pyfuse3-*.tar.gz"))) as tar:
+    sdist = next(into.glob("pyfuse3-*.tar.gz"))
+    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    if digest != SDIST_SHA256:
+        raise SystemExit(f"{sdist.name}: SHA-256 {digest}, not pyfuse3 {VERSION}'s {SDIST_SHA256}")
+    with tarfile.open(sdist) as tar:
         if hasattr(tarfile, "data_filter"):  # (Python 3.11.4 and later)
             tar.extractall(into, filter="data")
         else:
