@@ -165,7 +165,7 @@ def mount_config(a, dataset_bytes: int) -> MountConfig:
     return MountConfig(cache_bytes=cache, static_bytes=parse_size(a.static_cache, whole=cache),
                        readahead=None if a.readahead is None else parse_size(a.readahead, whole=cache),
                        per_node=a.per_node, batch=a.batch, retries=a.retries,
-                       kernel_cache=a.kernel_cache, kernel_opens=a.kernel_opens, willneed=a.willneed,
+                       kernel_cache=a.kernel_cache, willneed=a.willneed,
                        fast_path=a.fast_path,
                        control_gid=parse_group(a.control_group), local_dir=a.local_cache,
                        local_bytes=local_bytes, metrics_port=a.metrics_port,
@@ -305,12 +305,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="answer the dataset files' open, ioctl and release on a thread in C, "
                         "outside the Python loop (default on; needs pyfuse3 built by "
                         "scripts/pyfuse3_patched.py; docs/HOTPATH.md)")
-    s.add_argument("--kernel-opens", action=argparse.BooleanOptionalAction, default=DEFAULTS.kernel_opens,
-                   help="let the kernel open files by itself: a file whose pages it holds then costs "
-                        "the daemon one request (the lookup of its name) instead of an open and a "
-                        "release, which on pyfuse3 with the request-loop patch measured no cheaper "
-                        "(docs/HOTPATH.md; needs pyfuse3 built by scripts/pyfuse3_patched.py, and "
-                        "--kernel-cache; default off)")
     s.add_argument("--willneed", action=argparse.BooleanOptionalAction, default=DEFAULTS.willneed,
                    help="ask the backend's client for all of a request's reads at once "
                         "(posix_fadvise WILLNEED), so it fetches them concurrently while the "

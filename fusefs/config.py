@@ -22,7 +22,6 @@ class MountConfig:
     batch: int = 16                   # samples per backend request
     retries: int = 4                  # of a failed backend read (doubling backoff from 0.1 s)
     kernel_cache: bool = True         # push fetched samples into the kernel page cache
-    kernel_opens: bool = False        # the kernel opens files itself (needs the inode patch)
     fast_path: bool = True            # opens and releases answered in C (needs the fast patch)
     willneed: bool = True             # posix_fadvise WILLNEED a request's reads at once
     control_gid: int | None = None    # a group that may write the control files too
@@ -44,8 +43,6 @@ class MountConfig:
             raise ConfigError(f"readahead must not be negative, got {self.readahead}")
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
             raise ConfigError(f"metrics-port must lie in [0, 65535], got {self.metrics_port}")
-        if self.kernel_opens and not self.kernel_cache:
-            raise ConfigError("kernel-opens needs the kernel cache (drop --no-kernel-cache)")
         if self.local_bytes and self.local_dir is None:
             raise ConfigError("a local cache size needs a local cache folder")
 

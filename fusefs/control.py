@@ -7,16 +7,6 @@ fails the writer's fsync and changes nothing, or else when the writer's file is 
 (after close(); an invalid write is then refused in the log and the stats only). There is
 no flush: the daemon answers none, so the kernel stops sending one at every close of every
 dataset file (a round trip per sample saved).
-
-When the kernel opens files without the daemon (`kernel_opens`, fs.py), there are no
-handles: requests name the inode, and reads go through the kernel page cache. A file's
-content is then rendered at each lookup of its name (every open() of it makes one: the
-entries' timeout is 0) and kept as that inode's snapshot, whose size and time its
-attributes report: a new snapshot has a new time, which makes the kernel drop the pages
-of the old one (auto_inval_data). Bytes written to an order file collect per file and
-commit at the write that completes the order (order.complete), or at fsync; a bad order
-fails that write or fsync with EINVAL. (Two readers of one control file at once may see
-each other's snapshot beyond their first read: `stats` and `metrics` fit one read.)
 """
 from __future__ import annotations
 
@@ -24,12 +14,10 @@ import errno
 import json
 import os
 import stat
-import time
 from dataclasses import dataclass
 from typing import Callable
 
 from . import client
-from . import order as orderfmt
 from .client import MAX_RANKS
 from .entries import Attr, FsError, OpenResult
 
@@ -60,11 +48,6 @@ class ControlFile:
 
     def commit(self, data: bytes) -> None:
         raise NotImplementedError
-
-    @staticmethod
-    def complete(data) -> bool:
-        """Whether data, written so far, is whole (commit it without waiting for fsync)."""
-        return False
 
 
 class StatsFile(ControlFile):
@@ -134,10 +117,6 @@ class OrderFile(ControlFile):
     def render(self) -> bytes:
         return self.current
 
-    @staticmethod
-    def complete(data) -> bool:
-        return orderfmt.complete(data)
-
     def commit(self, data: bytes) -> None:
         self.hooks.set_order(self.rank, data)
         self.current = data
@@ -154,10 +133,9 @@ class _Handle:
 
 
 class ControlNamespace:
-    def __init__(self, hooks: ControlHooks, base_ino: int, kernel_opens: bool = False):
+    def __init__(self, hooks: ControlHooks, base_ino: int):
         self.hooks = hooks
         self.base = base_ino
-        self.kernel_opens = kernel_opens  # no handles: snapshots, per-file write buffers
         self.files: list[ControlFile] = [StatsFile(hooks), MetricsFile(hooks), IdsFile(hooks),
                                          ChunksFile(hooks)]
         self.files += [OrderFile(hooks, rank) for rank in range(MAX_RANKS)]
@@ -166,8 +144,6 @@ class ControlNamespace:
         self._slots[client.ORDER.encode()] = self._slots[client.order_name(0).encode()]
         self._handles: dict[int, _Handle] = {}
         self._next_fh = FH_BASE
-        self._snapshots: dict[int, tuple[bytes, int]] = {}  # slot -> (content, time ns)
-        self._written: dict[int, bytearray] = {}  # slot -> bytes written, not committed
 
     def owns(self, ino: int) -> bool:
         return self.base <= ino <= self.base + len(self.files)
@@ -180,25 +156,12 @@ class ControlNamespace:
         return Attr(self.base, stat.S_IFDIR | 0o755, 0, int(self.hooks.started * 1e9),
                     nlink=2, timeout=0.0)
 
-    def _attr(self, slot: int, fresh: bool = False):
+    def _attr(self, slot: int):
         f = self.files[slot]
         group = self.hooks.control_gid
         mode = stat.S_IFREG | ((0o644 if group is None else 0o664) if f.writable else 0o444)
-        size, mtime_ns = 0, int(self.hooks.started * 1e9)
-        if self.kernel_opens:
-            size, mtime_ns = self._snapshot(slot, fresh)
-        return Attr(self.base + 1 + slot, mode, size, mtime_ns, timeout=0.0,
+        return Attr(self.base + 1 + slot, mode, 0, int(self.hooks.started * 1e9), timeout=0.0,
                     gid=group if f.writable else None)
-
-    def _snapshot(self, slot: int, fresh: bool) -> tuple[int, int]:
-        """(size, time) of the slot's snapshot, rendered anew if fresh or there is none."""
-        snap = self._snapshots.get(slot)
-        if fresh or snap is None:
-            snap = (self.files[slot].render(), time.time_ns())
-            if self._snapshots.get(slot, (None,))[0] == snap[0]:
-                snap = self._snapshots[slot]  # unchanged: the kernel may keep its pages
-            self._snapshots[slot] = snap
-        return len(snap[0]), snap[1]
 
     def _slot(self, ino: int) -> int:
         slot = ino - self.base - 1
@@ -210,7 +173,7 @@ class ControlNamespace:
         slot = self._slots.get(name)
         if slot is None:
             raise FsError(errno.ENOENT)
-        return self._attr(slot, fresh=True)
+        return self._attr(slot)
 
     def getattr(self, ino: int):
         return self.dir_attr() if ino == self.base else self._attr(self._slot(ino))
@@ -275,41 +238,6 @@ class ControlNamespace:
                 h.file.commit(bytes(h.written))
             except FsError:
                 pass
-
-    # ---- data when the kernel opens files (no handles; requests name the inode) --------
-    def read_inode(self, ino: int, off: int, size: int) -> bytes:
-        slot = self._slot(ino)
-        if slot not in self._snapshots:
-            self._snapshot(slot, fresh=True)
-        return self._snapshots[slot][0][off:off + size]
-
-    def write_inode(self, ino: int, off: int, data: bytes) -> int:
-        """Collect bytes written to a writable file; commit them at the write that makes
-        them whole (a bad order fails that write, and the bytes are dropped)."""
-        slot = self._slot(ino)
-        f = self.files[slot]
-        if not f.writable:
-            raise FsError(errno.EBADF)
-        if off + len(data) > MAX_WRITE:
-            raise FsError(errno.EFBIG)
-        buf = self._written.setdefault(slot, bytearray())
-        if off > len(buf):
-            buf.extend(bytes(off - len(buf)))
-        buf[off:off + len(data)] = data
-        if f.complete(buf):
-            del self._written[slot]
-            f.commit(bytes(buf))
-        return len(data)
-
-    def truncate(self, ino: int) -> None:
-        """open(..., O_TRUNC) of a writable file: what was written and not committed goes."""
-        self._written.pop(self._slot(ino), None)
-
-    def commit_inode(self, ino: int) -> None:
-        """fsync: commit what was written and not yet committed (the writer gets the error)."""
-        buf = self._written.pop(self._slot(ino), None)
-        if buf is not None:
-            self.files[self._slot(ino)].commit(bytes(buf))
 
     @property
     def open_handles(self) -> int:

@@ -19,14 +19,12 @@ Errors are FsError(errno); the FUSE adapter (fs.py) turns them into FUSEError.
 """
 from __future__ import annotations
 
-import collections
 import errno
 import logging
 import os
 import resource
 import stat
 import time
-from dataclasses import replace
 
 import numpy as np
 import trio
@@ -34,7 +32,7 @@ import trio
 from . import order as orderfmt
 from .cache import SampleCache
 from .control import FH_BASE, FILES, ControlHooks, ControlNamespace
-from .entries import BLKSIZE, DATA_TIMEOUT, UNORDERED_ENTRY_TIMEOUT, Attr, FsError, OpenResult
+from .entries import BLKSIZE, DATA_TIMEOUT, Attr, FsError, OpenResult
 from .config import DEFAULTS
 from .index import CONTROL_NAME, Index
 from .policy import Policy
@@ -119,20 +117,8 @@ class Core:
                  static_bytes: int = DEFAULTS.static_bytes, per_node: int = DEFAULTS.per_node,
                  batch: int = DEFAULTS.batch, retries: int = DEFAULTS.retries,
                  local=None, uid: int | None = None, gid: int | None = None,
-                 control_gid: int | None = None, readahead: int | None = DEFAULTS.readahead,
-                 kernel_opens: bool = False):
+                 control_gid: int | None = None, readahead: int | None = DEFAULTS.readahead):
         self.index = index
-        # the kernel opens files without asking the daemon (fs.py): no handles; reads,
-        # writes and fsyncs name the inode (*_inode below). Under an order a file's name is
-        # looked up at every open (its entry's timeout is 0; listings too): that lookup is
-        # the sample's open, and its use when the kernel holds its pages, else its last
-        # read is (_unused counts the opens waiting for that)
-        self.kernel_opens = kernel_opens
-        self._entry_timeout = 0.0 if kernel_opens else None  # of a file's name (None: Attr's)
-        self._unused: dict[int, int] = {}
-        # names looked up while no order was set, which the kernel may keep for a while
-        # (time, parent, name): a new order makes it forget them (set_order)
-        self._names_kept: collections.deque = collections.deque()
         self.store = store
         self.policy = Policy(index.size)
         self.cache = SampleCache(cache_bytes, static_bytes)
@@ -156,9 +142,7 @@ class Core:
             statistics=self.statistics, ids_table=self.ids_table,
             chunk_table=lambda: index.chunk.astype("<u4").tobytes(), set_order=self.set_order,
             may_control=self.may_control, control_gid=control_gid, started=self.stats.started),
-            self.ctrl_dir, kernel_opens=kernel_opens)
-        if kernel_opens:
-            self.reads.arrived = self._arrived
+            self.ctrl_dir)
         self._open = 0                       # data files open
         self._serial = 0
         self._held: dict[int, bytes] = {}   # open file handle -> its sample's bytes, once read
@@ -210,7 +194,7 @@ class Core:
     def file_attr(self, sid: int) -> Attr:
         ix = self.index
         return Attr(self.file_base + sid, stat.S_IFREG | int(ix.mode[sid]), int(ix.size[sid]),
-                    int(ix.mtime_ns[sid]), entry_timeout=self._entry_timeout)
+                    int(ix.mtime_ns[sid]))
 
     def dir_attr(self, d: int) -> Attr:
         ix = self.index
@@ -228,11 +212,6 @@ class Core:
             raise FsError(errno.ENOTDIR)
         sid = self.index.lookup_file(d, name)
         if sid is not None:
-            if self.kernel_opens:
-                self._opened(sid)
-                if not self.policy.plans:  # (entries.UNORDERED_ENTRY_TIMEOUT)
-                    self._keep_name(parent, name)
-                    return replace(self.file_attr(sid), entry_timeout=UNORDERED_ENTRY_TIMEOUT)
             return self.file_attr(sid)
         sub = self.index.lookup_dir(d, name)
         if sub is not None:
@@ -320,9 +299,9 @@ class Core:
         """What the fast path needs to answer opens as open() does (fastpath.FastPath.start);
         it continues the handles' serials from here, reads in_kernel's bytes as it answers
         reads (READ_LOST), and answers the lookups of files' names as lookup() does from
-        the index's tree (not with kernel opens: their lookups are the opens)."""
+        the index's tree."""
         ix = self.index
-        tree = None if self.kernel_opens else {
+        tree = {
             "dir_first_file": ix.dir_first_file, "dir_nfiles": ix.dir_nfiles,
             "name_off": ix.file_name_off, "name_len": ix.file_name_len,
             "names": np.frombuffer(ix.names, dtype=np.uint8), "size": ix.size, "mode": ix.mode,
@@ -374,73 +353,6 @@ class Core:
             self.reads.read_through(sid)
         return out
 
-    # ---- data, when the kernel opens files: requests name the inode -------------------
-    def _keep_name(self, parent: int, name: bytes) -> None:
-        now = time.monotonic()
-        kept = self._names_kept
-        while kept and now - kept[0][0] > UNORDERED_ENTRY_TIMEOUT:
-            kept.popleft()
-        kept.append((now, parent, name))
-
-    def _forget_kept_names(self) -> None:
-        """An order came: the names the kernel may still keep from lookups made without
-        one are to be looked up again, so that their opens under the order are seen."""
-        kernel = self.kernel
-        now = time.monotonic()
-        for t, parent, name in self._names_kept:
-            if kernel is not None and now - t <= UNORDERED_ENTRY_TIMEOUT:
-                kernel.forget_name(parent, name)
-        self._names_kept.clear()
-
-    def _opened(self, sid: int) -> None:
-        """The lookup of a sample's name, which every open of it makes: count the open, and
-        the use if the kernel holds its pages or is being handed them (its reads may never
-        reach the daemon), else when its bytes arrive or its last read does."""
-        self.stats.opens += 1
-        if self.in_kernel[sid]:
-            self.stats.opens_pushed += 1
-        if not self.policy.plans:
-            return  # (no order to count uses in)
-        if self.reads.kernel_holds(sid) or sid in self.fetcher.pushing or not self.index.size[sid]:
-            self.use(sid)  # (its reads are answered by the kernel, from the pushed bytes, or empty)
-        else:
-            self._unused[sid] = self._unused.get(sid, 0) + 1
-
-    def _arrived(self, sid: int) -> None:
-        """A sample's bytes arrived, or the daemon answered its last read: its opens made
-        before are uses now (their reads are answered from these bytes, which are being
-        pushed, or by the kernel page cache, which now holds them). Two readers can open
-        it before either read reaches the daemon (data echoing), and the second then
-        never asks: each of those opens is a use."""
-        for _ in range(self._unused.pop(sid, 0)):
-            self.use(sid)
-
-    async def read_inode(self, ino: int, off: int, size: int) -> bytes:
-        """A read the kernel page cache could not serve; a sample's last read is its use."""
-        sid = self.sid_of(ino)
-        if sid is None:
-            return self.control.read_inode(ino, off, size)
-        self.stats.reads += 1
-        self.reads.lost(sid)
-        end = int(self.index.size[sid])
-        if off >= end:
-            return b""
-        out = (await self.reads.fetch(sid))[off:off + size]
-        self.stats.bytes_served += len(out)
-        if off + size >= end:
-            self.reads.read_through(sid)
-            self._arrived(sid)
-        return out
-
-    def write_inode(self, ino: int, off: int, data: bytes) -> int:
-        if not self.control.owns(ino):
-            raise FsError(errno.EROFS)
-        return self.control.write_inode(ino, off, data)
-
-    def fsync_inode(self, ino: int) -> None:
-        if self.control.owns(ino) and self.control.writable(ino):
-            self.control.commit_inode(ino)
-
     def write(self, fh: int, off: int, data: bytes) -> int:
         if fh < FH_BASE:
             raise FsError(errno.EROFS)
@@ -468,9 +380,7 @@ class Core:
         if not other and size in (None, 0) and self.control.owns(ino) and self.control.writable(ino):
             if not self.may_control(uid):
                 raise FsError(errno.EACCES)
-            if size == 0:
-                self.control.truncate(ino)
-            return self.getattr(ino)
+            return self.getattr(ino)  # (a writer's handle starts empty: nothing to truncate)
         raise FsError(errno.EROFS)
 
     @property
@@ -487,7 +397,6 @@ class Core:
             log.warning("order for rank %d refused, the previous one stays: %s", rank, e)
             raise FsError(errno.EINVAL, str(e)) from None
         self.policy.set_order(rank, order)
-        self._forget_kept_names()
         self.reads.new_order()
         self.prefetcher.reset()
         self.stats.orders_accepted += 1

@@ -1,11 +1,6 @@
 """The pyfuse3 adapter: inode numbers and attributes in, FUSE errors out.
 
-All filesystem logic lives in core.Core; this class only translates. With
-`core.kernel_opens`, `open` answers ENOSYS: the kernel then opens every file of the mount
-by itself (its no_open mode), sends neither open nor release, and serves a file whose
-pages it holds without any request; read, write and fsync arrive with the inode in place
-of the handle, which needs pyfuse3 built with scripts/pyfuse3_patched.py
-(`binding_passes_inode`). No exception other
+All filesystem logic lives in core.Core; this class only translates. No exception other
 than FUSEError may escape a handler (it would end pyfuse3.main and leave a dead mount):
 FsError becomes its errno, anything unexpected is logged with a traceback and is EIO.
 """
@@ -46,12 +41,6 @@ def _translate(fn):
     return wrapper
 
 
-def binding_passes_inode() -> bool:
-    """Whether this pyfuse3 hands read, write and fsync the inode when there was no open
-    (built by scripts/pyfuse3_patched.py)."""
-    return bool(getattr(pyfuse3, "INODE_WITHOUT_OPEN", False))
-
-
 class KernelCache:
     """The kernel page cache of the mount, for Core.kernel: fetched samples are pushed into
     it from the fetch's worker threads (reads.Reads.push). Pushed pages are clean page
@@ -76,12 +65,6 @@ class KernelCache:
                 errs.append(0)
         return errs
 
-    @staticmethod
-    def forget_name(parent: int, name: bytes) -> None:
-        """Make the kernel look the name up again at its next use (from the loop: pyfuse3
-        queues it to a thread of its own)."""
-        pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
-
 
 class Operations(pyfuse3.Operations):
     supports_dot_lookup = False
@@ -97,16 +80,13 @@ class Operations(pyfuse3.Operations):
             core.stats.binding_requests = lambda: {"ioctl": pyfuse3.ioctl_requests() - base}
         if hasattr(pyfuse3, "loop_tasks_started"):  # (scripts/pyfuse3_patched.py)
             core.stats.loop_tasks = pyfuse3.loop_tasks_started
-        self.kernel_opens = core.kernel_opens
         self.catch_up = None  # () -> None: the fast path's events applied (mount.py sets it)
-        if core.kernel_opens and not binding_passes_inode():
-            raise RuntimeError("kernel opens need pyfuse3 built by scripts/pyfuse3_patched.py")
 
     def _entry(self, a: Attr) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()
         e.st_ino = a.ino
         e.generation = 0
-        e.entry_timeout = a.timeout if a.entry_timeout is None else a.entry_timeout
+        e.entry_timeout = a.timeout
         e.attr_timeout = a.timeout
         e.st_mode = a.mode
         e.st_nlink = a.nlink
@@ -150,21 +130,15 @@ class Operations(pyfuse3.Operations):
 
     @_translate
     async def open(self, inode, flags, ctx):
-        if self.kernel_opens:  # (the first open only: the kernel sends no more)
-            raise pyfuse3.FUSEError(errno.ENOSYS)
         r = self.core.open(inode, flags, ctx.uid)
         return pyfuse3.FileInfo(fh=r.fh, direct_io=r.direct_io, keep_cache=r.keep_cache)
 
     @_translate
     async def read(self, fh, off, size):
-        if self.kernel_opens:  # fh is the inode
-            return await self.core.read_inode(fh, off, size)
         return await self.core.read(fh, off, size)
 
     @_translate
     async def write(self, fh, off, buf):
-        if self.kernel_opens:
-            return self.core.write_inode(fh, off, buf)
         return self.core.write(fh, off, buf)
 
     # No flush: pyfuse3's default answers ENOSYS, and the kernel then sends no more flush
@@ -203,10 +177,7 @@ class Operations(pyfuse3.Operations):
 
     @_translate
     async def fsync(self, fh, datasync):
-        if self.kernel_opens:
-            self.core.fsync_inode(fh)
-        else:
-            self.core.fsync(fh)
+        self.core.fsync(fh)
 
     @_translate
     async def fsyncdir(self, fh, datasync):

@@ -17,7 +17,7 @@ from . import fastpath
 from .config import DEFAULTS, MountConfig
 from .core import Core
 from .errors import UserError
-from .fs import KernelCache, Operations, binding_passes_inode
+from .fs import KernelCache, Operations
 from .index import INDEX_NAME, Index, IndexFormatError
 from .local import LocalTier, LocalTierError
 from .mounts import fusermount
@@ -86,10 +86,6 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
         raise MountError(f"{mnt}: mount point is not a folder")
     if os.path.ismount(mnt):
         raise MountError(f"{mnt}: something is already mounted there")
-    kernel_opens = config.kernel_opens
-    if kernel_opens and not binding_passes_inode():
-        raise MountError("--kernel-opens needs pyfuse3 built by scripts/pyfuse3_patched.py "
-                         "(scripts/setup.sh builds it); this pyfuse3 does not pass the inode")
     tune_malloc()
     local = None
     if config.local_dir is not None:
@@ -97,7 +93,7 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
             local = LocalTier(config.local_dir, config.local_bytes, index)
         except LocalTierError as e:
             raise MountError(str(e)) from None
-    core = Core(index, store, local=local, kernel_opens=kernel_opens, **config.core_args())
+    core = Core(index, store, local=local, **config.core_args())
     if config.kernel_cache:
         core.kernel = KernelCache()
     ops = Operations(core)
@@ -123,9 +119,8 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
              len(index.chunks), len(index.nodes))
     clean = False
     try:
-        fast = _start_fast_path(core, ops) if config.fast_path and not kernel_opens else None
-        log.info("opens: %s", "by the kernel (no request for a file it holds)" if kernel_opens
-                 else "answered in C (the fast path)" if fast else "answered by the daemon")
+        fast = _start_fast_path(core, ops) if config.fast_path else None
+        log.info("opens: %s", "answered in C (the fast path)" if fast else "answered by the daemon")
         trio.run(_main, core, loop, fast)
         clean = True
     finally:

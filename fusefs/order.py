@@ -19,7 +19,7 @@ until its last occurrence).
 A second record of the same layout may follow the first: the order of the next epoch
 (HintedSampler knows it: an order is a function of seed and epoch); the first record's
 flag bit 1 says that it follows (files written without the flag are read the same way),
-so a reader of the bytes as they arrive knows when the file is whole (`complete`). The cache then keeps
+so that a file cut after its first record is refused. The cache then keeps
 what the next epoch needs first across the epoch boundary, and the read-ahead goes on into
 it before the next epoch's order file is written. This module imports only numpy, so training code running in
 another Python can write orders without fusefs's FUSE dependencies.
@@ -88,23 +88,6 @@ def parse(data: bytes, n_samples: int, max_entries: int | None = None) -> Order:
     if _HEAD.unpack_from(data, 0)[2] & FLAG_NEXT:
         raise OrderError("truncated: the order says the next epoch's order follows, and none does")
     return cur
-
-
-def complete(data) -> bool:
-    """Whether data, the bytes of an order file as they arrive, is whole: every record its
-    headers announce is there and nothing else. An unreadable header also counts as whole
-    (parse then says what is wrong), so a writer learns of it at once."""
-    pos = 0
-    for record in range(2):
-        if len(data) - pos < HEAD_SIZE:
-            return False
-        magic, _, flags, _, n = _HEAD.unpack_from(data, pos)
-        if magic != MAGIC:
-            return True
-        pos += _size(flags, n)
-        if len(data) <= pos:
-            return len(data) == pos and not (record == 0 and flags & FLAG_NEXT)
-    return True  # bytes after a second record: parse refuses them
 
 
 def _size(flags: int, n: int) -> int:

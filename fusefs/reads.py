@@ -45,7 +45,6 @@ class Reads:
         self.index, self.store, self.cache, self.policy = index, store, cache, policy
         self.fetcher, self.stats, self.local = fetcher, stats, local
         self.prefetcher = None
-        self.arrived = None  # called with each sample that arrives whole (Core, kernel opens)
         self.kernel = None
         self.ino_of = None
         self.in_kernel = np.zeros(index.n_files, dtype=bool)  # pushed, not forgotten since
@@ -104,8 +103,7 @@ class Reads:
         them: in_kernel is cleared, so every sample is pushed again as it is fetched, and
         the read-ahead goes back to the cursors to fetch what it skipped (Prefetcher.rewind).
         What is pushed from then on is held again (a global distrust instead, as before,
-        took fresh pushes for dropped too: with kernel opens their opens were then never
-        counted as uses, and the read-ahead stalled)."""
+        took fresh pushes for dropped too)."""
         if not self.in_kernel[sid]:
             return
         self.in_kernel[sid] = False
@@ -235,5 +233,3 @@ class Reads:
             # the budget is reserved for read-ahead needed later: take some back
             if self.prefetcher.yield_room(len(result), key):
                 self.cache.put(sid, result, key)
-        if self.arrived is not None:
-            self.arrived(sid)

@@ -1,38 +1,30 @@
-"""Build and install pyfuse3 with six changes to its Cython sources, each found by measuring.
+"""Build and install pyfuse3 with five changes to its Cython sources, each found by measuring.
 
-1. inode: without `open`, a handler gets the inode. When a file system answers `open` with
-   ENOSYS, the kernel stops sending `open` and `release` for every file of the mount and
-   serves each open itself (`no_open`, Linux 4.19+): a file whose pages the kernel holds
-   then costs the daemon no open and no release. Its reads, writes and fsyncs still reach
-   the daemon, with handle 0 and the file's inode; pyfuse3 passes the handle only, so such
-   a read cannot tell which file it is for. The handlers of read, write, write_buf, flush
-   and fsync get the inode where the handle is 0 (five lines of handlers.pxi). Mark:
-   `pyfuse3.INODE_WITHOUT_OPEN`; fusefs uses that mode only when it is there (fusefs/fs.py).
-2. loop: a request that is already queued is taken at once. pyfuse3's request loop
+1. loop: a request that is already queued is taken at once. pyfuse3's request loop
    (`_session_loop`, internal.pxi) took a trio lock and waited for the FUSE fd to become
    readable (an epoll round trip and a pass of trio's scheduler) before every request, also
    when the kernel had many queued. With the fd non-blocking, the loop reads first and
    waits only when the read finds nothing (EAGAIN); a task yields to the others at least
    every 16 requests it takes in a row. Mark: `pyfuse3.REQUESTS_WITHOUT_WAIT`. Nothing in
    fusefs depends on it; it halves the daemon's CPU per request (docs/HOTPATH.md).
-3. store: `notify_store_many(items)` pushes many (inode, data) into the kernel page cache
+2. store: `notify_store_many(items)` pushes many (inode, data) into the kernel page cache
    in one stretch without the GIL, where notify_store releases and retakes it for each:
    a fetch thread pushes a group of samples with one GIL hand-off (docs/HOTPATH.md). Mark:
    `pyfuse3.STORE_MANY`; fusefs pushes one by one with notify_store without it (fs.py).
-4. ioctl: FUSE_IOCTL requests are counted. Python's `open()` (3.13 and earlier) asks every
+3. ioctl: FUSE_IOCTL requests are counted. Python's `open()` (3.13 and earlier) asks every
    file it opens whether it is a terminal (`isatty`: ioctl TCGETS), and the kernel sends
    that to the file system: one request per sample read by ImageFolder's loader. pyfuse3
    has no ioctl handler, so libfuse answered it by itself and the daemon never saw it.
    The patch answers it the same way, in C without the GIL (ENOTTY, which is what the
    kernel made of libfuse's ENOSYS), and counts it: `pyfuse3.ioctl_requests()`, which
    fusefs adds to its request counts. Mark: `pyfuse3.IOCTL_COUNTED`.
-5. spawn: the request loop starts another task only when every other task is inside a
+4. spawn: the request loop starts another task only when every other task is inside a
    handler that suspended. pyfuse3 starts one whenever a task takes a request while no
    task waits for the fd; with the loop patch tasks take queued requests without waiting,
    so under load it started (and soon ended) about one task per sample, each setting the
    fd's flags again and getting a fresh request buffer. `pyfuse3.loop_tasks_started()`
    counts them (fusefs's stats: `loop_tasks`). Mark: `pyfuse3.TASKS_WHEN_ALL_BUSY`.
-6. fast: a thread in C reads /dev/fuse and answers the dataset files' lookup, open, ioctl,
+5. fast: a thread in C reads /dev/fuse and answers the dataset files' lookup, open, ioctl,
    release and forget itself (lookups from the index's arrays, `fast_path_tree`), and the
    reads of samples fusefs holds for it (`fast_path_hold`: its cache's bytes)
    (scripts/pyfuse3_fastpath.h, copied into the sources); every other request goes to the
@@ -45,7 +37,7 @@
     .venv/bin/python scripts/pyfuse3_patched.py --check
         (exit 0 if this Python's pyfuse3 has every patch, as built from this script and
         header as they are now; scripts/setup.sh builds only when it does not)
-    .venv/bin/python scripts/pyfuse3_patched.py --patches inode --target DIR
+    .venv/bin/python scripts/pyfuse3_patched.py --patches loop,store --target DIR
         (a build with some patches into DIR, e.g. for bench_hotpath.py --against-pyfuse3 DIR)
     .venv/bin/python scripts/pyfuse3_patched.py --emit .device
         (the patched sources and their generated C, for a machine without Cython: the GPU
@@ -66,28 +58,6 @@ import tempfile
 VERSION = "3.5.0"
 # the sdist's SHA-256: a download that differs is refused (pyproject.toml pins the version)
 SDIST_SHA256 = "88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24"
-HANDLE_LINE = "    c.fh = fi.fh\n"
-HANDLERS = ("fuse_read ", "fuse_write ", "fuse_write_buf", "fuse_flush ", "fuse_fsync ")
-
-
-def patch_handlers(text: str) -> str:
-    """The handlers' text with `c.fh = fi.fh or ino` in the five that take a handle."""
-    out, done = [], set()
-    current = None
-    for line in text.splitlines(keepends=True):
-        if line.startswith("cdef void "):
-            name = line[len("cdef void "):]
-            current = next((h for h in HANDLERS if name.startswith(h)), None)
-        if current and line == HANDLE_LINE:
-            line = "    c.fh = fi.fh if fi.fh != 0 else ino\n"
-            done.add(current)
-            current = None
-        out.append(line)
-    missing = set(HANDLERS) - done
-    if missing:
-        raise SystemExit(f"pyfuse3 {VERSION}'s handlers changed: no handle line in {sorted(missing)}")
-    return "".join(out)
-
 
 # The request loop of internal.pxi's _session_loop: every request waited for a trio lock
 # and for the FUSE fd to become readable (an epoll round trip and a pass of trio's
@@ -493,9 +463,6 @@ def patch_fast_init(text: str) -> str:
 
 # name -> (the source file it changes, the change, the mark it sets on the module, why)
 PATCHES = {
-    "inode": ("handlers.pxi", patch_handlers, "INODE_WITHOUT_OPEN",
-              "read, write, flush and fsync get the inode as their handle when the file system "
-              "answered open with ENOSYS (the kernel's no_open mode: handle 0)"),
     "loop": ("internal.pxi", patch_session_loop, "REQUESTS_WITHOUT_WAIT",
              "the request loop takes a queued request without waiting for the fd"),
     "store": ("__init__.pyx", patch_store_many, "STORE_MANY",

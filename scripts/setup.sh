@@ -35,19 +35,17 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stam
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q torch==2.13.0
     .venv/bin/python -m pip install -q -e ".[trainer,bench,test]"
-    # the compiled fetch reads (setup.py): optional for pip, required here
+    # the compiled fetch reads (setup.py; the build fails without them unless FUSEFS_NO_NATIVE=1)
     .venv/bin/python -c 'import fusefs._fetchio' || { echo "setup: fusefs/_fetchio.c did not build"; exit 1; }
     touch "$stamp"
 fi
-# pyfuse3 with six patches (scripts/pyfuse3_patched.py): the inode passed to read, write
-# and fsync when open answers ENOSYS (the mode in which the kernel serves opens of files it
-# holds without asking the daemon; fusefs falls back to answering opens without it), a
-# request loop that takes queued requests without waiting for the fd, notify_store_many
-# (many page cache pushes with one GIL hand-off), ioctl requests counted, and the loop
-# starting a task only when every other is inside a handler; and a sixth: the fast path, a
-# thread in C answering the dataset files' open, ioctl and release (its mark is a hash of
-# scripts/pyfuse3_fastpath.h and of pyfuse3_patched.py: a change to either rebuilds; --check
-# compares the marks)
+# pyfuse3 3.5.0 (its sdist checked by SHA-256) with fusefs's five patches
+# (scripts/pyfuse3_patched.py): a request loop that takes queued requests without waiting for
+# the fd, notify_store_many (many page cache pushes with one GIL hand-off), ioctl requests
+# counted, the loop starting a task only when every other is inside a handler, and the fast
+# path, a thread in C answering the dataset files' lookups, opens, releases, forgets and
+# reads of cached samples (its mark hashes scripts/pyfuse3_fastpath.h and
+# pyfuse3_patched.py: a change to either rebuilds; --check compares the marks)
 if ! .venv/bin/python scripts/pyfuse3_patched.py --check; then
     echo "setup: building pyfuse3 with fusefs's patches"
     .venv/bin/python scripts/pyfuse3_patched.py

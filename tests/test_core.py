@@ -6,7 +6,7 @@ import pytest
 import trio
 
 from fusefs.core import ROOT, Core
-from fusefs.entries import UNORDERED_ENTRY_TIMEOUT, FsError
+from fusefs.entries import FsError
 from fusefs.index import INDEX_NAME, Index
 from fusefs.store import ChunkStore
 from fusefs.testing import resolve
@@ -148,114 +148,6 @@ def test_a_read_during_a_push_is_answered_from_the_pushed_bytes(tricky):
     assert trio.run(go) == data
     s = core.statistics()
     assert s["misses"] == 0 and s["backend_samples"] == 0
-
-
-def test_kernel_opens_lookups_are_opens_and_control_files_are_snapshots(tricky):
-    """Without opens (the kernel's no_open mode): a file's name has entry timeout 0 and its
-    lookup counts as the open; reads name the inode; a control file's lookup renders a
-    new snapshot whose size its attributes report; an order commits at the write that
-    completes it, and a bad one fails that write."""
-    from fusefs import order as orderfmt
-    src, dst, files = tricky
-    core = _core(dst, kernel_opens=True)
-    ctrl = core.lookup(ROOT, b".fusefs").ino
-    rel = "cat/img 001.jpg"
-    d = core.lookup(ROOT, b"cat").ino
-
-    async def main():
-        async with serving(core):
-            attr = core.lookup(d, b"img 001.jpg")  # no order: the kernel may keep the name
-            assert attr.entry_timeout == UNORDERED_ENTRY_TIMEOUT and attr.timeout > 0
-            assert core.stats.opens == 1
-            listed = dict((n, a) for n, a, _ in core.readdir(d, 0))[b"img 001.jpg"]
-            assert listed.entry_timeout == 0.0
-            got = await core.read_inode(attr.ino, 0, 1 << 20)
-            assert got == files[rel]
-            stats = core.lookup(ctrl, b"stats")
-            first = await core.read_inode(stats.ino, 0, 1 << 20)
-            assert len(first) == stats.size and b'"opens": 1' in first
-            core.lookup(d, b"img 002.jpg")
-            again = core.lookup(ctrl, b"stats")
-            assert again.mtime_ns != stats.mtime_ns
-            assert b'"opens": 2' in await core.read_inode(again.ino, 0, 1 << 20)
-            order_ino = core.lookup(ctrl, b"order").ino
-            data = orderfmt.encode([2, 0, 1], epoch=7)
-            assert core.write_inode(order_ino, 0, data[:20]) == 20
-            assert 0 not in core.plans  # not whole yet
-            core.write_inode(order_ino, 20, data[20:])
-            assert core.plans[0].epoch == 7
-            assert core.lookup(d, b"img 001.jpg").entry_timeout == 0.0  # under an order
-            bad = orderfmt.encode([0, 10**6], epoch=8)
-            with pytest.raises(FsError) as e:
-                core.write_inode(order_ino, 0, bad)
-            assert e.value.errno == errno.EINVAL and core.plans[0].epoch == 7
-            with pytest.raises(FsError) as e:
-                core.write_inode(attr.ino, 0, b"x")
-            assert e.value.errno == errno.EROFS
-
-    trio.run(main)
-
-
-def test_kernel_opens_count_every_open_made_before_the_bytes_came(tricky):
-    """Data echoing: a sample occurs twice in the order, and two readers open it before
-    either read reaches the daemon; the second reader's read is then served by the kernel
-    page cache and never asks. Both opens are uses once the first read is answered, so the
-    plan's cursor passes both occurrences (with one counted, it stopped at the second)."""
-    from fusefs import order as orderfmt
-    src, dst, files = tricky
-    core = _core(dst, kernel_opens=True)
-    d = core.lookup(ROOT, b"cat").ino
-    first, other = core.lookup(d, b"img 001.jpg"), core.lookup(d, b"img 002.jpg")
-    a, b = first.ino - core.file_base, other.ino - core.file_base
-    ctrl = core.lookup(ROOT, b".fusefs").ino
-    order_ino = core.lookup(ctrl, b"order").ino
-
-    async def main():
-        async with serving(core):
-            core.write_inode(order_ino, 0, orderfmt.encode([a, a, b], epoch=1))
-            core.lookup(d, b"img 001.jpg")
-            core.lookup(d, b"img 001.jpg")  # the echo's reader, before the first read
-            assert core.plans[0].cursor == 0
-            await core.read_inode(first.ino, 0, 1 << 20)
-            assert core.plans[0].cursor == 2
-
-    trio.run(main)
-
-
-def test_an_order_makes_the_kernel_forget_names_it_keeps_from_before(tricky):
-    """Without an order a name's lookup lets the kernel keep it for a while (a reader's
-    later open of it would then not be seen); the order's arrival asks the kernel to
-    forget the names looked up within that while, and only those."""
-    from fusefs import order as orderfmt
-
-    class Kernel:
-        forgotten = []
-
-        def push(self, items):
-            return [0] * len(items)
-
-        def forget_name(self, parent, name):
-            self.forgotten.append((parent, name))
-
-    src, dst, files = tricky
-    core = _core(dst, kernel_opens=True)
-    core.kernel = kernel = Kernel()
-    d = core.lookup(ROOT, b"cat").ino
-    core.lookup(d, b"img 001.jpg")
-    core._names_kept[0] = (core._names_kept[0][0] - 60, d, b"img 001.jpg")  # long ago
-    core.lookup(d, b"img 002.jpg")
-    ctrl = core.lookup(ROOT, b".fusefs").ino
-    order_ino = core.lookup(ctrl, b"order").ino
-
-    async def main():
-        async with serving(core):
-            core.write_inode(order_ino, 0, orderfmt.encode([0, 1], epoch=1))
-            assert kernel.forgotten == [(d, b"img 002.jpg")]
-            core.lookup(d, b"img 003.jpg")  # under the order: timeout 0, nothing kept
-            core.write_inode(order_ino, 0, orderfmt.encode([1, 0], epoch=2))
-            assert kernel.forgotten == [(d, b"img 002.jpg")]
-
-    trio.run(main)
 
 
 def test_opens_and_releases_answered_on_the_fast_path_count_as_the_loops_do(tricky):

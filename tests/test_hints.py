@@ -97,12 +97,11 @@ def _write_bytes(path, data, fsync=True):
         os.close(fd)
 
 
-@pytest.mark.parametrize("opens", ["--kernel-opens", "--no-kernel-opens"])
-def test_bad_order_fails_fsync_with_einval_and_the_old_one_stays(tricky, tmp_path, opens):
-    """A bad order fails the writer's fsync (or, when the kernel opens files, the write
-    that completes it) with EINVAL, is named in the log, and the previous order stays."""
+def test_bad_order_fails_fsync_with_einval_and_the_old_one_stays(tricky, tmp_path):
+    """A bad order fails the writer's fsync with EINVAL, is named in the log, and the
+    previous order stays."""
     mnt = str(tmp_path / "mnt")
-    with running_mount(tricky[1], mnt, opens) as (_, log):
+    with running_mount(tricky[1], mnt) as (_, log):
         write_order(mnt, [0, 1, 2], epoch=3)
         path = os.path.join(mnt, ".fusefs", "order")
         for bad in (b"garbage", orderfmt.encode([0, 99999]), orderfmt.encode([0, 1])[:-1],
@@ -113,14 +112,8 @@ def test_bad_order_fails_fsync_with_einval_and_the_old_one_stays(tricky, tmp_pat
         with pytest.raises(OSError) as e:  # write_order commits with fsync: it raises too
             write_order(mnt, [0, 99999])
         assert e.value.errno == errno.EINVAL
-        # a writer that only closes: the order commits at release (the daemon opens files),
-        # or at the write that completes it (the kernel does: that write fails)
-        try:
-            _write_bytes(path, orderfmt.encode([7, 99998]), fsync=False)
-        except OSError as e:
-            assert opens == "--kernel-opens" and e.errno == errno.EINVAL
-        else:
-            assert opens == "--no-kernel-opens"
+        # a writer that only closes: the order commits at release, refused in the log
+        _write_bytes(path, orderfmt.encode([7, 99998]), fsync=False)
         deadline = time.monotonic() + 10
         while "unknown sample id 99998" not in open(log).read() and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -218,13 +211,12 @@ def test_readers_of_the_same_files_get_their_bytes_with_the_kernel_cache(tricky,
                 r.wait()
 
 
-@pytest.mark.parametrize("mode", ["kernel-opens", "daemon-opens", "python-opens", "no-kernel-cache"])
+@pytest.mark.parametrize("mode", ["daemon-opens", "python-opens", "no-kernel-cache"])
 def test_read_ahead_bytes_pushed_to_the_kernel_page_cache(tricky, tmp_path, mode):
     """With --kernel-cache a sample read ahead is pushed to the kernel as it arrives (the
     tree was listed first, as ImageFolder does, so the kernel knows its inode): a reader of
-    a sample the kernel holds then costs exactly one lookup of its name when the kernel
-    opens files, or an open and a release when the daemon does (answered in C on the fast
-    path's thread, none of them by the Python loop; in Python with --no-fast-path); no read,
+    a sample the kernel holds then costs exactly an open and a release (answered in C on the
+    fast path's thread, none of them by the Python loop; in Python with --no-fast-path); no read,
     no flush, no getattr; and the next epoch reads nothing from the backend. The kernel may drop clean
     pages when memory is short (it did on a CI machine): a read reaches the daemon only for
     a sample whose pages mincore found gone just before it, and each such sample is counted
@@ -236,9 +228,8 @@ def test_read_ahead_bytes_pushed_to_the_kernel_page_cache(tricky, tmp_path, mode
     rels = sorted(k for k, v in files.items() if not k.endswith("/") and v)
     mnt = str(tmp_path / "mnt")
     kernel_cache = mode != "no-kernel-cache"
-    flags = {"kernel-opens": ["--kernel-opens"], "daemon-opens": ["--no-kernel-opens"],
-             "python-opens": ["--no-kernel-opens", "--no-fast-path"],
-             "no-kernel-cache": ["--no-kernel-cache", "--no-kernel-opens"]}[mode]
+    flags = {"daemon-opens": [], "python-opens": ["--no-fast-path"],
+             "no-kernel-cache": ["--no-kernel-cache"]}[mode]
     with running_mount(dst, mnt, "--cache-size", "200%", *flags):
         stats = lambda: mount_stats(mnt)  # noqa: E731
         listed = [os.path.join(d, f) for d, _, fs in os.walk(mnt) for f in fs]
@@ -282,8 +273,7 @@ def test_read_ahead_bytes_pushed_to_the_kernel_page_cache(tricky, tmp_path, mode
             getattrs = asked.pop("getattr", 0)
             ioctl = len(rels) // 2
             if kernel_cache:
-                opened = ({"lookup": len(rels)} if mode == "kernel-opens"
-                          else {"open": len(rels), "release": len(rels)})
+                opened = {"open": len(rels), "release": len(rels)}
                 assert asked == {**opened, "ioctl": ioctl}, asked
                 in_c = {k: v - before["fast_path_requests"][k] - (again["fast_path_requests"][k] - v)
                         for k, v in s["fast_path_requests"].items()} if mode == "daemon-opens" else None
@@ -363,8 +353,7 @@ def _epoch(mnt, rels, files, ids, epoch, pause=0.01):
     return delta, after
 
 
-@pytest.mark.parametrize("opens", ["--kernel-opens", "--no-kernel-opens"])
-def test_samples_the_kernel_holds_are_not_fetched_again_until_it_drops_pages(tricky, tmp_path, opens):
+def test_samples_the_kernel_holds_are_not_fetched_again_until_it_drops_pages(tricky, tmp_path):
     """A cache of a fifth of the set: a sample pushed to the kernel page cache is not read
     ahead from the backend again while the kernel holds it. When the kernel drops pushed
     pages (here POSIX_FADV_DONTNEED through the mount, as memory pressure or proactive
@@ -375,7 +364,7 @@ def test_samples_the_kernel_holds_are_not_fetched_again_until_it_drops_pages(tri
     src, dst, files = tricky
     rels = sorted(k for k, v in files.items() if not k.endswith("/") and v)
     mnt = str(tmp_path / "mnt")
-    with running_mount(dst, mnt, "--cache-size", "20%", opens):
+    with running_mount(dst, mnt, "--cache-size", "20%"):
         assert len([f for _, _, fs in os.walk(mnt) for f in fs]) == len(files) - 2  # listed
         ids = mount_ids(mnt)
         first, s = _epoch(mnt, rels, files, ids, 0)

@@ -102,7 +102,7 @@ def test_partial_unaligned_concurrent_reads_from_several_processes(tricky_mount)
 def test_writes_are_refused_and_missing_paths_are_enoent(tricky_mount):
     src, mnt, _, _ = tricky_mount
     target = os.path.join(mnt, "cat", "img 001.jpg")
-    def write(path, how):  # (when the kernel opens files, the open succeeds; the write not)
+    def write(path, how):
         with open(path, how) as f:
             f.write(b"x")
 

@@ -67,18 +67,12 @@ def test_readers_that_skip_do_not_hold_the_cursor_back():
     assert sorted(done) == list(range(n))
 
 
-def test_complete_says_when_the_bytes_written_so_far_are_a_whole_order():
-    one = order.encode([3, 1, 2], epoch=4)
+def test_an_order_with_the_next_epochs_parses_whole_and_not_cut_after_its_first():
     two = order.encode([3, 1], epoch=4, next_follows=True) + order.encode([2, 0], epoch=5)
-    assert order.complete(one) and order.complete(two)
-    assert not any(order.complete(one[:k]) for k in range(len(one)))
     first = len(order.encode([3, 1]))
-    # the first record of `two` is whole at `first`, but announces the next one
-    assert not any(order.complete(two[:k]) for k in range(len(two)))
     assert order.parse(two, n_samples=4).next.ids.tolist() == [2, 0]
     with pytest.raises(order.OrderError, match="next epoch's order follows"):
         order.parse(two[:first], n_samples=4)
-    assert order.complete(b"not an order, 32 bytes or longer.")  # parse names the problem
     # written without the flag, a second record still parses (files of older writers)
     old = order.encode([3, 1]) + order.encode([2, 0], epoch=1)
-    assert order.parse(old, n_samples=4).next.epoch == 1 and order.complete(old)
+    assert order.parse(old, n_samples=4).next.epoch == 1

@@ -29,12 +29,11 @@ spec = importlib.util.spec_from_file_location(
 patched = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(patched)
 
-# Stand-ins for the parts of internal.pxi and handlers.pxi that the patches touch.
+# A stand-in for the part of internal.pxi that the loop patch touches.
 LOOP = ("async def _session_loop(nursery, int min_tasks, int max_tasks):\n"
         "    cdef int res\n" + patched.LOOP_START + "    while not fuse_session_exited(session):\n"
         + patched.LOOP_WAIT + "        save_retval(None)\n" + patched.LOOP_END
         + "    worker_data.task_count -= 1\n")
-HANDLER = "cdef void fuse_read (fuse_req_t req, fuse_ino_t ino, size_t size):\n" + patched.HANDLE_LINE
 
 
 def test_the_loop_reads_first_and_waits_only_when_nothing_is_queued():
@@ -51,17 +50,11 @@ def test_a_changed_loop_is_refused():
         patched.patch_session_loop(LOOP.replace("await _wait_fuse_readable()", "await wait()"))
 
 
-def test_handlers_get_the_inode_where_the_handle_is_zero():
-    handlers = "".join(HANDLER.replace("fuse_read ", h) for h in patched.HANDLERS)
-    out = patched.patch_handlers(handlers)
-    assert out.count("c.fh = fi.fh if fi.fh != 0 else ino") == len(patched.HANDLERS)
-    with pytest.raises(SystemExit, match="handlers changed"):
-        patched.patch_handlers(handlers.replace("fuse_flush ", "fuse_flush2 "))
-
-
-def test_the_venv_has_the_first_two_patches():
+def test_the_venv_has_every_patch():
     """scripts/setup.sh builds them; the hot-path figures in docs are measured with them."""
-    assert pyfuse3.INODE_WITHOUT_OPEN and pyfuse3.REQUESTS_WITHOUT_WAIT
+    assert pyfuse3.REQUESTS_WITHOUT_WAIT and pyfuse3.STORE_MANY and pyfuse3.IOCTL_COUNTED
+    assert pyfuse3.TASKS_WHEN_ALL_BUSY and pyfuse3.FAST_PATH
+    assert not hasattr(pyfuse3, "INODE_WITHOUT_OPEN")
 
 
 def test_notify_store_many_is_added_after_notify_store():

@@ -27,7 +27,6 @@ class Stats:
 class FakeCore:
     """Answers lookups of b"ok", refuses b"missing" with ENOENT and fails b"boom" with a bug."""
     uid, gid = 1000, 1000
-    kernel_opens = False
 
     def __init__(self):
         self.stats = Stats()

@@ -13,7 +13,7 @@ without an order (these readers write none): a cache of 10% of the set, a fresh 
 reader.
 
 `--also-options ARGS` also runs each reader over a mount with those arguments, in the
-same rounds (e.g. `--also-options=--no-kernel-opens`: the daemon answers opens).
+same rounds (e.g. `--also-options=--no-fast-path`: opens answered on the Python loop).
 
 usage: .venv/bin/python scripts/bench/bench_clients.py [--files 2000] [--rounds 2] [--out DIR]
        [--also-options ARGS]
