@@ -27,9 +27,9 @@ import time
 
 from fusefs.client import mount_stats
 from fusefs.pack import pack
-from fusefs.synth import make_imagefolder
-from fusefs.testbed import GLUSTER_SH, GMNT, copy_tree
-from fusefs.testing import running_mount
+from testkit.synth import make_imagefolder
+from testkit.gluster import GLUSTER_SH, GMNT, copy_tree
+from testkit.mounts import running_mount
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 READER = os.path.join(REPO, "scripts", "workloads", "imagefolder_reader.py")

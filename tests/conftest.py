@@ -15,10 +15,12 @@ import sys
 import pytest
 import trio
 
-from fusefs.testing import resolve, running_mount
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "scripts"))  # testkit: the harness the tests share
+
+from testkit.mounts import resolve, running_mount  # noqa: E402
 from fusefs.pack import pack
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p

@@ -6,8 +6,8 @@ import subprocess
 
 from fusefs.client import mount_stats
 from fusefs.pack import pack
-from fusefs.synth import make_imagefolder
-from fusefs.testing import running_mount
+from testkit.synth import make_imagefolder
+from testkit.mounts import running_mount
 
 
 def tar_sha256(root) -> str:

@@ -9,7 +9,7 @@ from fusefs.core import ROOT, Core
 from fusefs.entries import FsError
 from fusefs.index import INDEX_NAME, Index
 from fusefs.store import ChunkStore
-from fusefs.testing import resolve
+from testkit.mounts import resolve
 
 from conftest import corrupt_sample, serving
 

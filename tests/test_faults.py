@@ -19,7 +19,7 @@ from fusefs.core import Core
 from fusefs.entries import FsError
 from fusefs.index import INDEX_NAME, Index, IndexFormatError
 from fusefs.mount import is_dead_mount
-from fusefs.testing import is_mounted, running_mount, stop_mount
+from testkit.mounts import is_mounted, running_mount, stop_mount
 from fusefs.store import ChunkStore
 from trainer.hints import mount_stats
 

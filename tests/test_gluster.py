@@ -14,10 +14,10 @@ import pytest
 from fusefs.index import INDEX_NAME, Index
 from fusefs.nodes import PATHINFO_XATTR, parse_pathinfo
 from fusefs.pack import pack
-from fusefs.testbed import BRICKS, VOL, brick_pid
+from testkit.gluster import BRICKS, VOL, brick_pid
 from trainer import mount_stats, write_order
 
-from fusefs.testing import running_mount
+from testkit.mounts import running_mount
 
 from conftest import REPO, fusefs_cmd, read_tree
 
@@ -162,7 +162,7 @@ def test_pack_names_the_bricks_its_chunks_missed(volume, tricky, tmp_path, caplo
 
 
 def _faults():
-    from fusefs import testbed  # the faults benchmark's scenarios, shared with it
+    from testkit import gluster as testbed  # the faults benchmark's scenarios, shared with it
     return testbed
 
 
@@ -171,7 +171,7 @@ def small_packed(volume, tmp_path_factory):
     """300 small JPEGs packed onto the volume in 64 KiB chunks; (packed, rels, digests)."""
     import random
     import xxhash
-    from fusefs.synth import make_imagefolder
+    from testkit.synth import make_imagefolder
     src = str(tmp_path_factory.mktemp("faults") / "src")
     make_imagefolder(src, 300, n_classes=5, mean_bytes=8_000, progress=False)
     packed = os.path.join(volume, f"faults-{uuid.uuid4().hex[:8]}")

@@ -14,7 +14,7 @@ from torch.utils.data import DistributedSampler, RandomSampler
 
 from fusefs import order as orderfmt
 from fusefs.reads import MIN_DROPS
-from fusefs.testing import running_mount
+from testkit.mounts import running_mount
 from trainer import HintedSampler, write_order
 from trainer.hints import mount_ids, mount_stats
 

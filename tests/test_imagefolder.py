@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from fusefs.pack import pack
-from fusefs.synth import make_imagefolder
+from testkit.synth import make_imagefolder
 
-from fusefs.testing import running_mount
+from testkit.mounts import running_mount
 
 from conftest import REPO
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusefs import order as orderfmt
-from fusefs.testing import running_mount
+from testkit.mounts import running_mount
 from trainer import ImportanceSampler, LossTracker, WithIndex, reevaluate, split_fluctuating
 from trainer.hints import mount_stats
 
@@ -468,7 +468,7 @@ def test_importance_training_through_a_mount_with_torchvision(tmp_path):
     import subprocess
     from conftest import REPO
     from fusefs.pack import pack
-    from fusefs.synth import make_digits
+    from testkit.synth import make_digits
     make_digits(str(tmp_path / "digits"))
     pack(str(tmp_path / "digits" / "train"), str(tmp_path / "packed"), chunk_count=64, progress=False)
     mnt = str(tmp_path / "mnt")

@@ -10,7 +10,7 @@ import trio
 from fusefs import order as orderfmt
 from fusefs.index import INDEX_NAME, Index
 from fusefs.local import LocalTier, LocalTierError
-from fusefs.testing import running_mount
+from testkit.mounts import running_mount
 from trainer import mount_stats
 
 from conftest import fusefs_cmd, make_core

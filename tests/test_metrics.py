@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import read_tree
 from fusefs.client import mount_stats, write_order
-from fusefs.testing import running_mount
+from testkit.mounts import running_mount
 
 
 def parse(text: str) -> dict:

@@ -15,7 +15,7 @@ import pytest
 
 from fusefs.index import INDEX_NAME, Index
 
-from fusefs.testing import is_mounted, resolve, running_mount, stop_mount
+from testkit.mounts import is_mounted, resolve, running_mount, stop_mount
 from trainer.hints import mount_stats
 
 from conftest import fusefs_cmd, read_tree, REPO
@@ -278,10 +278,10 @@ def test_a_killed_owner_leaves_no_mount(tricky, tmp_path):
     started must unmount by itself."""
     mnt = tmp_path / "mnt"
     script = ("import sys, time; sys.path.insert(0, sys.argv[1]);"
-              "from fusefs.testing import running_mount;"
+              "from testkit.mounts import running_mount;"
               "cm = running_mount(sys.argv[2], sys.argv[3]); proc, _ = cm.__enter__();"
               "print(proc.pid, flush=True); time.sleep(120)")
-    owner = subprocess.Popen([sys.executable, "-c", script, REPO, str(tricky[1]), str(mnt)],
+    owner = subprocess.Popen([sys.executable, "-c", script, os.path.join(REPO, "scripts"), str(tricky[1]), str(mnt)],
                              stdout=subprocess.PIPE, text=True)
     try:
         daemon = int(owner.stdout.readline())

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import trio
 
-from fusefs.testing import running_mount
+from testkit.mounts import running_mount
 from trainer import HintedSampler, chunk_block_order, echo_order, mount_chunks
 from trainer.orders import echo_fresh
 

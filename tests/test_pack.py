@@ -7,7 +7,7 @@ import pytest
 from fusefs import chunk, pack as packmod
 from fusefs.index import INDEX_NAME, Index, IndexFormatError
 from fusefs.mount import MountError, open_dataset
-from fusefs.testing import resolve, running_mount
+from testkit.mounts import resolve, running_mount
 from fusefs.pack import PackError, pack, plan_chunks
 
 from conftest import tricky_tree, write_tree

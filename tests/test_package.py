@@ -38,6 +38,8 @@ def test_the_wheel_holds_every_module_and_the_compiled_reads(tmp_path):
     modules = _modules("fusefs") | _modules("trainer")
     assert "trainer/accel/hybrid.py" in modules and "trainer/accel/swap.py" in modules
     assert modules <= names, sorted(modules - names)
+    # the harness the tests share stays with them (scripts/testkit)
+    assert not [n for n in names if n.split("/")[-1] in ("testing.py", "synth.py", "testbed.py")]
     assert any(n.startswith("fusefs/_fetchio.") and n.endswith(".so") for n in names)
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "fusefs = fusefs.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()

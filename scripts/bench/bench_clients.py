@@ -29,12 +29,12 @@ import subprocess
 import sys
 import time
 
-from fusefs.pack import pack
-from fusefs.synth import make_imagefolder
-from fusefs.testbed import GLUSTER_SH, GMNT, copy_tree, drop_caches
-from fusefs.testing import running_mount
-
 from common import REPO, commit as common_commit
+
+from fusefs.pack import pack
+from testkit.gluster import GLUSTER_SH, GMNT, copy_tree, drop_caches
+from testkit.mounts import running_mount
+from testkit.synth import make_imagefolder
 
 
 def fio(root: str) -> dict:

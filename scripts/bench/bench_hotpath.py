@@ -75,8 +75,8 @@ from common import REPO, build_minimal_c, commit as common_commit, git, minimal_
 
 from fusefs import order as orderfmt
 from fusefs.pack import pack
-from fusefs.testbed import drop_caches
-from fusefs.testing import running_mount
+from testkit.gluster import drop_caches
+from testkit.mounts import running_mount
 
 
 def make_files(root: str, n: int, classes: int = 20, seed: int = 0) -> None:

@@ -1,7 +1,7 @@
 """Hybrid CPU+accelerator training against each replica alone, side by side; prints
 figures, saves JSON and a PNG (samples/s and test accuracy per epoch).
 
-load_digits (fusefs.synth.make_digits: 1437 train / 360 test PNGs) is packed
+load_digits (testkit.synth.make_digits: 1437 train / 360 test PNGs) is packed
 and mounted with fusefs; scripts/workloads/train_hybrid.py trains through the mount under
 /usr/bin/python3 (torchvision ImageFolder + DataLoader), same seeds, in three modes: the
 accelerator alone (a CPU replica stands in where torch sees no GPU), the CPU alone, and
@@ -25,8 +25,8 @@ import sys
 from common import REPO, JsonLines, run_trainer, commit as common_commit
 
 from fusefs.pack import pack
-from fusefs.synth import make_digits
-from fusefs.testing import running_mount
+from testkit.synth import make_digits
+from testkit.mounts import running_mount
 
 MODES = ("accel", "cpu", "hybrid")
 

@@ -5,7 +5,7 @@ Two datasets, each packed onto the volume and mounted with a 10% cache of which 
 static (pinned) share:
   digits  scikit-learn's bundled load_digits images (real data, no download), upscaled to
           32x32 PNGs in an ImageFolder, 80% train / 20% test; the accuracy comparison.
-  synth   synthetic JPEGs (--synth files of ~85 KB, learnable: fusefs.synth, learnable=True);
+  synth   synthetic JPEGs (--synth files of ~85 KB, learnable: testkit.synth, learnable=True);
           the I/O comparison: backend bytes and epoch time per epoch.
 For each, the same small CNN, seeds and epochs are trained twice by scripts/workloads/train_importance.py
 under /usr/bin/python3 (torchvision ImageFolder + DataLoader through the mount): with every
@@ -52,9 +52,9 @@ import numpy as np
 from common import REPO, run_trainer
 
 from fusefs.pack import pack
-from fusefs.synth import make_digits, make_imagefolder
-from fusefs.testbed import GLUSTER_SH
-from fusefs.testing import running_mount
+from testkit.synth import make_digits, make_imagefolder
+from testkit.gluster import GLUSTER_SH
+from testkit.mounts import running_mount
 
 GMNT = "/mnt/fusefs-gluster"
 VOL = os.environ.get("FUSEFS_GLUSTER_VOL", "fusefsvol")  # as gluster.sh

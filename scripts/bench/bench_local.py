@@ -31,12 +31,12 @@ import sys
 from common import REPO, run_trainer
 
 from fusefs.pack import pack
-from fusefs.synth import (
+from testkit.synth import (
     make_digits,
     make_imagefolder,
 )
-from fusefs.testbed import GLUSTER_SH
-from fusefs.testing import running_mount
+from testkit.gluster import GLUSTER_SH
+from testkit.mounts import running_mount
 from trainer import mount_stats
 
 GMNT = "/mnt/fusefs-gluster"

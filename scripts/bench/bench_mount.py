@@ -25,11 +25,11 @@ import numpy as np
 
 from common import REPO
 
-from fusefs import testbed
+from testkit import gluster as testbed
 from fusefs.index import INDEX_NAME, ChunkInfo, Index
 from fusefs.pack import pack
-from fusefs.synth import make_imagefolder
-from fusefs.testing import running_mount
+from testkit.synth import make_imagefolder
+from testkit.mounts import running_mount
 
 
 def drop_caches() -> None:

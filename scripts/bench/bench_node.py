@@ -44,8 +44,8 @@ import sys
 from common import REPO, JsonLines, build_minimal_c, commit as common_commit, minimal_daemon, run_trainer
 
 from fusefs.pack import pack
-from fusefs.synth import make_imagefolder
-from fusefs.testing import running_mount
+from testkit.synth import make_imagefolder
+from testkit.mounts import running_mount
 
 SYSTEMS = ("loose", "fusefs", "fusefs_python", "minimal", "minimal_c")
 

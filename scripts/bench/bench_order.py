@@ -38,9 +38,9 @@ import time
 from common import REPO, CpuMeter, commit as common_commit, cpu_seconds, pids_named
 
 from fusefs.pack import pack
-from fusefs.synth import make_imagefolder
-from fusefs.testbed import GLUSTER_SH, copy_tree
-from fusefs.testing import running_mount
+from testkit.synth import make_imagefolder
+from testkit.gluster import GLUSTER_SH, copy_tree
+from testkit.mounts import running_mount
 from trainer.hints import mount_stats
 
 GMNT = "/mnt/fusefs-gluster"

@@ -1,5 +1,6 @@
 """Helpers the benchmarks share (each benchmark runs from this folder, so `import common`
-finds it without any sys.path edit)."""
+finds it without any sys.path edit; importing it puts scripts/ on sys.path, for testkit,
+the harness the tests share)."""
 from __future__ import annotations
 
 import contextlib
@@ -15,6 +16,8 @@ import time
 import psutil
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if os.path.join(REPO, "scripts") not in sys.path:
+    sys.path.insert(1, os.path.join(REPO, "scripts"))
 WORKLOADS = os.path.join(REPO, "scripts", "workloads")
 
 
@@ -86,7 +89,7 @@ def minimal_daemon(src: str, mnt: str, timeout: float = 300.0, script: str | Non
     before it mounts), or `script SRC MNT ARGS` (a variant of it: tests), or `COMMAND SRC
     MNT ARGS` (the C one, built by build_minimal_c); yields its process; always
     unmounted and reaped."""
-    from fusefs.testing import stop_mount
+    from testkit.mounts import stop_mount
     os.makedirs(mnt, exist_ok=True)
     script = script or os.path.join(REPO, "scripts", "bench", "minimal_daemon.py")
     proc = subprocess.Popen([*(command or [sys.executable, script]), src, mnt, *args])

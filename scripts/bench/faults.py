@@ -30,9 +30,11 @@ import sys
 
 import xxhash
 
+import common  # noqa: F401  (puts scripts/ on sys.path, for testkit)
+
 from fusefs.pack import pack
-from fusefs.synth import make_imagefolder
-from fusefs.testbed import (
+from testkit.synth import make_imagefolder
+from testkit.gluster import (
     GLUSTER_SH,
     GMNT,
     REPO,

@@ -23,7 +23,7 @@ import time
 from common import REPO
 
 from fusefs.index import INDEX_NAME, Index
-from fusefs.testing import running_mount
+from testkit.mounts import running_mount
 from trainer import mount_stats, write_order
 
 READERS = 8

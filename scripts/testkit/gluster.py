@@ -16,10 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import xxhash
 
-from .client import mount_ids, mount_stats, write_order
-from .testing import running_mount
+from fusefs.client import mount_ids, mount_stats, write_order
+from .mounts import running_mount
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GLUSTER_SH = os.path.join(REPO, "scripts", "testbed", "gluster.sh")
 
 def drop_caches(level: int = 3) -> None:

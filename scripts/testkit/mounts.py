@@ -10,8 +10,8 @@ import subprocess
 import sys
 import time
 
-from .mount import MountError
-from .mounts import fusermount, is_mounted
+from fusefs.mount import MountError
+from fusefs.mounts import fusermount, is_mounted
 
 
 @contextlib.contextmanager
