@@ -52,12 +52,13 @@ SERIAL_WRAP = 1 << 29  # serials wrap far below control handles (control.FH_BASE
 # READ | sample read from the bytes held for it (| READ_END: up to the sample's end;
 # | READ_LOST: the sample's in_kernel flag was set when the read was answered); FORGOTTEN |
 # sample: the kernel forgot the sample's inode
-RELEASED = 1 << 63  # (FUSEFS_RELEASED)
-READ = 1 << 62      # (FUSEFS_READ)
-READ_END = 1 << 61  # (FUSEFS_READ_END)
-READ_LOST = 1 << 60  # (FUSEFS_READ_LOST)
-FORGOTTEN = RELEASED | READ  # (FUSEFS_FORGOTTEN: a released handle never has READ's bit)
-assert SERIAL_WRAP << SID_BITS <= READ_END
+RELEASED = 1 << 63
+READ = 1 << 62
+READ_END = 1 << 61
+READ_LOST = 1 << 60
+FORGOTTEN = RELEASED | READ  # (a released handle never has READ's bit)
+EVENT_BITS = (RELEASED, READ, READ_END, READ_LOST)  # handed to the fast path at its start
+assert SERIAL_WRAP << SID_BITS <= min(RELEASED, READ) and 1 << SID_BITS <= min(READ_END, READ_LOST)
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
 
@@ -309,7 +310,7 @@ class Core:
             "blksize": BLKSIZE}
         return {"file_base": self.file_base, "n_files": ix.n_files, "sid_bits": SID_BITS,
                 "serial": self._serial, "serial_wrap": SERIAL_WRAP, "write_flags": WRITE_FLAGS,
-                "kernel_flags": self.in_kernel.view(np.uint8), "tree": tree}
+                "events": EVENT_BITS, "kernel_flags": self.in_kernel.view(np.uint8), "tree": tree}
 
     def answered(self, events) -> None:
         """Opens, reads, releases and forgets of dataset files answered outside the loop

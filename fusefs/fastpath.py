@@ -46,16 +46,18 @@ class FastPath:
         self.fd = -1
 
     def start(self, file_base: int, n_files: int, sid_bits: int, serial: int, serial_wrap: int,
-              write_flags: int, kernel_flags=None, tree=None) -> None:
+              write_flags: int, events: tuple[int, int, int, int], kernel_flags=None,
+              tree=None) -> None:
         """Start the thread (after pyfuse3.init, before pyfuse3.main); handles continue the
-        core's serials. kernel_flags: one byte per sample, nonzero while the core takes the
+        core's serials; events: the bits the core reads its events by (released, read,
+        read_end, read_lost: core.EVENT_BITS), the only copy of them. kernel_flags: one byte per sample, nonzero while the core takes the
         kernel to hold its pages (read by the thread as it answers a read: READ_LOST).
         tree: the index's arrays the thread answers the lookups of files' names from
         (pyfuse3.fast_path_tree), or None: the loop answers every lookup."""
         pyfuse3.fast_path_kernel_flags(kernel_flags)
         pyfuse3.fast_path_tree(tree)
         self.fd = pyfuse3.fast_path_start(file_base, n_files, FH_BASE, sid_bits, serial, serial_wrap,
-                                          write_flags, BATCH, DELAY_US)
+                                          write_flags, BATCH, DELAY_US, events)
 
     def catch_up(self) -> None:
         """Apply the events waiting now."""

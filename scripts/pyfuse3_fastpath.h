@@ -10,7 +10,7 @@
  * An open of a dataset file (inode in [file_base, file_base + n_files), no write flag) is
  * answered with handle (serial << sid_bits) | sample, keep_cache, exactly as fusefs's
  * Core.open would; a release of a handle below fh_base is answered at once. Both are
- * recorded, in order, as events (the handle; a release has bit 63 set) that fusefs drains
+ * recorded, in order, as events (the handle; a release's with the `released` bit set) that fusefs drains
  * with fusefs_fast_take() for its accounting (the order's uses, the statistics): the
  * event fd becomes readable once `batch` events are waiting, or `delay_us` after the
  * first; fusefs also takes them before it handles each request handed to the loop, so
@@ -21,8 +21,8 @@
  * table holds a reference). The thread reads such an object's bytes without the GIL (a
  * bytes object's size and contents never change) while it holds `held_lock`, and an
  * object leaves the table under that lock before its reference is dropped. The read is
- * an event too: the sample with FUSEFS_READ set, FUSEFS_READ_END when it reached the
- * sample's end (the kernel then holds every page of it), and FUSEFS_READ_LOST when fusefs
+ * an event too: the sample with the `read` bit set, `read_end` when it reached the
+ * sample's end (the kernel then holds every page of it), and `read_lost` when fusefs
  * took the kernel to hold the sample's pages at the time of the read (its flags, one byte
  * per sample, fusefs_fast_kernel_flags): the kernel dropped them. The flag is read here,
  * when the read is answered, not when fusefs applies the event: a push of the sample that
@@ -32,7 +32,7 @@
  * is answered here too, as fusefs's Core.lookup would, from the tree fusefs hands over
  * before the thread starts (fusefs_fast_tree: per folder its run of files, sorted by name;
  * per file its name, size, mode and mtime). Every other name goes to the loop. A forget
- * needs no answer: that of a dataset file is an event (FUSEFS_FORGOTTEN | sample), and
+ * needs no answer: that of a dataset file is an event (`released` | `read` | sample), and
  * that of any other inode is dropped (fusefs keeps no lookup counts).
  *
  * The thread reads first and waits (poll) only when nothing is queued: under load a
@@ -57,11 +57,11 @@
 #include <linux/fuse.h>
 
 #define FUSEFS_BUFSIZE (256 * 4096 + 4096) /* libfuse's: FUSE_MAX_MAX_PAGES pages + a header page */
-#define FUSEFS_RELEASED (1ULL << 63)
-#define FUSEFS_READ (1ULL << 62)       /* (data handles stay below 1 << 61: fusefs/core.py) */
-#define FUSEFS_READ_END (1ULL << 61)
-#define FUSEFS_READ_LOST (1ULL << 60)
-#define FUSEFS_FORGOTTEN (FUSEFS_RELEASED | FUSEFS_READ)  /* (a release's handle lacks bit 62) */
+/* The events' bits are fusefs's (fusefs/core.py), given at the start: single, distinct
+ * bits; `released` and `read` above every handle (serial_wrap << sid_bits), so that an open's
+ * event (its handle) has neither and a release's never has `read`'s; `read_end` and
+ * `read_lost`, which come only with `read` | sample, above every sample (1 << sid_bits); a
+ * forget is `released` | `read` | sample (fusefs_fast_start checks them). */
 
 /* the dataset's tree, for lookups (fusefs_fast_tree), or n_dirs 0 */
 typedef struct {
@@ -111,6 +111,7 @@ static struct {
     uint64_t kernel_flags_n;
     fusefs_tree tree;  /* for lookups (fusefs_fast_tree; the caller keeps it alive) */
     unsigned long long lookups, forgets;  /* (atomic) */
+    uint64_t ev_released, ev_read, ev_read_end, ev_read_lost;  /* the events' bits */
 } fusefs_fast = {0, -1, -1, -1, -1, 0, PTHREAD_MUTEX_INITIALIZER, .held_lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void fusefs_fast_drop_table(void);
@@ -227,7 +228,7 @@ static int64_t fusefs_lookup_file(uint64_t parent, const char *name, size_t n) {
 /* a forget of inode ino (no answer) */
 static void fusefs_forgot(uint64_t ino) {
     if (ino >= fusefs_fast.file_base && ino - fusefs_fast.file_base < fusefs_fast.n_files)
-        fusefs_event(FUSEFS_FORGOTTEN | (ino - fusefs_fast.file_base));
+        fusefs_event(fusefs_fast.ev_released | fusefs_fast.ev_read | (ino - fusefs_fast.file_base));
 }
 
 /* 1 if the request was answered here */
@@ -258,7 +259,7 @@ static int fusefs_answer(const char *data, size_t len) {
             return 0;
         fusefs_reply(h->unique, 0, NULL, 0);
         __atomic_add_fetch(&fusefs_fast.releases, 1, __ATOMIC_RELAXED);
-        fusefs_event(in->fh | FUSEFS_RELEASED);
+        fusefs_event(in->fh | fusefs_fast.ev_released);
         return 1;
     }
     case FUSE_READ: {
@@ -283,8 +284,8 @@ static int fusefs_answer(const char *data, size_t len) {
         __atomic_add_fetch(&fusefs_fast.read_bytes, k, __ATOMIC_RELAXED);
         int lost = sid < fusefs_fast.kernel_flags_n
                    && __atomic_load_n(&fusefs_fast.kernel_flags[sid], __ATOMIC_RELAXED);
-        fusefs_event(FUSEFS_READ | sid | (lost ? FUSEFS_READ_LOST : 0)
-                     | (in->offset < n && in->offset + in->size >= n ? FUSEFS_READ_END : 0));
+        fusefs_event(fusefs_fast.ev_read | sid | (lost ? fusefs_fast.ev_read_lost : 0)
+                     | (in->offset < n && in->offset + in->size >= n ? fusefs_fast.ev_read_end : 0));
         return 1;
     }
     case FUSE_LOOKUP: {
@@ -399,9 +400,25 @@ static void *fusefs_thread(void *arg) {
 /* Start the thread on the FUSE fd; 0 or an errno. */
 static int fusefs_fast_start(int fd, uint64_t file_base, uint64_t n_files, uint64_t fh_base,
                              unsigned sid_bits, uint64_t serial, uint64_t serial_wrap,
-                             uint64_t write_flags, size_t batch, long delay_us) {
+                             uint64_t write_flags, size_t batch, long delay_us,
+                             const uint64_t events[4]) {
     if (fusefs_fast.running)
         return EBUSY;
+    /* released, read, read_end, read_lost: single, distinct bits above every handle (the
+     * first two) or every sample (the other two) */
+    if (sid_bits >= 64 || serial_wrap == 0 || (serial_wrap << sid_bits) >> sid_bits != serial_wrap)
+        return EINVAL;
+    uint64_t seen = 0;
+    for (int i = 0; i < 4; i++) {
+        uint64_t b = events[i];
+        if (b == 0 || (b & (b - 1)) || (b & seen) || b < (i < 2 ? serial_wrap << sid_bits : 1ULL << sid_bits))
+            return EINVAL;
+        seen |= b;
+    }
+    fusefs_fast.ev_released = events[0];
+    fusefs_fast.ev_read = events[1];
+    fusefs_fast.ev_read_end = events[2];
+    fusefs_fast.ev_read_lost = events[3];
     fusefs_fast_drop_table();  /* (a table an earlier run left, if its close never came) */
     fusefs_fast.fd = fd;
     fusefs_fast.file_base = file_base;

@@ -268,7 +268,8 @@ cdef extern from "fusefs_fastpath.h":
     int fusefs_fast_start(int fd, unsigned long long file_base, unsigned long long n_files,
                           unsigned long long fh_base, unsigned sid_bits,
                           unsigned long long serial, unsigned long long serial_wrap,
-                          unsigned long long write_flags, size_t batch, long delay_us) nogil
+                          unsigned long long write_flags, size_t batch, long delay_us,
+                          const unsigned long long *events) nogil
     void fusefs_fast_stop() nogil
     void fusefs_fast_join() nogil
     int fusefs_wait_fd(int session_fd) nogil
@@ -289,25 +290,29 @@ cdef extern from "fusefs_fastpath.h":
 
 
 def fast_path_start(file_base, n_files, fh_base, sid_bits, serial, serial_wrap, write_flags,
-                    batch, delay_us):
+                    batch, delay_us, events):
     """Start the fast path's thread (after init(), before main()). It answers the open of
     inodes [file_base, file_base + n_files) without write_flags, the k-th with handle
     ((serial + k) % serial_wrap << sid_bits) | (inode - file_base) and keep_cache; the
-    release of handles below fh_base; every ioctl (ENOTTY). Returns the fd that is readable
-    while events wait for fast_path_events(): from `batch` of them, `delay_us` after the
-    first, or with a request handed to the loop."""
+    release of handles below fh_base; every ioctl (ENOTTY). events: the bits of its events
+    (released, read, read_end, read_lost), single bits above every handle (EINVAL
+    otherwise). Returns the fd that is readable while events wait for fast_path_events():
+    from `batch` of them, `delay_us` after the first, or with a request handed to the loop."""
     if session == NULL:
         raise RuntimeError('Need to call init() before fast_path_start()')
+    cdef unsigned long long bits[4]
+    released, read, read_end, read_lost = events
+    bits[0], bits[1], bits[2], bits[3] = released, read, read_end, read_lost
     cdef int err = fusefs_fast_start(session_fd, file_base, n_files, fh_base, sid_bits,
-                                     serial, serial_wrap, write_flags, batch, delay_us)
+                                     serial, serial_wrap, write_flags, batch, delay_us, bits)
     if err:
         raise OSError(err, 'fast_path_start: ' + strerror(err))
     return fusefs_fast_event_fd()
 
 
 def fast_path_events():
-    """The opens and releases the fast path answered since the last call, in order: bytes
-    of native 64-bit handles, a release's with bit 63 set."""
+    """The events of the requests the fast path answered since the last call, in order:
+    bytes of native 64-bit values (fast_path_start's events)."""
     cdef size_t n = 0
     cdef unsigned long long *ev = fusefs_fast_take(&n)
     try:
@@ -400,8 +405,8 @@ def _fusefs_free():
 
 def fast_path_hold(sid, data):
     """Let the fast path answer the reads of a handle of sample sid from data (bytes), or
-    no longer (None): each read is then an event, the sample with bit 62 set, and bit 61
-    when it reached the sample's end. The thread keeps a reference to data meanwhile."""
+    no longer (None): each read is then an event, the sample with the `read` bit set, and
+    `read_end` when it reached the sample's end. The thread keeps a reference to data meanwhile."""
     if data is None:
         fusefs_fast_hold(sid, NULL)
     elif type(data) is bytes:

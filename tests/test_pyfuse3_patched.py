@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from fusefs import core
 from fusefs.index import INDEX_NAME, Index
 
 BENCH = os.path.join(REPO, "scripts", "bench")
@@ -259,10 +260,45 @@ def test_the_venv_has_the_fast_path():
     assert pyfuse3.FAST_PATH == patched.fast_path_version()  # (built from this header and script)
     with pytest.raises(RuntimeError, match="init"):  # (no session in this process)
         pyfuse3.fast_path_start(2, 10, 1 << 62, 32, 0, 1 << 29, os.O_WRONLY, fastpath.BATCH,
-                                fastpath.DELAY_US)
+                                fastpath.DELAY_US, core.EVENT_BITS)
     assert pyfuse3.fast_path_events() == b""
     assert set(pyfuse3.fast_path_counts()) == {"open", "release", "ioctl", "read", "lookup", "forget"}
     assert pyfuse3.fast_path_read_bytes() == 0
+
+
+REFUSE_BITS = """
+import errno, os, sys
+import pyfuse3
+pyfuse3.init(pyfuse3.Operations(), sys.argv[1], ["fsname=fusefs-test"])
+try:
+    for bits in [(1 << 63, 1 << 62, 1 << 61, (1 << 60) | 1), (1 << 63, 1 << 63, 1 << 61, 1 << 60),
+                 (1 << 63, 1 << 62, 1 << 61, 1 << 20), (1 << 63, 1 << 40, 1 << 61, 1 << 60),
+                 (1 << 63, 1 << 62, 1 << 61, 0)]:
+        try:
+            pyfuse3.fast_path_start(2, 10, 1 << 62, 32, 0, 1 << 29, os.O_WRONLY, 256, 20000, bits)
+        except OSError as e:
+            assert e.errno == errno.EINVAL, e
+        else:
+            raise SystemExit(f"accepted {bits}")
+    print("refused all")
+finally:
+    pyfuse3.close(unmount=True)
+"""
+
+
+def test_the_fast_path_takes_its_event_bits_from_fusefs_and_refuses_bits_a_handle_can_have(tmp_path):
+    """The events' bits have one source, fusefs's core (EVENT_BITS, handed over at the
+    start); the thread refuses bits that are not single and distinct, or that a handle
+    (released, read) or a sample id (read_end, read_lost) can have, after init() on a real
+    mount point and before it starts."""
+    assert core.EVENT_BITS == (core.RELEASED, core.READ, core.READ_END, core.READ_LOST)
+    assert core.FORGOTTEN == core.RELEASED | core.READ
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = subprocess.run([sys.executable, "-c", REFUSE_BITS, str(mnt)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "refused all" in r.stdout, r.stderr[-2000:]
+    assert not os.path.ismount(mnt)
 
 
 def test_fast_path_hold_takes_bytes_only_and_keeps_no_reference_without_a_thread():
