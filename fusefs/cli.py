@@ -302,9 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="push samples into the kernel page cache as they are fetched "
                         "(notify_store), so their reads never reach the daemon (default on)")
     s.add_argument("--fast-path", action=argparse.BooleanOptionalAction, default=DEFAULTS.fast_path,
-                   help="answer the dataset files' open, ioctl and release on a thread in C, "
-                        "outside the Python loop (default on; needs pyfuse3 built by "
-                        "scripts/pyfuse3_patched.py; docs/HOTPATH.md)")
+                   help="answer the dataset files' lookup, open, ioctl, release, forget and the "
+                        "reads of cached samples on a thread in C, outside the Python loop "
+                        "(default on; fusefs/_fastpath.h, docs/ARCHITECTURE.md)")
     s.add_argument("--willneed", action=argparse.BooleanOptionalAction, default=DEFAULTS.willneed,
                    help="ask the backend's client for all of a request's reads at once "
                         "(posix_fadvise WILLNEED), so it fetches them concurrently while the "

@@ -48,7 +48,7 @@ assert FILES < CTRL_SLOTS
 SID_BITS = 32  # a data file's handle is (serial << SID_BITS) | sample id
 SID_MASK = (1 << SID_BITS) - 1
 SERIAL_WRAP = 1 << 29  # serials wrap far below control handles (control.FH_BASE = 1 << 62)
-# the fast path's events (pyfuse3_fastpath.h): a handle opened; RELEASED | handle released;
+# the fast path's events (fusefs/_fastpath.h): a handle opened; RELEASED | handle released;
 # READ | sample read from the bytes held for it (| READ_END: up to the sample's end;
 # | READ_LOST: the sample's in_kernel flag was set when the read was answered); FORGOTTEN |
 # sample: the kernel forgot the sample's inode

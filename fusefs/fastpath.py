@@ -3,7 +3,7 @@ release and forget, so that a sample the kernel holds costs the Python loop noth
 the reads of samples the daemon's cache holds, so that one the kernel does not hold costs
 it little.
 
-pyfuse3 built by scripts/pyfuse3_patched.py (patch "fast", scripts/pyfuse3_fastpath.h)
+fusefs's binding, fusefs.pyfuse3 (its patch "fast", fusefs/_fastpath.h)
 reads /dev/fuse on a thread of its own. It answers an open of a dataset file (no write
 flag) as Core.open would (handle (serial << SID_BITS) | sample, keep_cache), a release of a
 dataset handle, every ioctl (ENOTTY, as the ioctl patch does), the lookup of a dataset
@@ -22,9 +22,9 @@ without the fast path (docs/HOTPATH.md, "The fast path"); `--no-fast-path` turns
 """
 from __future__ import annotations
 
-import pyfuse3
 import trio
 
+from . import pyfuse3
 from .control import FH_BASE
 
 BATCH = 256         # events that wake the loop ...
@@ -34,7 +34,7 @@ DELAY_US = 20_000   # ... or this long after the first of them (each wake-up of 
 
 
 def available() -> bool:
-    """Whether this pyfuse3 has the fast path (scripts/pyfuse3_patched.py)."""
+    """Whether the binding has the fast path (fusefs.pyfuse3 is built with it)."""
     return bool(getattr(pyfuse3, "FAST_PATH", False))
 
 

@@ -10,8 +10,7 @@ import errno
 import functools
 import logging
 
-import pyfuse3
-
+from . import pyfuse3
 from .core import Core
 from .entries import BLKSIZE, Attr, FsError
 
@@ -75,10 +74,10 @@ class Operations(pyfuse3.Operations):
         super().__init__()
         self.core = core
         self.requests = core.stats.requests
-        if hasattr(pyfuse3, "ioctl_requests"):  # (scripts/pyfuse3_patched.py: answered in C)
+        if hasattr(pyfuse3, "ioctl_requests"):  # (answered in C: the binding's ioctl patch)
             base = pyfuse3.ioctl_requests()
             core.stats.binding_requests = lambda: {"ioctl": pyfuse3.ioctl_requests() - base}
-        if hasattr(pyfuse3, "loop_tasks_started"):  # (scripts/pyfuse3_patched.py)
+        if hasattr(pyfuse3, "loop_tasks_started"):  # (the binding's spawn patch)
             core.stats.loop_tasks = pyfuse3.loop_tasks_started
         self.catch_up = None  # () -> None: the fast path's events applied (mount.py sets it)
 

@@ -10,10 +10,9 @@ import subprocess
 import sys
 import time
 
-import pyfuse3
 import trio
 
-from . import fastpath
+from . import fastpath, pyfuse3
 from .config import DEFAULTS, MountConfig
 from .core import Core
 from .errors import UserError
@@ -144,13 +143,13 @@ def missing_native(fast_path: bool) -> list[str]:
         out.append("fusefs._fetchio is not built (installed with FUSEFS_NO_NATIVE=1?): fetches "
                    "are read and checked in Python, slower")
     if fast_path and not fastpath.available():
-        out.append("this pyfuse3 has no fast path (scripts/pyfuse3_patched.py builds it): lookups, "
+        out.append("this build of fusefs.pyfuse3 has no fast path (reinstall fusefs): lookups, "
                    "opens, releases and reads of cached samples are answered in Python")
     return out
 
 
 def _start_fast_path(core: Core, ops: Operations) -> fastpath.FastPath | None:
-    """The fast path started (fastpath.py), or None where this pyfuse3 has none."""
+    """The fast path started (fastpath.py), or None where the binding has none."""
     if not fastpath.available():
         return None
     fast = fastpath.FastPath(core.answered)

@@ -1,4 +1,7 @@
-"""Build and install pyfuse3 with five changes to its Cython sources, each found by measuring.
+"""fusefs/pyfuse3, the FUSE binding fusefs builds and ships: pyfuse3 3.5.0 (its sdist pinned
+by SHA-256) with five changes to its Cython sources, each found by measuring. This script
+writes them anew from the sdist (when pyfuse3 or a patch changes); setup.py compiles what
+it wrote, with fusefs's fast path (fusefs/_fastpath.h), as the extension fusefs.pyfuse3.
 
 1. loop: a request that is already queued is taken at once. pyfuse3's request loop
    (`_session_loop`, internal.pxi) took a trio lock and waited for the FUSE fd to become
@@ -27,27 +30,20 @@
 5. fast: a thread in C reads /dev/fuse and answers the dataset files' lookup, open, ioctl,
    release and forget itself (lookups from the index's arrays, `fast_path_tree`), and the
    reads of samples fusefs holds for it (`fast_path_hold`: its cache's bytes)
-   (scripts/pyfuse3_fastpath.h, copied into the sources); every other request goes to the
+   (fusefs/_fastpath.h, found by the compiler); every other request goes to the
    request loop, which takes it from the thread's queue instead of the fd. The opens,
    releases, reads and forgets reach fusefs as events in batches (`fast_path_events()`).
    Off until `fast_path_start(...)` is called after `init`: then a sample the kernel holds
    costs the Python loop nothing. Mark: `pyfuse3.FAST_PATH`.
 
-    .venv/bin/python scripts/pyfuse3_patched.py        # (scripts/setup.sh runs it)
-    .venv/bin/python scripts/pyfuse3_patched.py --check
-        (exit 0 if this Python's pyfuse3 has every patch, as built from this script and
-        header as they are now; scripts/setup.sh builds only when it does not)
-    .venv/bin/python scripts/pyfuse3_patched.py --patches loop,store --target DIR
-        (a build with some patches into DIR, e.g. for bench_hotpath.py --against-pyfuse3 DIR)
-    .venv/bin/python scripts/pyfuse3_patched.py --emit .device
-        (the patched sources and their generated C, for a machine without Cython: the GPU
-        node, scripts/device.sh)
+    .venv/bin/python scripts/pyfuse3_patched.py   # rewrites fusefs/pyfuse3 (then: git diff)
+
+Why a changed copy and not pyfuse3 from PyPI: docs/ARCHITECTURE.md, "pyfuse3's request loop".
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import pathlib
 import shutil
 import subprocess
@@ -55,6 +51,7 @@ import sys
 import tarfile
 import tempfile
 
+VENDOR_DIR = pathlib.Path(__file__).resolve().parent.parent / "fusefs" / "pyfuse3"
 VERSION = "3.5.0"
 # the sdist's SHA-256: a download that differs is refused (pyproject.toml pins the version)
 SDIST_SHA256 = "88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24"
@@ -256,7 +253,6 @@ def patch_ioctl(text: str) -> str:
 
 # The fast path (scripts/pyfuse3_fastpath.h): its C functions declared in internal.pxi, and
 # the functions fusefs calls.
-FAST_HEADER = pathlib.Path(__file__).with_name("pyfuse3_fastpath.h")
 FAST_ANCHOR = "async def _wait_fuse_readable():\n"
 FAST_DECLS = '''\
 # fusefs: the fast path, a thread in C answering the dataset files' open, ioctl and release,
@@ -264,7 +260,7 @@ FAST_DECLS = '''\
 from cpython.object cimport PyObject
 from libc.stdint cimport uintptr_t
 
-cdef extern from "fusefs_fastpath.h":
+cdef extern from "_fastpath.h":
     int fusefs_fast_start(int fd, unsigned long long file_base, unsigned long long n_files,
                           unsigned long long fh_base, unsigned sid_bits,
                           unsigned long long serial, unsigned long long serial_wrap,
@@ -422,28 +418,9 @@ FAST_TERMINATE = "    fuse_session_exit(session)\n    trio.lowlevel.notify_closi
 FAST_CLOSE = "    if unmount:\n        log.debug('Calling fuse_session_unmount')\n"
 
 
-def fast_path_version() -> str:
-    """The FAST_PATH mark: a hash of what the build is made from, the fast path's C and this
-    script (its Cython half, FAST_DECLS, and the other patches are here): scripts/setup.sh
-    rebuilds pyfuse3 when either changed (--check)."""
-    h = hashlib.sha256(FAST_HEADER.read_bytes())
-    h.update(pathlib.Path(__file__).read_bytes())
-    return h.hexdigest()[:16]
-
-
 def marks(patches) -> dict:
-    """The marks a build with these patches sets on the module, and their values."""
-    return {PATCHES[name][2]: fast_path_version() if name == "fast" else True for name in patches}
-
-
-def installed(patches, target: str | None = None) -> bool:
-    """Whether the pyfuse3 that Python imports (from `target` first, if given) carries every
-    mark of these patches with its value: a build from an older header is not."""
-    code = (f"import pyfuse3, sys; sys.exit(any(getattr(pyfuse3, m, None) != v "
-            f"for m, v in {marks(patches)!r}.items()))")
-    env = dict(os.environ, PYTHONPATH=target) if target else None
-    return subprocess.run([sys.executable, "-c", code], env=env, check=False,
-                          stderr=subprocess.DEVNULL).returncode == 0
+    """The marks a build with these patches sets on the module (fusefs looks for them)."""
+    return {PATCHES[name][2]: True for name in patches}
 
 
 def patch_fast_loop(text: str) -> str:
@@ -480,8 +457,7 @@ PATCHES = {
              "a thread in C answers the dataset files' open, ioctl, release and held reads: fast_path_start()"),
 }
 # other files a patch changes (a file it adds gets its change of "")
-EXTRA = {"fast": (("__init__.pyx", patch_fast_init),
-                  ("fusefs_fastpath.h", lambda _: FAST_HEADER.read_text()))}
+EXTRA = {"fast": (("__init__.pyx", patch_fast_init),)}
 
 
 def patched_source(into: pathlib.Path, patches) -> pathlib.Path:
@@ -511,56 +487,33 @@ def patched_source(into: pathlib.Path, patches) -> pathlib.Path:
     return src.parent.parent
 
 
-def emit(out: pathlib.Path, patches) -> None:
-    """Write the patched sources with their C generated (by Cython, installed for this
-    into a temporary folder) to out/pyfuse3-VERSION: a machine without Cython or a
-    package index (the GPU node: scripts/device.sh) compiles src/pyfuse3/__init__.c with
-    gcc alone, as it does pyfuse3's own sdist."""
+# what fusefs/pyfuse3 holds of the patched sources (the rest of the sdist is not needed to build)
+VENDORED = ("__init__.pyx", "handlers.pxi", "internal.pxi", "macros.pxd", "macros.c", "pyfuse3.h",
+            "xattr.h", "gettime.h", "_pyfuse3.py", "__init__.pyi", "py.typed")
+
+
+def vendor(dest: pathlib.Path) -> None:
+    """Write the patched sources into dest (fusefs/pyfuse3: setup.py builds them as the
+    extension fusefs.pyfuse3), with pyfuse3's Cython declarations of libfuse (include/) and
+    its licence; what was there goes."""
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = pathlib.Path(tmp)
-        tree = patched_source(tmp / "sdist", patches)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target",
-                        str(tmp / "cython"), "Cython>=3"], check=True)
-        pyx = tree / "src" / "pyfuse3" / "__init__.pyx"
-        subprocess.run([sys.executable, "-m", "cython", "-3", "-I", str(tree / "Include"),
-                        str(pyx)], check=True, env=dict(os.environ, PYTHONPATH=str(tmp / "cython")))
-        dest = out / tree.name
+        tree = patched_source(pathlib.Path(tmp), list(PATCHES))
         if dest.exists():
             shutil.rmtree(dest)
-        out.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(tree, dest)
-    print(f"pyfuse3 {VERSION} sources with the patches {', '.join(patches) or 'none'} and "
-          f"their C: {dest}")
+        (dest / "include").mkdir(parents=True)
+        for name in VENDORED:
+            shutil.copy(tree / "src" / "pyfuse3" / name, dest / name)
+        for pxd in (tree / "Include").glob("*.pxd"):
+            shutil.copy(pxd, dest / "include" / pxd.name)
+        shutil.copy(tree / "LICENSE", dest / "LICENSE")
+    print(f"pyfuse3 {VERSION} with the patches {', '.join(PATCHES)}: {dest}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--patches", default=",".join(PATCHES),
-                   help=f"which patches (default {','.join(PATCHES)})")
-    p.add_argument("--target", help="install into this folder instead of the running Python")
-    p.add_argument("--check", action="store_true",
-                   help="build nothing: exit 0 if pyfuse3 has the patches, 1 if not")
-    p.add_argument("--emit", metavar="DIR",
-                   help="install nothing: write the patched sources, with the C that Cython "
-                        "generates from them, to DIR/pyfuse3-VERSION (for scripts/device.sh)")
-    a = p.parse_args()
-    patches = [x for x in a.patches.split(",") if x]
-    if set(patches) - set(PATCHES):
-        raise SystemExit(f"unknown patch in {a.patches!r}: choose from {','.join(PATCHES)}")
-    if a.check:
-        raise SystemExit(0 if installed(patches, a.target) else 1)
-    if a.emit:
-        emit(pathlib.Path(a.emit), patches)
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        tree = patched_source(pathlib.Path(tmp), patches)
-        where = ["--target", a.target, "--upgrade"] if a.target else ["--force-reinstall"]
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", *where, "--no-deps",
-                        str(tree)], check=True)
-    if not installed(patches, a.target):
-        raise SystemExit("pyfuse3 was installed without the patches")
-    print(f"pyfuse3 {VERSION} installed with the patches: {', '.join(patches) or 'none'}"
-          + (f" (in {a.target})" if a.target else ""))
+    p.add_argument("--into", default=str(VENDOR_DIR),
+                   help=f"where to write the patched sources (default {VENDOR_DIR})")
+    vendor(pathlib.Path(p.parse_args().into))
 
 
 if __name__ == "__main__":

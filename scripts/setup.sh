@@ -29,26 +29,19 @@ if [ ! -x .venv/bin/python ]; then
     echo "setup: creating .venv with $($PY --version)"
     $PY -m venv .venv
 fi
+# `pip install` is the install: it builds fusefs's compiled parts, its FUSE binding
+# fusefs.pyfuse3 (pyfuse3 3.5.0 with fusefs's patches, fusefs/pyfuse3, and the fast path,
+# fusefs/_fastpath.h) and fusefs._fetchio, and fails, naming what is missing, where it cannot
+# (setup.py). Again whenever a source of theirs changed.
 stamp=.venv/.fusefs-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
-        || [ fusefs/_fetchio.c -nt "$stamp" ] || ! .venv/bin/python -c 'import fusefs._fetchio' 2>/dev/null; then
+native=(pyproject.toml setup.py fusefs/_fetchio.c fusefs/_fastpath.h fusefs/pyfuse3/*.pyx fusefs/pyfuse3/*.pxi)
+stale=$(for f in "${native[@]}"; do [ -f "$stamp" ] && [ "$f" -nt "$stamp" ] && echo "$f"; done; true)
+if [ ! -f "$stamp" ] || [ -n "$stale" ] || ! .venv/bin/python -c 'import fusefs._fetchio, fusefs.pyfuse3' 2>/dev/null; then
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q torch==2.13.0
     .venv/bin/python -m pip install -q -e ".[trainer,bench,test]"
-    # the compiled fetch reads (setup.py; the build fails without them unless FUSEFS_NO_NATIVE=1)
-    .venv/bin/python -c 'import fusefs._fetchio' || { echo "setup: fusefs/_fetchio.c did not build"; exit 1; }
+    .venv/bin/python -c 'import fusefs._fetchio, fusefs.pyfuse3' || { echo "setup: fusefs's compiled parts did not build"; exit 1; }
     touch "$stamp"
-fi
-# pyfuse3 3.5.0 (its sdist checked by SHA-256) with fusefs's five patches
-# (scripts/pyfuse3_patched.py): a request loop that takes queued requests without waiting for
-# the fd, notify_store_many (many page cache pushes with one GIL hand-off), ioctl requests
-# counted, the loop starting a task only when every other is inside a handler, and the fast
-# path, a thread in C answering the dataset files' lookups, opens, releases, forgets and
-# reads of cached samples (its mark hashes scripts/pyfuse3_fastpath.h and
-# pyfuse3_patched.py: a change to either rebuilds; --check compares the marks)
-if ! .venv/bin/python scripts/pyfuse3_patched.py --check; then
-    echo "setup: building pyfuse3 with fusefs's patches"
-    .venv/bin/python scripts/pyfuse3_patched.py
 fi
 # mount(8) runs `fusefs` for an fstab line of type fuse.fusefs (through mount.fuse3) with
 # the system's PATH: put the command there too

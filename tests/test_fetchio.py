@@ -206,7 +206,7 @@ def test_native_reads_are_refused_where_they_are_not_built(tricky, monkeypatch):
 
 
 def test_a_group_of_pushes_is_one_call_and_falls_back_to_one_by_one(monkeypatch):
-    import pyfuse3
+    from fusefs import pyfuse3
     from fusefs.fs import KernelCache
     calls = []
     monkeypatch.setattr(pyfuse3, "notify_store_many", lambda items: calls.append(list(items)) or [0, 2],

@@ -1,8 +1,8 @@
-"""scripts/pyfuse3_patched.py: each patch changes what it is meant to change in a stand-in
-for the part of pyfuse3 3.5.0 it touches (built from the script's own patterns: whether
-they match the real sources is checked by the build in scripts/setup.sh, which fails
-loudly), and refuses text that changed (a new pyfuse3 must be looked at, not patched
-blindly)."""
+"""fusefs's binding (fusefs.pyfuse3) and scripts/pyfuse3_patched.py, which writes its
+sources: each patch changes what it is meant to change in a stand-in for the part of
+pyfuse3 3.5.0 it touches and refuses text that changed (a new pyfuse3 must be looked at,
+not patched blindly); the sources in fusefs/pyfuse3 are what the script writes from the
+pinned sdist; and the built binding carries every patch."""
 import contextlib
 import importlib.util
 import json
@@ -13,12 +13,11 @@ import sys
 import threading
 import time
 
-import pyfuse3
 import numpy as np
 import pytest
 
 from conftest import REPO
-from fusefs import core
+from fusefs import core, pyfuse3
 from fusefs.index import INDEX_NAME, Index
 
 BENCH = os.path.join(REPO, "scripts", "bench")
@@ -241,7 +240,7 @@ def test_the_fast_path_takes_the_loops_requests_and_ends_with_the_session():
     out = patched.patch_fast_loop("cdef _WorkerData worker_data\n\n" + wait + "\n@async_wrapper\n" + loop)
     assert patched.FAST_RECEIVE not in out and out.count("fusefs_receive(session, &buf)") == 2
     assert "wait_readable(fusefs_wait_fd(session_fd))" in out
-    assert out.index('cdef extern from "fusefs_fastpath.h":') < out.index(patched.FAST_ANCHOR)
+    assert out.index('cdef extern from "_fastpath.h":') < out.index(patched.FAST_ANCHOR)
     assert "\ndef fast_path_start(" in out and "\ndef fast_path_events():" in out
     with pytest.raises(SystemExit, match="request loop changed"):
         patched.patch_fast_loop(wait + loop.replace("fuse_session_receive_buf", "receive"))
@@ -255,9 +254,9 @@ def test_the_fast_path_takes_the_loops_requests_and_ends_with_the_session():
         patched.patch_fast_init(init.replace("notify_closing", "closing"))
 
 
-def test_the_venv_has_the_fast_path():
+def test_the_binding_has_the_fast_path():
     from fusefs import fastpath
-    assert pyfuse3.FAST_PATH == patched.fast_path_version()  # (built from this header and script)
+    assert pyfuse3.FAST_PATH is True and fastpath.available()
     with pytest.raises(RuntimeError, match="init"):  # (no session in this process)
         pyfuse3.fast_path_start(2, 10, 1 << 62, 32, 0, 1 << 29, os.O_WRONLY, fastpath.BATCH,
                                 fastpath.DELAY_US, core.EVENT_BITS)
@@ -268,7 +267,7 @@ def test_the_venv_has_the_fast_path():
 
 REFUSE_BITS = """
 import errno, os, sys
-import pyfuse3
+from fusefs import pyfuse3
 pyfuse3.init(pyfuse3.Operations(), sys.argv[1], ["fsname=fusefs-test"])
 try:
     for bits in [(1 << 63, 1 << 62, 1 << 61, (1 << 60) | 1), (1 << 63, 1 << 63, 1 << 61, 1 << 60),
@@ -347,44 +346,17 @@ def test_fast_path_tree_takes_only_arrays_it_can_read_within(tricky):
     pyfuse3.fast_path_tree(None)
 
 
-def test_check_accepts_only_a_build_of_the_current_patches_and_header(tmp_path):
-    """setup.sh builds pyfuse3 only when `pyfuse3_patched.py --check` fails: the venv's
-    build passes it; a pyfuse3 with a patch missing, or built from an older fast-path
-    header, does not (a stand-in module found first on the path)."""
-    everything = list(patched.PATCHES)
-    assert patched.installed(everything)
-    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "pyfuse3_patched.py"), "--check"], check=False)
-    assert r.returncode == 0
-    marks = patched.marks(everything)
-    assert marks["FAST_PATH"] == patched.fast_path_version() and marks["STORE_MANY"] is True
-    stale = dict(marks, FAST_PATH="0" * 16)
-    (tmp_path / "pyfuse3.py").write_text("".join(f"{m} = {v!r}\n" for m, v in stale.items()))
-    assert not patched.installed(everything, str(tmp_path))
-    assert patched.installed([p for p in everything if p != "fast"], str(tmp_path))
-    del stale["STORE_MANY"]
-    (tmp_path / "pyfuse3.py").write_text("".join(f"{m} = {v!r}\n" for m, v in stale.items()))
-    assert not patched.installed(["store"], str(tmp_path))
-    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "pyfuse3_patched.py"), "--check",
-                        "--patches", "store", "--target", str(tmp_path)], check=False)
-    assert r.returncode == 1
-
-
-def test_emitted_sources_build_with_gcc_alone_and_carry_every_patch(tmp_path):
-    """The GPU node has neither Cython nor a package index (scripts/device.sh): `--emit`
-    writes the patched sources with the C that Cython generates from them, and gcc alone
-    (device.sh's build-pyfuse3, as there) makes a module that carries every patch's mark
-    with its value."""
-    script = os.path.join(REPO, "scripts", "pyfuse3_patched.py")
-    subprocess.run([sys.executable, script, "--emit", str(tmp_path / "src")], check=True)
-    (src,) = (tmp_path / "src").glob("pyfuse3-*")
-    c = (src / "src" / "pyfuse3" / "__init__.c").read_text()
-    assert patched.fast_path_version() in c and "fusefs_fast_start" in c
-    env = dict(os.environ, OPT="-O0",  # (python3: this venv's, whose headers the build uses)
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    subprocess.run(["bash", os.path.join(REPO, "scripts", "device.sh"), "build-pyfuse3", str(src),
-                    str(tmp_path / "site")], check=True, env=env)
-    where = subprocess.run([sys.executable, "-c", "import pyfuse3; print(pyfuse3.__file__)"],
-                           env=dict(os.environ, PYTHONPATH=str(tmp_path / "site")),
-                           capture_output=True, text=True, check=True).stdout
-    assert where.startswith(str(tmp_path / "site"))  # (not the venv's own build)
-    assert patched.installed(list(patched.PATCHES), str(tmp_path / "site"))
+def test_the_vendored_sources_are_what_the_script_writes_from_the_pinned_sdist(tmp_path):
+    """fusefs/pyfuse3 is pyfuse3 3.5.0's sdist (SHA-256 checked) with the patches applied:
+    writing it anew changes nothing (an edit made there by hand, not in the script, fails)."""
+    subprocess.run([sys.executable, os.path.join(REPO, "scripts", "pyfuse3_patched.py"), "--into",
+                    str(tmp_path / "pyfuse3")], check=True, capture_output=True)
+    vendored = os.path.join(REPO, "fusefs", "pyfuse3")
+    written = sorted(str(f.relative_to(tmp_path / "pyfuse3")) for f in (tmp_path / "pyfuse3").rglob("*") if f.is_file())
+    assert written == sorted(list(patched.VENDORED) + ["LICENSE"] + [
+        f"include/{n}" for n in os.listdir(os.path.join(vendored, "include"))])
+    for rel in written:
+        with open(os.path.join(vendored, rel), "rb") as f:
+            assert f.read() == (tmp_path / "pyfuse3" / rel).read_bytes(), rel
+    assert all(f"\n{mark} = True\n" in open(os.path.join(vendored, "__init__.pyx")).read()
+               for mark in patched.marks(list(patched.PATCHES)))

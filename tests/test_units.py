@@ -6,7 +6,7 @@ import stat
 import subprocess
 import sys
 
-import pyfuse3
+from fusefs import pyfuse3
 import pytest
 import trio
 

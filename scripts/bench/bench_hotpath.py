@@ -47,14 +47,12 @@ median CPU per sample is printed, with every round's figure beside it.
 checked out into a temporary git worktree) and the working tree, each round running both
 with fresh daemons, in alternating order (A B, B A, ...). Rows carry "version"; each
 regime's line of the second version adds the per-round ratios to the first (round i of one
-against round i of the other, which ran next to it). REF's compiled fusefs._fetchio, where it
-has one, is built into its worktree (setup.py build_ext --inplace), and so is REF's patched
-pyfuse3 where REF's patch (scripts/pyfuse3_patched.py, scripts/pyfuse3_fastpath.h) differs
-from the working tree's (a fusefs and the pyfuse3 it was built for go together; 30 s). --against-options ARGS
-does the same for the working tree with and without extra mount arguments, and
---against-pyfuse3 DIR with
-the pyfuse3 installed in DIR (scripts/pyfuse3_patched.py --target DIR) instead of the
-venv's. This machine is noisy: compare code and settings this way.
+against round i of the other, which ran next to it). REF's compiled parts (its binding
+fusefs.pyfuse3 and fusefs._fetchio) are built into its worktree (setup.py build_ext
+--inplace; a REF from before fusefs built its binding gets the pyfuse3 its own
+scripts/pyfuse3_patched.py builds): a fusefs and its binding always go together.
+--against-options ARGS does the same for the working tree with and without extra mount
+arguments. This machine is noisy: compare code and settings this way.
 """
 from __future__ import annotations
 
@@ -281,18 +279,6 @@ def warm_chunks(dst: str) -> None:
                 pass
 
 
-PYFUSE3_PATCH = ("scripts/pyfuse3_patched.py", "scripts/pyfuse3_fastpath.h")
-
-
-def _differs(worktree: str, rel: str) -> bool:
-    """Whether file rel of worktree differs from the working tree's (or either lacks it)."""
-    try:
-        with open(os.path.join(worktree, rel), "rb") as f, open(os.path.join(REPO, rel), "rb") as g:
-            return f.read() != g.read()
-    except FileNotFoundError:
-        return True
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="2,000 files (under a minute)")
@@ -310,8 +296,6 @@ def main() -> int:
     p.add_argument("--against-options", metavar="ARGS",
                    help="also run the working tree with these extra mount arguments (one string), "
                         "side by side, e.g. --against-options=--no-willneed")
-    p.add_argument("--against-pyfuse3", metavar="DIR",
-                   help="also run the working tree with the pyfuse3 installed in DIR, side by side")
     a = p.parse_args()
     n = a.files or (2_000 if a.quick else 20_000)
     os.makedirs(a.out, exist_ok=True)
@@ -330,18 +314,16 @@ def main() -> int:
         worktree = tempfile.mkdtemp(prefix="fusefs-against-")
         subprocess.run(["git", "-C", REPO, "worktree", "add", "-f", "--detach", worktree, ref],
                        check=True, capture_output=True)
-        if os.path.exists(os.path.join(worktree, "setup.py")):  # (REF has fusefs/_fetchio.c)
+        if os.path.exists(os.path.join(worktree, "setup.py")):  # (REF's compiled parts)
             subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
                            cwd=worktree, check=True, capture_output=True)
         path = worktree
-        if any(_differs(worktree, f) for f in PYFUSE3_PATCH):  # (REF's own pyfuse3 build)
+        if not os.path.isdir(os.path.join(worktree, "fusefs", "pyfuse3")):
+            # (REF from before fusefs built its binding: pyfuse3 built by REF's own script)
             path = f"{worktree}/.pyfuse3:{worktree}"
             subprocess.run([sys.executable, "scripts/pyfuse3_patched.py", "--target", ".pyfuse3"],
                            cwd=worktree, check=True, capture_output=True)
         versions = {ref: (dict(os.environ, PYTHONPATH=path, PYTHONSAFEPATH="1"), []), **versions}
-    if a.against_pyfuse3:
-        versions[f"{here} pyfuse3={a.against_pyfuse3}"] = (
-            dict(versions[here][0], PYTHONPATH=f"{os.path.abspath(a.against_pyfuse3)}:{REPO}"), [])
     if a.against_options:
         versions[f"{here} {a.against_options}"] = (versions[here][0], shlex.split(a.against_options))
     rows = []

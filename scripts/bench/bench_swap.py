@@ -96,10 +96,10 @@ class HostWatch:
     and the kernel killed it with nothing printed. `phase` names what runs now; each new
     phase is printed with the memory so far."""
 
-    def __init__(self, limit: int, pool, period: float = 0.25):
+    def __init__(self, limit: int, pool, phase: str, period: float = 0.25):
         self.limit, self.pool, self.period = limit, pool, period
-        self.phase = "start"
         self.peak = 0
+        self.enter(phase)
         threading.Thread(target=self._watch, daemon=True, name="host-watch").start()
 
     def rss(self) -> int:
@@ -198,8 +198,8 @@ def bench_model(name, a, dev, lines) -> tuple[dict, list]:
     model = model.to(dev)
     x, y = make(a.batch, dev)
     sched = SwapScheduler(model, budget=a.budget, segments=a.segments, steps_per_round=2, device=dev, seed=0)
-    watch = HostWatch(int(a.host_limit * psutil.virtual_memory().total), lambda: sched.hooks.pool)
-    watch.enter(f"{name}: learning, {a.rounds} rounds")
+    watch = HostWatch(int(a.host_limit * psutil.virtual_memory().total), lambda: sched.hooks.pool,
+                      f"{name}: learning, {a.rounds} rounds")
     t0 = time.perf_counter()
     sched.pretrain(lambda b: step(model, *b), [(x, y)], rounds=a.rounds)
     learn_s = time.perf_counter() - t0

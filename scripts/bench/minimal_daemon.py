@@ -18,8 +18,9 @@ import signal
 import stat
 import sys
 
-import pyfuse3
 import trio
+
+from fusefs import pyfuse3  # (the binding fusefs builds: pyfuse3 with its patches)
 
 STATS_NAME = b".minimal-stats"
 DAY = 24 * 3600.0
@@ -62,10 +63,10 @@ class RamFS(pyfuse3.Operations):
 
     def _stats(self) -> bytes:
         requests = dict(self.requests)
-        if hasattr(pyfuse3, "ioctl_requests"):  # (answered in C: scripts/pyfuse3_patched.py)
+        if hasattr(pyfuse3, "ioctl_requests"):  # (answered in C: fusefs's binding)
             requests["ioctl"] = pyfuse3.ioctl_requests() - self.ioctl0
         out = {"cpu_s": self._cpu() - self.cpu0, "requests": requests}
-        if hasattr(pyfuse3, "loop_tasks_started"):  # (scripts/pyfuse3_patched.py)
+        if hasattr(pyfuse3, "loop_tasks_started"):  # (fusefs's binding)
             out["loop_tasks"] = pyfuse3.loop_tasks_started()
         return json.dumps(out).encode()
 
