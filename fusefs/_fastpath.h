@@ -398,10 +398,14 @@ static void *fusefs_thread(void *arg) {
 }
 
 /* Start the thread on the FUSE fd; 0 or an errno. */
-static int fusefs_fast_start(int fd, uint64_t file_base, uint64_t n_files, uint64_t fh_base,
-                             unsigned sid_bits, uint64_t serial, uint64_t serial_wrap,
-                             uint64_t write_flags, size_t batch, long delay_us,
-                             const uint64_t events[4]) {
+/* (with the GIL, while the thread does not run) What the thread answers by, set and
+ * checked: the FUSE fd, the dataset's files, the handles' layout and the events' bits
+ * (released, read, read_end, read_lost); a table for held samples (empty). 0, or EBUSY,
+ * EINVAL (bits), ENOMEM. */
+static int fusefs_fast_configure(int fd, uint64_t file_base, uint64_t n_files, uint64_t fh_base,
+                                 unsigned sid_bits, uint64_t serial, uint64_t serial_wrap,
+                                 uint64_t write_flags, size_t batch, long delay_us,
+                                 const uint64_t events[4]) {
     if (fusefs_fast.running)
         return EBUSY;
     /* released, read, read_end, read_lost: single, distinct bits above every handle (the
@@ -435,8 +439,18 @@ static int fusefs_fast_start(int fd, uint64_t file_base, uint64_t n_files, uint6
     fusefs_fast.reads = fusefs_fast.read_bytes = 0;
     fusefs_fast.lookups = fusefs_fast.forgets = 0;
     fusefs_fast.held = (PyObject **) calloc(n_files ? n_files : 1, sizeof *fusefs_fast.held);
-    if (fusefs_fast.held == NULL)
-        return ENOMEM;
+    return fusefs_fast.held == NULL ? ENOMEM : 0;
+}
+
+/* Configure (above) and start the thread on fd. */
+static int fusefs_fast_start(int fd, uint64_t file_base, uint64_t n_files, uint64_t fh_base,
+                             unsigned sid_bits, uint64_t serial, uint64_t serial_wrap,
+                             uint64_t write_flags, size_t batch, long delay_us,
+                             const uint64_t events[4]) {
+    int err = fusefs_fast_configure(fd, file_base, n_files, fh_base, sid_bits, serial, serial_wrap,
+                                    write_flags, batch, delay_us, events);
+    if (err)
+        return err;
     if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0)  /* (the thread reads first) */
         return errno;
     fusefs_fast.fwd_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -453,6 +467,15 @@ static int fusefs_fast_start(int fd, uint64_t file_base, uint64_t n_files, uint6
     }
     fusefs_fast.running = 1;
     return 0;
+}
+
+/* (tests, with the GIL, while the thread does not run, after fusefs_fast_configure) Answer
+ * the request data[len] as the thread would, the reply written to fusefs_fast.fd: 1, or 0
+ * where the thread would hand it to the loop (nothing written). */
+static int fusefs_fast_answer_one(const char *data, size_t len) {
+    if (fusefs_fast.running || fusefs_fast.held == NULL)
+        return -1;
+    return fusefs_answer(data, len);
 }
 
 /* Ask the thread to stop (it may be inside a read: it ends with the mount, or on the next

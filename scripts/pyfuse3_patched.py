@@ -261,6 +261,12 @@ from cpython.object cimport PyObject
 from libc.stdint cimport uintptr_t
 
 cdef extern from "_fastpath.h":
+    int fusefs_fast_configure(int fd, unsigned long long file_base, unsigned long long n_files,
+                              unsigned long long fh_base, unsigned sid_bits,
+                              unsigned long long serial, unsigned long long serial_wrap,
+                              unsigned long long write_flags, size_t batch, long delay_us,
+                              const unsigned long long *events) nogil
+    int fusefs_fast_answer_one(const char *data, size_t len) nogil
     int fusefs_fast_start(int fd, unsigned long long file_base, unsigned long long n_files,
                           unsigned long long fh_base, unsigned sid_bits,
                           unsigned long long serial, unsigned long long serial_wrap,
@@ -304,6 +310,31 @@ def fast_path_start(file_base, n_files, fh_base, sid_bits, serial, serial_wrap, 
     if err:
         raise OSError(err, 'fast_path_start: ' + strerror(err))
     return fusefs_fast_event_fd()
+
+
+def fast_path_configure(fd, file_base, n_files, fh_base, sid_bits, serial, serial_wrap, write_flags,
+                        events):
+    """Tests: set the fast path up as fast_path_start does, without its thread, its replies
+    written to fd (fast_path_tree and fast_path_kernel_flags stay; the table of held samples
+    is new and empty: fast_path_hold fills it); then fast_path_answer."""
+    cdef unsigned long long bits[4]
+    released, read, read_end, read_lost = events
+    bits[0], bits[1], bits[2], bits[3] = released, read, read_end, read_lost
+    cdef int err = fusefs_fast_configure(fd, file_base, n_files, fh_base, sid_bits, serial,
+                                         serial_wrap, write_flags, 1 << 30, 0, bits)
+    if err:
+        raise OSError(err, 'fast_path_configure: ' + strerror(err))
+
+
+def fast_path_answer(request):
+    """Tests: answer request (the bytes of a FUSE request) as the thread would, after
+    fast_path_configure: True, or False where it would go to the loop (nothing written);
+    fast_path_events() then has its event. Not while the thread runs (RuntimeError)."""
+    cdef const char *data = request
+    cdef int r = fusefs_fast_answer_one(data, len(request))
+    if r < 0:
+        raise RuntimeError('fast_path_answer: the thread runs, or the fast path is not configured')
+    return bool(r)
 
 
 def fast_path_events():

@@ -1,0 +1,176 @@
+"""The fast path's C request handler without a mount: synthetic FUSE requests (lookup,
+open, read at several offsets and sizes, release, forget, batch forget, ioctl, and each with
+a malformed length) go into the handler (pyfuse3.fast_path_configure / fast_path_answer:
+the thread's own function, its replies written to a pipe), and each reply is checked byte
+for byte against what Core answers, each event against what Core expects."""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import struct
+
+import pytest
+
+from fusefs import pyfuse3
+from fusefs.control import FH_BASE
+from fusefs.core import (EVENT_BITS, FORGOTTEN, READ, READ_END, READ_LOST, RELEASED, SERIAL_WRAP,
+                         SID_BITS, WRITE_FLAGS, Core)
+from fusefs.entries import BLKSIZE, DATA_TIMEOUT
+from fusefs.index import INDEX_NAME, Index
+from fusefs.store import ChunkStore
+
+LOOKUP, FORGET, OPEN, READ_OP, RELEASE, IOCTL, BATCH_FORGET = 1, 2, 14, 15, 18, 39, 42
+IN_HEADER = struct.Struct("<IIQQIIII")   # len, opcode, unique, nodeid, uid, gid, pid, padding
+OUT_HEADER = struct.Struct("<IiQ")       # len, error, unique
+ENTRY_OUT = struct.Struct("<QQQQII" + "QQQQQQIIIIIIIIII")  # fuse_entry_out with its fuse_attr
+OPEN_IN, OPEN_OUT = struct.Struct("<II"), struct.Struct("<QII")
+READ_IN = struct.Struct("<QQIIQII")      # fh, offset, size, read_flags, lock_owner, flags, padding
+RELEASE_IN = struct.Struct("<QIIQ")      # fh, flags, release_flags, lock_owner
+FOPEN_KEEP_CACHE = 1 << 1
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+
+def request(opcode: int, nodeid: int, body: bytes = b"", unique: int = 7) -> bytes:
+    return IN_HEADER.pack(IN_HEADER.size + len(body), opcode, unique, nodeid, 0, 0, 0, 0) + body
+
+
+def reply(unique: int = 7, err: int = 0, body: bytes = b"") -> bytes:
+    return OUT_HEADER.pack(OUT_HEADER.size + len(body), -err, unique) + body
+
+
+@pytest.fixture
+def fast(tricky):
+    """A Core over the tricky set and the fast path configured from it, its replies written
+    to a pipe: (core, answer(request) -> (answered, bytes written), events() -> list)."""
+    src, dst, files = tricky
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    core = Core(ix, ChunkStore(dst, ix))
+    args = core.fast_path_args()
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    fcntl.fcntl(w, F_SETPIPE_SZ, 1 << 20)  # (a reply must fit: the handler writes before we read)
+    pyfuse3.fast_path_kernel_flags(args["kernel_flags"])
+    pyfuse3.fast_path_tree(args["tree"])
+    pyfuse3.fast_path_configure(w, args["file_base"], args["n_files"], FH_BASE, args["sid_bits"],
+                                args["serial"], args["serial_wrap"], args["write_flags"], args["events"])
+
+    def answer(req: bytes) -> tuple[bool, bytes]:
+        done = pyfuse3.fast_path_answer(req)
+        try:
+            out = os.read(r, 1 << 21)
+        except BlockingIOError:
+            out = b""
+        return done, out
+
+    def events() -> list[int]:
+        ev = pyfuse3.fast_path_events()
+        return list(memoryview(ev).cast("Q")) if ev else []
+
+    try:
+        yield core, answer, events
+    finally:
+        pyfuse3._fusefs_free()
+        os.close(r)
+        os.close(w)
+
+
+def entry_reply(core: Core, parent: int, name: bytes) -> bytes:
+    """What the fast path must answer to a lookup, from Core.lookup's attributes."""
+    a = core.lookup(parent, name)
+    sec, nsec = divmod(a.mtime_ns, 10**9)
+    t = int(DATA_TIMEOUT)
+    return reply(body=ENTRY_OUT.pack(a.ino, 0, t, t, 0, 0, a.ino, a.size, (a.size + 511) // 512,
+                                     sec, sec, sec, nsec, nsec, nsec, a.mode, 1, core.uid, core.gid,
+                                     0, BLKSIZE, 0))
+
+
+def test_lookups_of_file_names_are_answered_as_core_answers_them(fast, tricky):
+    core, answer, events = fast
+    cat = core.lookup(1, b"cat").ino
+    for parent, name in ((cat, b"img 000.jpg"), (cat, b"img 011.jpg"), (1, b"root file.txt"),
+                         (core.lookup(1, "ünïcødé".encode()).ino, b"img 005.jpg")):
+        assert answer(request(LOOKUP, parent, name + b"\0")) == (True, entry_reply(core, parent, name))
+    # a folder, a missing name, a name cut without its NUL, a name in no folder: the loop's
+    for parent, body in ((1, b"cat\0"), (cat, b"img 999.jpg\0"), (cat, b"img 000.jpg"),
+                         (core.file_base, b"img 000.jpg\0"), (1, b".fusefs\0")):
+        assert answer(request(LOOKUP, parent, body)) == (False, b"")
+    assert events() == [] and pyfuse3.fast_path_counts()["lookup"] == 4
+
+
+def test_opens_reads_and_releases_answer_byte_for_byte_and_become_events(fast, tricky):
+    core, answer, events = fast
+    files = tricky[2]
+    d = core.lookup(1, b"dog").ino
+    big = next(n for n in range(12) if len(files[f"dog/img {n:03d}.jpg"]) > 100_000)
+    name = f"img {big:03d}.jpg"
+    ino = core.lookup(d, name.encode()).ino
+    sid, data = ino - core.file_base, files[f"dog/{name}"]
+    done, out = answer(request(OPEN, ino, OPEN_IN.pack(os.O_RDONLY, 0)))
+    fh = (((core._serial + 1) % SERIAL_WRAP) << SID_BITS) | sid  # (the k-th open's handle)
+    assert (done, out) == (True, reply(body=OPEN_OUT.pack(fh, FOPEN_KEEP_CACHE, 0)))
+    assert core.open(ino, os.O_RDONLY).fh == fh  # (Core hands out the same handle)
+    assert events() == [fh]
+    read = lambda off, size: request(READ_OP, ino, READ_IN.pack(fh, off, size, 0, 0, 0, 0))  # noqa: E731
+    assert answer(read(0, 4096)) == (False, b"")  # (not held: the loop fetches it)
+    pyfuse3.fast_path_hold(sid, data)
+    n = len(data)
+    cases = [(0, 4096), (4096, 131072), (n - 100, 4096), (n, 4096), (n + 5000, 10), (0, 2 * n), (1, 0)]
+    for off, size in cases:
+        assert answer(read(off, size)) == (True, reply(body=data[off:off + size])), (off, size)
+    core.in_kernel[sid] = True  # (the kernel was taken to hold its pages: a read means lost)
+    assert answer(read(0, 10)) == (True, reply(body=data[:10]))
+    ends = [off < n and off + size >= n for off, size in cases]
+    assert events() == [READ | sid | (READ_END if end else 0) for end in ends] + [READ | sid | READ_LOST]
+    assert answer(request(RELEASE, ino, RELEASE_IN.pack(fh, 0, 0, 0))) == (True, reply())
+    assert events() == [fh | RELEASED]
+    pyfuse3.fast_path_hold(sid, None)
+    assert answer(read(0, 10)) == (False, b"")
+    c = pyfuse3.fast_path_counts()
+    assert (c["open"], c["release"], c["read"]) == (1, 1, len(cases) + 1)
+
+
+def test_what_the_thread_does_not_answer_goes_to_the_loop(fast, tricky):
+    core, answer, events = fast
+    ino = core.lookup(core.lookup(1, b"cat").ino, b"img 001.jpg").ino
+    for flags in (os.O_WRONLY, os.O_RDWR, os.O_RDONLY | os.O_TRUNC, os.O_RDONLY | os.O_APPEND):
+        assert flags & WRITE_FLAGS
+        assert answer(request(OPEN, ino, OPEN_IN.pack(flags, 0))) == (False, b"")
+    for other in (1, core.file_base - 1, core.file_base + core.index.n_files):  # not a dataset file
+        assert answer(request(OPEN, other, OPEN_IN.pack(os.O_RDONLY, 0))) == (False, b"")
+    assert answer(request(RELEASE, ino, RELEASE_IN.pack(FH_BASE + 3, 0, 0, 0))) == (False, b"")  # a control file's
+    assert answer(request(READ_OP, ino, READ_IN.pack(FH_BASE, 0, 10, 0, 0, 0, 0))) == (False, b"")
+    assert answer(request(4, ino)) == (False, b"")  # (getattr: always the loop's)
+    assert events() == []
+
+
+def test_forgets_and_batch_forgets_answer_nothing_and_become_events(fast, tricky):
+    core, answer, events = fast
+    cat = core.lookup(1, b"cat").ino
+    a, b = (core.lookup(cat, f"img 00{i}.jpg".encode()).ino for i in (2, 3))
+    assert answer(request(FORGET, a, struct.pack("<Q", 1))) == (True, b"")
+    assert answer(request(FORGET, cat, struct.pack("<Q", 1))) == (True, b"")  # (a folder: dropped)
+    ones = b"".join(struct.pack("<QQ", n, 1) for n in (b, cat, a))
+    assert answer(request(BATCH_FORGET, 0, struct.pack("<II", 3, 0) + ones)) == (True, b"")
+    sid = lambda ino: ino - core.file_base  # noqa: E731
+    assert events() == [FORGOTTEN | sid(a), FORGOTTEN | sid(b), FORGOTTEN | sid(a)]
+    assert pyfuse3.fast_path_counts()["forget"] == 3
+
+
+def test_ioctl_is_enotty_and_malformed_lengths_go_to_the_loop(fast, tricky):
+    core, answer, events = fast
+    ino = core.lookup(core.lookup(1, b"cat").ino, b"img 001.jpg").ino
+    assert answer(request(IOCTL, ino, bytes(32), unique=99)) == (True, reply(99, errno.ENOTTY))
+    cut = [request(OPEN, ino, OPEN_IN.pack(os.O_RDONLY, 0))[:-1],
+           request(READ_OP, ino, READ_IN.pack(1 << SID_BITS, 0, 10, 0, 0, 0, 0))[:-1],
+           request(RELEASE, ino, RELEASE_IN.pack(1 << SID_BITS, 0, 0, 0))[:-1],
+           request(FORGET, ino, struct.pack("<Q", 1))[:-1],
+           request(BATCH_FORGET, 0, struct.pack("<II", 2, 0) + struct.pack("<QQ", ino, 1)),  # one of two
+           request(BATCH_FORGET, 0, struct.pack("<I", 1)),
+           request(LOOKUP, 1, b"cat\0")[:IN_HEADER.size - 1]]  # (shorter than a header)
+    for req in cut:
+        assert answer(req) == (False, b""), IN_HEADER.unpack_from(req + bytes(40))[1]
+    assert events() == []
+    # the event bits are the core's, handed over: the same layout Core reads them by
+    assert EVENT_BITS == (RELEASED, READ, READ_END, READ_LOST) and stat.S_ISDIR(core.getattr(1).mode)
