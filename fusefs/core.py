@@ -14,7 +14,7 @@ kernel page cache as they arrive, so a reader's read() of it never reaches the d
 cached sample costs an open and a release (and the ioctl with which Python's open() asks
 isatty, answered by the binding in C: docs/HOTPATH.md). Closing a file is a use of its sample in the
 order (policy.py); the cache keeps it until its room is needed (cache.py). Core wires the
-parts: policy, cache, fetcher and read-ahead (prefetch.py), reads, control namespace.
+parts: policy, cache, fetcher (fetch.py) and read-ahead (prefetch.py), reads, control namespace.
 Errors are FsError(errno); the FUSE adapter (fs.py) turns them into FUSEError.
 """
 from __future__ import annotations
@@ -36,7 +36,8 @@ from .entries import BLKSIZE, DATA_TIMEOUT, Attr, FsError, OpenResult
 from .config import DEFAULTS
 from .index import CONTROL_NAME, Index
 from .policy import Policy
-from .prefetch import Fetcher, Prefetcher
+from .fetch import Fetcher
+from .prefetch import Prefetcher
 from .reads import Reads
 from .store import ChunkStore
 

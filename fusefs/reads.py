@@ -4,7 +4,7 @@ The read path, top to bottom: `Reads.fetch(sid)` answers from the cache, from a 
 under way (the reader waits for it), or starts a fetch of its own with companions (the
 samples queued next on its node, or a scan's next samples of its chunk). Every fetch runs
 as a task of `Reads.nursery` (Core.run opens it), in a batch on one node
-(prefetch.Fetcher: worker threads, retries, per-node bounds). As each sample arrives,
+(fetch.Fetcher: worker threads, retries, per-node bounds). As each sample arrives,
 `deliver` keeps it where the orders need it before something cached (cache.py, by
 policy.py's keys), offers it to the local tier, and the worker thread pushes it into the
 kernel page cache (`push`), after the event loop has it. A sample the kernel holds is
@@ -24,7 +24,7 @@ import numpy as np
 import trio
 
 from .entries import FsError
-from .prefetch import FetchCancelled
+from .fetch import FetchCancelled
 from .store import CorruptSample
 
 log = logging.getLogger("fusefs")

@@ -1,0 +1,267 @@
+"""Fetching samples from the backend on demand: batched per storage node, deduplicated.
+
+The Fetcher runs batches of samples on one node as one blocking call in a worker thread
+(the store coalesces samples that are adjacent or near each other in a chunk into one
+read, and asks the kernel for all of a batch's reads at once: ChunkStore's willneed).
+Each node has its own bound on requests in flight, so one slow node cannot take every
+thread. A sample being fetched is registered, and a second reader waits for that
+fetch instead of fetching again. The read-ahead (prefetch.py) starts its batches here too.
+"""
+from __future__ import annotations
+
+import collections
+import errno
+import logging
+import threading
+
+import numpy as np
+import trio
+
+from .config import DEFAULTS
+from .store import CorruptSample
+
+log = logging.getLogger("fusefs")
+
+
+class FetchCancelled(OSError):
+    """A fetch stopped before its sample arrived (a shutdown): EIO for its waiters, not a
+    backend failure."""
+
+    def __init__(self):
+        super().__init__(errno.EIO, "fetch cancelled")
+
+
+class Pending:
+    __slots__ = ("event", "data", "error")
+
+    def __init__(self):
+        self.event = trio.Event()
+        self.data = None
+        self.error = None
+
+
+class Inbox:
+    """Results from worker threads to the event loop, many per wakeup: a thread posts
+    (fn, arg) and wakes the loop only if no wakeup is pending; the loop then runs every
+    posted call in one go. Under load a wakeup carries many reads' results."""
+
+    def __init__(self, token):
+        self.token = token
+        self._items = collections.deque()
+        self._lock = threading.Lock()
+        self._scheduled = False
+        self.wakeups = 0
+
+    def post(self, fn, arg) -> None:  # any thread
+        self._items.append((fn, arg))
+        with self._lock:
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self.token.run_sync_soon(self._drain)
+        except trio.RunFinishedError:
+            pass
+
+    def _drain(self) -> None:  # the event loop
+        with self._lock:
+            self._scheduled = False
+        self.wakeups += 1
+        items = self._items
+        while items:
+            fn, arg = items.popleft()
+            try:  # (an error here would end trio's run)
+                fn(arg)
+            except Exception:
+                log.exception("delivering results from a worker thread failed")
+
+
+class Fetcher:
+    """Batched, deduplicated backend reads with per-node bounds and retries.
+
+    A backend read that fails with an OSError is retried after a backoff (`retries` times,
+    doubling from `backoff` seconds, so a sample gives up after about backoff * 2**retries
+    seconds); a corrupt sample is not retried (the bytes will not change). Samples that
+    arrive are delivered at once, also while others in the batch are still being retried.
+
+    A node whose reads still fail after all retries is marked down: from then on each
+    request to it is tried once, without backoff, so readers of a dead node fail fast
+    instead of each waiting out the retry budget. The first read that succeeds marks it
+    up again, so a node that comes back is used again without a remount.
+    """
+
+    def __init__(self, store, *, per_node: int = DEFAULTS.per_node, batch: int = DEFAULTS.batch,
+                 max_gap: int = 256 << 10, retries: int = DEFAULTS.retries, backoff: float = 0.1,
+                 local=None, push=None):
+        self.store = store
+        self.local = local  # a LocalTier looked in before the backend, or None
+        # push([(sid, bytes)]), called in the worker thread with the samples of each group
+        # of reads, after the event loop has been handed them (the kernel page cache push,
+        # Reads.push; None without the kernel page cache)
+        self.push = push
+        # sid -> bytes while a worker thread pushes them. A push waits for the locks of the
+        # file's pages, and a reader's read of that file holds one until the loop answers
+        # it: the loop answers such a read from here (Reads.fetch), never with a new fetch,
+        # which could wait for a thread slot that pushes hold (every slot so held: a stall).
+        self.pushing: dict[int, bytes] = {}
+        self._inbox: Inbox | None = None
+        index = store.index
+        self.chunk_node = np.array([c.node for c in index.chunks], dtype=np.int32)
+        self._chunk_node_v, self._chunk_v = memoryview(self.chunk_node), index.chunk_v
+        self.node_names = list(index.nodes)
+        self.per_node = per_node
+        self.batch = batch
+        self.max_gap = max_gap
+        self.retries = retries
+        self.backoff = backoff
+        # a node's own slots are per_node; the read-ahead may lend it idle ones of other
+        # nodes up to max_per_node (Prefetcher.dispatch)
+        self.max_per_node = 2 * per_node
+        self.limiters = [trio.CapacityLimiter(self.max_per_node) for _ in self.node_names]
+        self.inflight: dict[int, Pending] = {}
+        self.busy = [0] * len(self.node_names)  # batches started and not finished, per node
+        self.node_stats = [dict(requests=0, reads=0, samples=0, bytes=0, errors=0, retries=0,
+                                failed_samples=0, down=False) for _ in self.node_names]
+
+    def node_of(self, sid: int) -> int:
+        return self._chunk_node_v[self._chunk_v[sid]]
+
+    def claim(self, sids: list[int]) -> dict[int, Pending]:
+        """Register those of sids no one is fetching as in flight (readers of them then wait
+        for this fetch instead of fetching again); their Pendings, for fetch()."""
+        new = {s: Pending() for s in sids if s not in self.inflight}
+        self.inflight.update(new)
+        return new
+
+    async def fetch(self, sids: list[int], deliver, claimed: dict[int, Pending] | None = None,
+                    unpushed: int | None = None) -> None:
+        """Fetch sids (one node) in one batch; deliver(sid, bytes | Exception) for each,
+        each sample as soon as its read is done (the read of a sample asked for earlier in
+        sids is made earlier). `claimed`: sids already claimed (the others are claimed now;
+        any someone else fetches are left out). `unpushed`: a sample not to push to the
+        kernel (one a reader missed: its own reads are under way and bring its pages)."""
+        pendings = dict(claimed or {})
+        pendings.update(self.claim(sids))  # (those in claimed are in flight already)
+        if not pendings:
+            return
+        sids = [s for s in sids if s in pendings]
+        node = self.node_of(sids[0])
+        self.busy[node] += 1
+        stats = self.node_stats[node]
+
+        from_local = set()
+
+        def finish(sid, r):
+            p = pendings.pop(sid)
+            if isinstance(r, Exception):
+                p.error = r
+                stats["failed_samples"] += 1
+            else:
+                p.data = r
+                if sid not in from_local:
+                    stats["samples"] += 1
+            del self.inflight[sid]
+            p.event.set()
+            deliver(sid, r)
+
+        token = trio.lowlevel.current_trio_token()
+        if self._inbox is None or self._inbox.token is not token:  # (one per trio run)
+            self._inbox = Inbox(token)
+        inbox, push = self._inbox, self.push
+
+        def arrived(item) -> None:  # in the trio thread, while the batch goes on
+            got, local, nreads, nbytes = item
+            # (counted as the samples arrive: a sample served is a read counted)
+            stats["reads"] += nreads
+            stats["bytes"] += nbytes
+            if local:
+                from_local.update(got)
+            for sid, r in got.items():
+                if sid in pendings and not isinstance(r, Exception):
+                    try:  # (an error here would end trio's run: leave it to the batch's end)
+                        finish(sid, r)
+                    except Exception:
+                        log.exception("delivering sample %d on arrival failed", sid)
+
+        pushing = self.pushing
+
+        def on_read(got: dict, nreads: int = 0, nbytes: int = 0, local: bool = False) -> None:
+            # (in the worker thread)
+            todo = [] if push is None else [(sid, r) for sid, r in got.items()
+                                            if sid != unpushed and not isinstance(r, Exception)]
+            pushing.update(todo)  # (before the loop can learn that they arrived)
+            inbox.post(arrived, (got, local, nreads, nbytes))
+            if todo:
+                try:
+                    push(todo)
+                finally:
+                    for sid, _ in todo:
+                        pushing.pop(sid, None)
+
+        try:
+            todo, attempt = sids, 0
+            while todo:
+                try:
+                    results, local = await trio.to_thread.run_sync(
+                        self._read, todo, on_read, unpushed is not None,
+                        limiter=self.limiters[node])
+                except Exception as e:  # a bug, not a backend error (read_batch returns those)
+                    log.exception("fetch of %d samples from node %s failed", len(todo),
+                                  self.node_names[node])
+                    results, local = {s: OSError(errno.EIO, f"internal error: {e}")
+                                      for s in todo}, ()
+                from_local.update(local)
+                backend = len(todo) - len(local)
+                if backend:
+                    stats["requests"] += 1
+                failed = [s for s in todo if isinstance(results[s], OSError)
+                          and not isinstance(results[s], CorruptSample)]
+                stats["errors"] += len(failed)
+                if len(failed) < backend:  # the node answered
+                    self._set_down(node, False)
+                elif failed and (attempt >= self.retries or stats["down"]):
+                    self._set_down(node, True, results[failed[0]])
+                retry = failed if attempt < self.retries and not stats["down"] else []
+                for sid in todo:
+                    if sid not in retry and sid in pendings:  # (not delivered on arrival)
+                        finish(sid, results[sid])
+                if retry:
+                    stats["retries"] += len(retry)
+                    log.warning("node %s: %d sample(s) failed (%s), retry %d of %d",
+                                self.node_names[node], len(retry), results[retry[0]],
+                                attempt + 1, self.retries)
+                    await trio.sleep(self.backoff * 2 ** attempt)
+                todo, attempt = retry, attempt + 1
+        finally:  # also when cancelled: waiters must never hang
+            self.busy[node] -= 1
+            for sid in list(pendings):
+                finish(sid, FetchCancelled())
+
+    def _read(self, sids: list[int], on_read, waited: bool):
+        """(results, sids served by the local tier); blocking. on_read(results, reads, bytes)
+        after each group of backend reads (ChunkStore.read_batch), and once with what the
+        local tier held (local=True). waited: a reader waits for the first sample (its
+        read is handed on alone)."""
+        got = self.local.read_many(sids) if self.local is not None else {}
+        if got:
+            on_read(got, local=True)
+        rest = [s for s in sids if s not in got]
+        results = (self.store.read_batch(rest, self.max_gap, on_read, first_alone=waited)[0]
+                   if rest else {})
+        results.update(got)
+        return results, got.keys()
+
+    def _set_down(self, node: int, down: bool, error=None) -> None:
+        stats = self.node_stats[node]
+        if stats["down"] == down:
+            return
+        stats["down"] = down
+        if down:
+            log.error("node %s marked down after %d retries (%s): its reads fail at once "
+                      "until one succeeds", self.node_names[node], self.retries, error)
+        else:
+            log.warning("node %s answers again", self.node_names[node])
+
+    def statistics(self) -> dict:
+        return {name: dict(s, inflight=self.busy[i]) for i, (name, s)
+                in enumerate(zip(self.node_names, self.node_stats))}
