@@ -23,6 +23,7 @@ from .mounts import fusermount
 from .store import NATIVE as store_native_built, ChunkStore, StoreError
 
 log = logging.getLogger("fusefs")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # each asks for the unmount
 
 
 class MountError(UserError):
@@ -116,11 +117,18 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
         raise
     log.info("mounted %s at %s: %d samples, %d chunks on %d node(s)", store.root, mnt, index.n_files,
              len(index.chunks), len(index.nodes))
+    # From here on SIGINT and SIGTERM ask for the unmount and never end the process half
+    # way: trio's receiver answers them while the loop runs, this handler notes them before
+    # it starts and during the unmount after it (a second SIGTERM, e.g. a process group's
+    # and then the parent-death signal, killed a daemon in its unmount: a dead mount)
+    stops: list[int] = []
+    for s in STOP_SIGNALS:
+        signal.signal(s, lambda sig, _: stops.append(sig))
     clean = False
     try:
         fast = _start_fast_path(core, ops) if config.fast_path else None
         log.info("opens: %s", "answered in C (the fast path)" if fast else "answered by the daemon")
-        trio.run(_main, core, loop, fast)
+        trio.run(_main, core, loop, fast, stops)
         clean = True
     finally:
         if server is not None:
@@ -133,6 +141,8 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
         if not clean:  # an unexpected error: do not leave a dead mount behind
             fusermount(mnt, lazy=True)
         log.info("unmounted %s", mnt)
+        for s in STOP_SIGNALS:  # (the mount is gone: while the process ends, a stop changes nothing;
+            signal.signal(s, signal.SIG_IGN)  # Python's own handlers would go back to SIG_DFL at exit)
 
 
 def missing_native(fast_path: bool) -> list[str]:
@@ -164,10 +174,10 @@ def _start_fast_path(core: Core, ops: Operations) -> fastpath.FastPath | None:
     return fast
 
 
-async def _main(core: Core, loop: dict, fast: fastpath.FastPath | None):
+async def _main(core: Core, loop: dict, fast: fastpath.FastPath | None, stops: list[int]):
     loop["token"] = trio.lowlevel.current_trio_token()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_watch_signals)
+        nursery.start_soon(_watch_signals, stops)
         await nursery.start(core.run)
         if fast is not None:
             nursery.start_soon(fast.run)
@@ -175,12 +185,18 @@ async def _main(core: Core, loop: dict, fast: fastpath.FastPath | None):
         nursery.cancel_scope.cancel()
 
 
-async def _watch_signals():
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for sig in signals:
-            log.info("%s: unmounting", signal.Signals(sig).name)
+async def _watch_signals(stops: list[int]):
+    """Unmount at the first SIGINT or SIGTERM (`stops`: those that came before the loop
+    ran); later ones are noted, as the unmount is under way."""
+    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        if stops:
+            log.info("%s: unmounting", signal.Signals(stops[0]).name)
             pyfuse3.terminate()
-            return
+        async for sig in signals:
+            log.info("%s: %s", signal.Signals(sig).name, "unmounting" if not stops else "unmounting already")
+            if not stops:
+                pyfuse3.terminate()
+            stops.append(sig)
 
 
 def start_background(argv: list[str], mnt: str, log_path: str, timeout: float = 60.0) -> int:

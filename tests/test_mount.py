@@ -273,6 +273,26 @@ def test_version_and_help_name_every_default():
         assert default in text, default
 
 
+def test_signals_during_the_unmount_do_not_leave_a_dead_mount(tricky, tmp_path):
+    """A timeout that signals the owner's process group, then the parent-death signal:
+    the daemon gets SIGTERM more than once, and one that came after the first (during the
+    unmount) killed it half way and left a dead mount. Here SIGTERM comes without pause
+    from the moment the mount is up until the daemon has ended: it unmounts and exits 0."""
+    mnt = tmp_path / "mnt"
+    with running_mount(tricky[1], mnt) as (proc, log):
+        sent = 0
+        while proc.poll() is None:
+            try:
+                os.kill(proc.pid, signal.SIGTERM)
+                sent += 1
+            except ProcessLookupError:
+                break
+        assert proc.wait(timeout=30) == 0, open(log).read()[-2000:]
+        assert not is_mounted(mnt)
+        text = open(log).read()
+        assert f"unmounted {mnt}" in text and sent > 1
+
+
 def test_a_killed_owner_leaves_no_mount(tricky, tmp_path):
     """A benchmark or test killed with SIGKILL never runs its cleanup: the daemon it
     started must unmount by itself."""
