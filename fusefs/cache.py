@@ -51,6 +51,13 @@ class SampleCache:
     def __contains__(self, sid: int) -> bool:
         return sid in self._entries
 
+
+    def counters(self) -> dict:
+        return {"cache_bytes": self.used, "cache_reserved": self.reserved, "cache_peak": self.peak,
+                "cache_budget": self.budget, "cache_samples": len(self), "evictions": self.evictions,
+                "cache_static": self.static, "pinned_samples": self.pinned_samples,
+                "pinned_bytes": self.pinned_bytes, "pins_picked": len(self.pin_set)}
+
     @property
     def pinned_samples(self) -> int:
         return sum(1 for s in self.pin_set if s in self._entries)

@@ -110,7 +110,7 @@ def cmd_mount(a) -> int:
         argv = [x for x in a.argv if x not in ("--background", "-b")]
         log_path = a.log or os.path.join("/tmp", f"fusefs-{os.getuid()}-{os.path.basename(os.path.abspath(a.mnt))}.log")
         return start_background(argv, a.mnt, log_path)
-    for line in missing_native(a.fast_path):
+    for line in missing_native():
         logging.getLogger("fusefs").warning(line)
     index, store = open_dataset(a.dst, a.retries, willneed=a.willneed)  # refuses a broken dataset before mounting
     serve(index, store, a.mnt, mount_config(a, index.total_bytes), options=a.o or [])

@@ -46,11 +46,5 @@ class MountConfig:
         if self.local_bytes and self.local_dir is None:
             raise ConfigError("a local cache size needs a local cache folder")
 
-    def core_args(self) -> dict:
-        """What Core takes of it."""
-        return {"cache_bytes": self.cache_bytes, "static_bytes": self.static_bytes,
-                "per_node": self.per_node, "batch": self.batch, "retries": self.retries,
-                "control_gid": self.control_gid, "readahead": self.readahead}
-
 
 DEFAULTS = MountConfig()

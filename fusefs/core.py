@@ -13,8 +13,9 @@ serves any offset and size from them. A fetched sample's bytes are also pushed i
 kernel page cache as they arrive, so a reader's read() of it never reaches the daemon: a
 cached sample costs an open and a release (and the ioctl with which Python's open() asks
 isatty, answered by the binding in C: docs/HOTPATH.md). Closing a file is a use of its sample in the
-order (policy.py); the cache keeps it until its room is needed (cache.py). Core wires the
-parts: policy, cache, fetcher (fetch.py) and read-ahead (prefetch.py), reads, control namespace.
+order (policy.py); the cache keeps it until its room is needed (cache.py). Core makes the
+parts, each with what it needs: policy, cache, fetcher (fetch.py), reads (which makes the
+read-ahead, prefetch.py), control namespace; its statistics merge their counters().
 Errors are FsError(errno); the FUSE adapter (fs.py) turns them into FUSEError.
 """
 from __future__ import annotations
@@ -33,11 +34,10 @@ from . import order as orderfmt
 from .cache import SampleCache
 from .control import FH_BASE, FILES, ControlHooks, ControlNamespace
 from .entries import BLKSIZE, DATA_TIMEOUT, Attr, FsError, OpenResult
-from .config import DEFAULTS
+from .config import DEFAULTS, MountConfig
 from .index import CONTROL_NAME, Index
 from .policy import Policy
 from .fetch import Fetcher
-from .prefetch import Prefetcher
 from .reads import Reads
 from .store import ChunkStore
 
@@ -64,7 +64,8 @@ WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
 
 class Stats:
-    """Counters of the daemon; a snapshot goes to `.fusefs/stats`."""
+    """Counters of the core and its reads (a part of the statistics, as every part's
+    `counters()`: merged by Core.statistics into `.fusefs/stats` and the metrics)."""
 
     FIELDS = ("opens", "opens_pushed", "releases", "reads", "bytes_served", "hits", "pushed",
               "push_skipped", "kernel_dropped", "kernel_forgotten",
@@ -75,37 +76,29 @@ class Stats:
             setattr(self, f, 0)
         self.wait_s = 0.0
         self.started = time.time()
-        self.requests: dict[str, int] = {}  # FUSE requests answered, by type (fs.Operations)
-        # () -> {type: count} of requests the binding answers without a handler (fs.Operations
-        # sets it: ioctl), or None
-        self.binding_requests = None
-        # () -> {type: count} of requests the fast path's thread answered (mount.py), or None
-        self.fast_path_requests = None
-        self.fast_path_bytes = None  # () -> bytes its reads answered (mount.py), or None
-        self.loop_tasks = None  # () -> tasks pyfuse3's request loop started, or None (fs.py)
         self.cpu_start = cpu_seconds()
 
-    def snapshot(self) -> dict:
+    def counters(self) -> dict:
         out = {f: getattr(self, f) for f in self.FIELDS}
-        if self.fast_path_bytes is not None:
-            out["bytes_served"] += self.fast_path_bytes()
         out["read_wait_s"] = round(self.wait_s, 4)
         out["uptime_s"] = round(time.time() - self.started, 3)
         out["cpu_s"] = round(cpu_seconds() - self.cpu_start, 4)
-        requests = dict(self.requests)
-        if self.binding_requests is not None:
-            requests.update(self.binding_requests())
-        fast = self.fast_path_requests() if self.fast_path_requests is not None else None
-        for kind, n in (fast or {}).items():
-            requests[kind] = requests.get(kind, 0) + n
-        out["fast_path_requests"] = fast
-        out["requests"] = dict(sorted((k, v) for k, v in requests.items() if v))
-        if self.loop_tasks is not None:
-            out["loop_tasks"] = self.loop_tasks()
-        opens = max(1, self.opens)
-        out["cpu_us_per_sample"] = round(1e6 * out["cpu_s"] / opens, 1)
-        out["requests_per_sample"] = round(sum(requests.values()) / opens, 3)
         return out
+
+
+def merge_counters(out: dict, part: dict) -> dict:
+    """Add a part's counters to out, the statistics' one rule: a figure that two parts
+    count (a number, or a table of numbers by name, such as `requests` by type) adds up;
+    anything else is set."""
+    for name, value in part.items():
+        old = out.get(name)
+        if isinstance(old, dict) and isinstance(value, dict):
+            out[name] = {k: old.get(k, 0) + value.get(k, 0) for k in old.keys() | value.keys()}
+        elif type(old) in (int, float) and type(value) in (int, float):
+            out[name] = old + value
+        else:
+            out[name] = value
+    return out
 
 
 def cpu_seconds() -> float:
@@ -115,35 +108,37 @@ def cpu_seconds() -> float:
 
 
 class Core:
-    def __init__(self, index: Index, store: ChunkStore, *, cache_bytes: int = DEFAULTS.cache_bytes,
-                 static_bytes: int = DEFAULTS.static_bytes, per_node: int = DEFAULTS.per_node,
-                 batch: int = DEFAULTS.batch, retries: int = DEFAULTS.retries,
-                 local=None, uid: int | None = None, gid: int | None = None,
-                 control_gid: int | None = None, readahead: int | None = DEFAULTS.readahead):
+    def __init__(self, index: Index, store: ChunkStore, config: MountConfig = DEFAULTS, *,
+                 local=None, kernel=None, uid: int | None = None, gid: int | None = None):
+        """The dataset of index, its chunks read through store, with the mount's settings
+        (config); local: the local cache tier (local.LocalTier) or None; kernel: the kernel
+        page cache (fs.KernelCache, which fetched samples are pushed into as they arrive:
+        docs/ARCHITECTURE.md, "Kernel page cache"), or None: every read is served by the
+        daemon; uid, gid: the files' owner (default: the daemon's)."""
         self.index = index
         self.store = store
-        self.policy = Policy(index.size)
-        self.cache = SampleCache(cache_bytes, static_bytes)
-        self.stats = Stats()
-        self.local = local  # the local cache tier (local.LocalTier) or None
-        self.reads = Reads(index, store, self.cache, self.policy, None, self.stats, local)
-        self.fetcher = Fetcher(store, per_node=per_node, batch=batch, retries=retries, local=local,
-                               push=None)  # (set with the kernel page cache, below)
-        self.reads.fetcher = self.fetcher
-        self.prefetcher = Prefetcher(index, self.policy, self.cache, self.fetcher,
-                                     self.reads.fetch_batch, readahead,
-                                     kernel_holds=self.reads.kernel_holds)
-        self.reads.prefetcher = self.prefetcher
-        self.reads.ino_of = lambda sid: self.file_base + sid
+        self.local = local
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
-        self.control_gid = control_gid  # a group that may write the control files too
+        self.control_gid = config.control_gid  # a group that may write the control files too
         self.ctrl_dir = index.n_dirs + 1
         self.file_base = self.ctrl_dir + CTRL_SLOTS
+        self.policy = Policy(index.size)
+        self.cache = SampleCache(config.cache_bytes, config.static_bytes)
+        self.stats = Stats()
+        self.fetcher = Fetcher(store, per_node=config.per_node, batch=config.batch,
+                               retries=config.retries, local=local)
+        self.reads = Reads(index, store, self.cache, self.policy, self.fetcher, self.stats,
+                           local=local, kernel=kernel, ino_base=self.file_base,
+                           readahead=config.readahead)
+        self.prefetcher = self.reads.prefetcher
+        # the parts whose counters() make the statistics (count() adds the FUSE adapter's)
+        self.counted = [self.stats, self.cache, self.fetcher, self.prefetcher, self.reads,
+                        *([local] if local is not None else [])]
         self.control = ControlNamespace(ControlHooks(
             statistics=self.statistics, ids_table=self.ids_table,
             chunk_table=lambda: index.chunk.astype("<u4").tobytes(), set_order=self.set_order,
-            may_control=self.may_control, control_gid=control_gid, started=self.stats.started),
+            may_control=self.may_control, control_gid=config.control_gid, started=self.stats.started),
             self.ctrl_dir)
         self._open = 0                       # data files open
         self._serial = 0
@@ -158,20 +153,9 @@ class Core:
         return self.policy.plans
 
     @property
-    def kernel(self):
-        """The kernel page cache (fs.KernelCache: push(ino, bytes)) when the FUSE adapter
-        offers it: fetched samples are pushed to it as they arrive (docs/ARCHITECTURE.md:
-        "Kernel page cache"); None: every read is served by the daemon."""
-        return self.reads.kernel
-
-    @kernel.setter
-    def kernel(self, kernel) -> None:
-        self.reads.kernel = kernel
-        self.fetcher.push = None if kernel is None else self.reads.push
-
-    @property
     def corrupt(self) -> dict:
         return self.reads.corrupt
+
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Serve: the read-ahead and every backend fetch (read-ahead batches, and the
         batches of samples readers missed) run as tasks of a nursery opened here, until
@@ -436,28 +420,22 @@ class Core:
             self._ids_table = b"".join(self.index.file_path(i) + b"\0" for i in range(self.index.n_files))
         return self._ids_table
 
+    def count(self, part) -> None:
+        """Add part's counters() (a dict of figures) to the statistics: the FUSE adapter's
+        requests, the fast path's."""
+        self.counted.append(part)
+
     def statistics(self) -> dict:
-        out = self.stats.snapshot()
-        out.update(cache_bytes=self.cache.used, cache_reserved=self.cache.reserved,
-                   cache_peak=self.cache.peak, cache_budget=self.cache.budget,
-                   cache_samples=len(self.cache), evictions=self.cache.evictions,
-                   samples=self.index.n_files, dataset_bytes=self.index.total_bytes,
-                   open_handles=self.open_handles, prefetch_batches=self.prefetcher.batches,
-                   readahead_bytes=self.prefetcher.readahead,
-                   backend_requests=sum(n["requests"] for n in self.fetcher.node_stats),
-                   backend_reads=sum(n["reads"] for n in self.fetcher.node_stats),
-                   backend_bytes=sum(n["bytes"] for n in self.fetcher.node_stats),
-                   backend_samples=sum(n["samples"] for n in self.fetcher.node_stats),
-                   backend_errors=sum(n["errors"] for n in self.fetcher.node_stats),
-                   backend_retries=sum(n["retries"] for n in self.fetcher.node_stats),
-                   corrupt_samples=len(self.corrupt), cache_static=self.cache.static,
-                   pinned_samples=self.cache.pinned_samples, pinned_bytes=self.cache.pinned_bytes,
-                   pins_picked=len(self.cache.pin_set),
-                   in_kernel=int(np.count_nonzero(self.in_kernel)),
-                   kernel_drops=self.reads.kernel_drops,
-                   local_hits=self.local.hits if self.local is not None else 0,
-                   local=self.local.statistics() if self.local is not None else None,
-                   nodes=self.fetcher.statistics())
+        """Every part's counters, merged (merge_counters), with what they make together."""
+        out = {"samples": self.index.n_files, "dataset_bytes": self.index.total_bytes,
+               "open_handles": self.open_handles, "requests": {}, "fast_path_requests": None,
+               "local_hits": 0, "local": None}
+        for part in self.counted:
+            merge_counters(out, part.counters())
+        out["requests"] = dict(sorted((k, v) for k, v in out["requests"].items() if v))
+        opens = max(1, out["opens"])
+        out["cpu_us_per_sample"] = round(1e6 * out["cpu_s"] / opens, 1)
+        out["requests_per_sample"] = round(sum(out["requests"].values()) / opens, 3)
         plans = {}
         for rank, plan in self.plans.items():
             window = plan.window(self.cache.budget)

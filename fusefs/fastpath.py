@@ -33,11 +33,6 @@ DELAY_US = 20_000   # ... or this long after the first of them (each wake-up of 
                     # every other sample at 2 ms)
 
 
-def available() -> bool:
-    """Whether the binding has the fast path (fusefs.pyfuse3 is built with it)."""
-    return bool(getattr(pyfuse3, "FAST_PATH", False))
-
-
 class FastPath:
     """The thread's events, handed to `answered` (Core.answered: a sequence of handles)."""
 
@@ -72,14 +67,12 @@ class FastPath:
             self.catch_up()
 
     @staticmethod
-    def requests() -> dict[str, int]:
-        """The requests the thread answered, by type (for the statistics)."""
-        return pyfuse3.fast_path_counts()
-
-    @staticmethod
-    def read_bytes() -> int:
-        """The bytes the thread's answers to reads carried (for the statistics)."""
-        return pyfuse3.fast_path_read_bytes()
+    def counters() -> dict:
+        """The requests the thread answered, by type, and the bytes its answers to reads
+        carried (for Core.statistics)."""
+        counts = pyfuse3.fast_path_counts()
+        return {"requests": counts, "fast_path_requests": counts,
+                "bytes_served": pyfuse3.fast_path_read_bytes()}
 
     @staticmethod
     def hold(sid: int, data) -> None:

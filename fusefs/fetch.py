@@ -92,13 +92,9 @@ class Fetcher:
 
     def __init__(self, store, *, per_node: int = DEFAULTS.per_node, batch: int = DEFAULTS.batch,
                  max_gap: int = 256 << 10, retries: int = DEFAULTS.retries, backoff: float = 0.1,
-                 local=None, push=None):
+                 local=None):
         self.store = store
         self.local = local  # a LocalTier looked in before the backend, or None
-        # push([(sid, bytes)]), called in the worker thread with the samples of each group
-        # of reads, after the event loop has been handed them (the kernel page cache push,
-        # Reads.push; None without the kernel page cache)
-        self.push = push
         # sid -> bytes while a worker thread pushes them. A push waits for the locks of the
         # file's pages, and a reader's read of that file holds one until the loop answers
         # it: the loop answers such a read from here (Reads.fetch), never with a new fetch,
@@ -134,12 +130,14 @@ class Fetcher:
         return new
 
     async def fetch(self, sids: list[int], deliver, claimed: dict[int, Pending] | None = None,
-                    unpushed: int | None = None) -> None:
+                    push=None, unpushed: int | None = None) -> None:
         """Fetch sids (one node) in one batch; deliver(sid, bytes | Exception) for each,
         each sample as soon as its read is done (the read of a sample asked for earlier in
         sids is made earlier). `claimed`: sids already claimed (the others are claimed now;
-        any someone else fetches are left out). `unpushed`: a sample not to push to the
-        kernel (one a reader missed: its own reads are under way and bring its pages)."""
+        any someone else fetches are left out). `push([(sid, bytes)])`: called in the worker
+        thread with the samples of each group of reads, after the event loop has been handed
+        them (the kernel page cache push, Reads.push), or None. `unpushed`: a sample not to
+        push (one a reader missed: its own reads are under way and bring its pages)."""
         pendings = dict(claimed or {})
         pendings.update(self.claim(sids))  # (those in claimed are in flight already)
         if not pendings:
@@ -167,7 +165,7 @@ class Fetcher:
         token = trio.lowlevel.current_trio_token()
         if self._inbox is None or self._inbox.token is not token:  # (one per trio run)
             self._inbox = Inbox(token)
-        inbox, push = self._inbox, self.push
+        inbox = self._inbox
 
         def arrived(item) -> None:  # in the trio thread, while the batch goes on
             got, local, nreads, nbytes = item
@@ -262,6 +260,8 @@ class Fetcher:
         else:
             log.warning("node %s answers again", self.node_names[node])
 
-    def statistics(self) -> dict:
-        return {name: dict(s, inflight=self.busy[i]) for i, (name, s)
-                in enumerate(zip(self.node_names, self.node_stats))}
+    def counters(self) -> dict:
+        total = {f"backend_{k}": sum(n[k] for n in self.node_stats)
+                 for k in ("requests", "reads", "bytes", "samples", "errors", "retries")}
+        return {**total, "nodes": {name: dict(s, inflight=self.busy[i]) for i, (name, s)
+                                   in enumerate(zip(self.node_names, self.node_stats))}}

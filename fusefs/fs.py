@@ -41,7 +41,7 @@ def _translate(fn):
 
 
 class KernelCache:
-    """The kernel page cache of the mount, for Core.kernel: fetched samples are pushed into
+    """The kernel page cache of the mount, for Core's `kernel`: fetched samples are pushed into
     it from the fetch's worker threads (reads.Reads.push). Pushed pages are clean page
     cache: the kernel reclaims them under memory pressure, they never count in the daemon's
     RSS, and nothing invalidates them (an early version invalidated each sample after its
@@ -49,20 +49,9 @@ class KernelCache:
 
     @staticmethod
     def push(items) -> list[int]:
-        """Store each (inode, data) of items as the file's pages; an errno per item (0:
-        stored). With pyfuse3's store patch, all in one stretch without the GIL."""
-        many = getattr(pyfuse3, "notify_store_many", None)
-        if many is not None:
-            return many(items)
-        errs = []
-        for ino, data in items:
-            try:
-                pyfuse3.notify_store(ino, 0, data)
-            except OSError as e:
-                errs.append(e.errno)
-            else:
-                errs.append(0)
-        return errs
+        """Store each (inode, data) of items as the file's pages, all in one stretch without
+        the GIL (the binding's notify_store_many); an errno per item (0: stored)."""
+        return pyfuse3.notify_store_many(items)
 
 
 class Operations(pyfuse3.Operations):
@@ -73,13 +62,15 @@ class Operations(pyfuse3.Operations):
     def __init__(self, core: Core):
         super().__init__()
         self.core = core
-        self.requests = core.stats.requests
-        if hasattr(pyfuse3, "ioctl_requests"):  # (answered in C: the binding's ioctl patch)
-            base = pyfuse3.ioctl_requests()
-            core.stats.binding_requests = lambda: {"ioctl": pyfuse3.ioctl_requests() - base}
-        if hasattr(pyfuse3, "loop_tasks_started"):  # (the binding's spawn patch)
-            core.stats.loop_tasks = pyfuse3.loop_tasks_started
+        self.requests: dict[str, int] = {}  # requests answered here, by type
+        self._ioctls = pyfuse3.ioctl_requests()  # (answered by the binding in C, from here on)
         self.catch_up = None  # () -> None: the fast path's events applied (mount.py sets it)
+
+    def counters(self) -> dict:
+        """The requests answered, by type (this adapter's, and the binding's ioctls), and
+        the tasks pyfuse3's request loop started (for Core.statistics)."""
+        return {"requests": {**self.requests, "ioctl": pyfuse3.ioctl_requests() - self._ioctls},
+                "loop_tasks": pyfuse3.loop_tasks_started()}
 
     def _entry(self, a: Attr) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()

@@ -255,6 +255,9 @@ class LocalTier:
         self._thread.join(timeout=30)
         self._lock.close()  # releases the flock
 
+    def counters(self) -> dict:
+        return {"local_hits": self.hits, "local": self.statistics()}
+
     def statistics(self) -> dict:
         return {"dir": self.root, "budget": self.budget, "used": self.used,
                 "samples": int(np.count_nonzero(self.held)), "hits": self.hits,

@@ -93,10 +93,9 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
             local = LocalTier(config.local_dir, config.local_bytes, index)
         except LocalTierError as e:
             raise MountError(str(e)) from None
-    core = Core(index, store, local=local, **config.core_args())
-    if config.kernel_cache:
-        core.kernel = KernelCache()
+    core = Core(index, store, config, local=local, kernel=KernelCache() if config.kernel_cache else None)
     ops = Operations(core)
+    core.count(ops)
     loop = {}  # the event loop's token, for the metrics server's thread
     server = None
     if config.metrics_port is not None:
@@ -145,31 +144,25 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
             signal.signal(s, signal.SIG_IGN)  # Python's own handlers would go back to SIG_DFL at exit)
 
 
-def missing_native(fast_path: bool) -> list[str]:
+def missing_native() -> list[str]:
     """What of fusefs's native parts this install lacks, a line each (`fusefs mount` logs
-    them before anything else)."""
-    out = []
-    if not store_native_built:
-        out.append("fusefs._fetchio is not built (installed with FUSEFS_NO_NATIVE=1?): fetches "
-                   "are read and checked in Python, slower")
-    if fast_path and not fastpath.available():
-        out.append("this build of fusefs.pyfuse3 has no fast path (reinstall fusefs): lookups, "
-                   "opens, releases and reads of cached samples are answered in Python")
-    return out
+    them before anything else). The binding and its fast path are always built; the
+    checksummed reader (_fetchio) may be left out with FUSEFS_NO_NATIVE=1."""
+    if store_native_built:
+        return []
+    return ["fusefs._fetchio is not built (installed with FUSEFS_NO_NATIVE=1?): fetches "
+            "are read and checked in Python, slower"]
 
 
-def _start_fast_path(core: Core, ops: Operations) -> fastpath.FastPath | None:
-    """The fast path started (fastpath.py), or None where the binding has none."""
-    if not fastpath.available():
-        return None
+def _start_fast_path(core: Core, ops: Operations) -> fastpath.FastPath:
+    """The fast path started (fastpath.py)."""
     fast = fastpath.FastPath(core.answered)
     try:
         fast.start(**core.fast_path_args())
     except OSError as e:
         raise MountError(f"the fast path did not start ({e}); --no-fast-path mounts without it") from None
     ops.catch_up = fast.catch_up
-    core.stats.fast_path_requests = fast.requests
-    core.stats.fast_path_bytes = fast.read_bytes
+    core.count(fast)
     core.cache.mirror_to(fast.hold)  # (the thread answers reads of what the cache holds)
     return fast
 

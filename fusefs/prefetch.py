@@ -82,6 +82,9 @@ class Prefetcher:
         self._used = 0        # bytes used by readers since the heads last moved
         self._fresh = False   # a new order since the heads last moved
 
+    def counters(self) -> dict:
+        return {"prefetch_batches": self.batches, "readahead_bytes": self.readahead}
+
     def wake(self) -> None:
         self._wake.set()
 

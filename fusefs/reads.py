@@ -25,6 +25,7 @@ import trio
 
 from .entries import FsError
 from .fetch import FetchCancelled
+from .prefetch import Prefetcher
 from .store import CorruptSample
 
 log = logging.getLogger("fusefs")
@@ -36,17 +37,21 @@ MIN_DROPS = 16
 
 
 class Reads:
-    def __init__(self, index, store, cache, policy, fetcher, stats, local=None):
+    def __init__(self, index, store, cache, policy, fetcher, stats, *, local=None, kernel=None,
+                 ino_base: int = 0, readahead: int | None = None):
         """index: sizes, chunks and paths (for log lines); store: chunk paths (for log
         lines); cache, policy: where bytes are kept and by what rule; fetcher: batches,
-        in-flight fetches; stats: the daemon's counters; local: the local tier or None.
-        The read-ahead (`prefetcher`, for the queued samples a miss takes along) and the
-        kernel page cache (`kernel`, with push(ino, bytes); `ino_of(sid)`) are set after."""
+        in-flight fetches; stats: the daemon's counters; local: the local tier or None;
+        kernel: the kernel page cache (push([(ino, bytes)]) -> errnos: fs.KernelCache) or
+        None, with sample sid at inode ino_base + sid. The read-ahead (prefetch.Prefetcher,
+        `readahead` bytes ahead of the readers; None: its default) is made here: it runs
+        its batches through fetch_batch, and a miss takes along the samples it has queued."""
         self.index, self.store, self.cache, self.policy = index, store, cache, policy
         self.fetcher, self.stats, self.local = fetcher, stats, local
-        self.prefetcher = None
-        self.kernel = None
-        self.ino_of = None
+        self.kernel = kernel
+        self.ino_base = ino_base
+        self.prefetcher = Prefetcher(index, policy, cache, fetcher, self.fetch_batch, readahead,
+                                     kernel_holds=self.kernel_holds)
         self.in_kernel = np.zeros(index.n_files, dtype=bool)  # pushed, not forgotten since
         # The kernel drops pushed pages without telling the daemon (it tells only when it
         # forgets an inode): under memory pressure, or reclaiming cold pages proactively. A
@@ -61,6 +66,10 @@ class Reads:
         self._recent = collections.deque(maxlen=32)  # recently read samples (scan detection)
         self.nursery: trio.Nursery | None = None  # where fetches of missed samples run (Core.run)
 
+    def counters(self) -> dict:
+        return {"corrupt_samples": len(self.corrupt), "in_kernel": int(np.count_nonzero(self.in_kernel)),
+                "kernel_drops": self.kernel_drops}
+
     def push(self, items) -> None:
         """Hand fetched samples' bytes, [(sid, bytes)], to the kernel page cache (in the
         fetch's worker thread, after the event loop has them: a push waits for the locks of
@@ -72,7 +81,7 @@ class Reads:
             self.stats.push_skipped += len(items) - len(todo)
         if kernel is None or not todo:
             return
-        errs = kernel.push([(self.ino_of(sid), data) for sid, data in todo])
+        errs = kernel.push([(self.ino_base + sid, data) for sid, data in todo])
         for (sid, _), err in zip(todo, errs):
             if err == 0:
                 self.in_kernel[sid] = True
@@ -116,8 +125,7 @@ class Reads:
             log.info("the kernel dropped pages of %d of the %d pushed samples opened under the "
                      "current order(s): what it was thought to hold is fetched and pushed again",
                      self._drops, opened)
-            if self.prefetcher is not None:
-                self.prefetcher.rewind()
+            self.prefetcher.rewind()
 
     def answered(self, sid: int, end: bool, held: bool) -> None:
         """A read of sample sid was answered from its cached bytes outside the loop (the
@@ -206,7 +214,8 @@ class Reads:
             results[s] = r
             self.deliver(s, r, missed=s == keep)
 
-        await self.fetcher.fetch(sids, deliver, claimed, unpushed=keep)
+        await self.fetcher.fetch(sids, deliver, claimed, push=None if self.kernel is None else self.push,
+                                 unpushed=keep)
         return results
 
     def deliver(self, sid: int, result, missed: bool = False) -> None:

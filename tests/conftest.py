@@ -47,13 +47,14 @@ def page_cache_holds(fd: int, size: int) -> bool:
         _libc.munmap(addr, size)
 
 
-def make_core(dst, **kw):
+def make_core(dst, *, local=None, kernel=None, **config):
     """A filesystem core (no mount) over the packed folder dst."""
+    from fusefs.config import MountConfig
     from fusefs.core import Core
     from fusefs.index import INDEX_NAME, Index
     from fusefs.store import ChunkStore
     ix = Index.load(os.path.join(dst, INDEX_NAME))
-    return Core(ix, ChunkStore(dst, ix), **kw)
+    return Core(ix, ChunkStore(dst, ix), MountConfig(**config), local=local, kernel=kernel)
 
 
 @contextlib.asynccontextmanager

@@ -5,6 +5,7 @@ import os
 import pytest
 import trio
 
+from fusefs.config import MountConfig
 from fusefs.core import ROOT, Core
 from fusefs.entries import FsError
 from fusefs.index import INDEX_NAME, Index
@@ -14,9 +15,9 @@ from testkit.mounts import resolve
 from conftest import corrupt_sample, serving
 
 
-def _core(dst, **kw):
+def _core(dst, *, local=None, kernel=None, **config):
     ix = Index.load(os.path.join(dst, INDEX_NAME))
-    return Core(ix, ChunkStore(dst, ix), **kw)
+    return Core(ix, ChunkStore(dst, ix), MountConfig(**config), local=local, kernel=kernel)
 
 
 async def read_sample(core, sid, off=0, size=1 << 20):
@@ -190,13 +191,13 @@ def test_reads_answered_on_the_fast_path_count_as_the_loops_do(tricky):
     from fusefs.core import READ, READ_END, READ_LOST
     from fusefs.fs import KernelCache
     _, dst, files = tricky
-    looped, fast = _core(dst), _core(dst)
+    # (the kernel page cache: what reads tell of the kernel, read_through)
+    looped, fast = _core(dst, kernel=KernelCache()), _core(dst, kernel=KernelCache())
     held = {}
     fast.cache.mirror_to(lambda sid, data: held.__setitem__(sid, data) if data is not None
                          else held.pop(sid))
     sids = [resolve(looped.index, r)[1] for r in sorted(files) if files[r] and len(files[r]) > 10][:2]
     for core in (looped, fast):
-        core.kernel = KernelCache()  # (what reads tell of the kernel: read_through)
         for sid in sids:
             core.cache.put(sid, core.store.read_sample(sid))
     assert held == {s: fast.cache.get(s) for s in sids}  # (the thread's table, as it sees it)

@@ -15,6 +15,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fusefs.config import MountConfig
 from fusefs.core import Core
 from fusefs.entries import FsError
 from fusefs.index import INDEX_NAME, Index, IndexFormatError
@@ -44,7 +45,7 @@ class FlakyStore(ChunkStore):
 
 def _flaky_core(dst):
     ix = Index.load(os.path.join(dst, INDEX_NAME))
-    core = Core(ix, FlakyStore(dst, ix), retries=3)
+    core = Core(ix, FlakyStore(dst, ix), MountConfig(retries=3))
     core.fetcher.backoff = 0.01
     return core
 

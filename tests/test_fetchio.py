@@ -204,21 +204,3 @@ def test_native_reads_are_refused_where_they_are_not_built(tricky, monkeypatch):
         ChunkStore(dst, ix, native=True)
     assert ChunkStore(dst, ix).native is False
 
-
-def test_a_group_of_pushes_is_one_call_and_falls_back_to_one_by_one(monkeypatch):
-    from fusefs import pyfuse3
-    from fusefs.fs import KernelCache
-    calls = []
-    monkeypatch.setattr(pyfuse3, "notify_store_many", lambda items: calls.append(list(items)) or [0, 2],
-                        raising=False)
-    assert KernelCache.push([(5, b"a"), (6, b"b")]) == [0, 2] and calls == [[(5, b"a"), (6, b"b")]]
-    monkeypatch.delattr(pyfuse3, "notify_store_many")
-    one = []
-
-    def notify_store(ino, off, data):
-        one.append((ino, off, data))
-        if ino == 6:
-            raise OSError(errno.ENOENT, "unknown inode")
-    monkeypatch.setattr(pyfuse3, "notify_store", notify_store)
-    assert KernelCache.push([(5, b"a"), (6, b"b")]) == [0, errno.ENOENT]
-    assert one == [(5, 0, b"a"), (6, 0, b"b")]

@@ -52,7 +52,7 @@ def test_the_wheel_holds_every_module_and_the_compiled_reads(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
                     str(site), str(wheel)], check=True, capture_output=True)
     r = subprocess.run([sys.executable, "-c", "import fusefs.fastpath as f, fusefs._fetchio; "
-                        "print(f.__file__, f.available())"], capture_output=True, text=True,
+                        "print(f.__file__, f.pyfuse3.FAST_PATH)"], capture_output=True, text=True,
                        cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(site)))
     assert r.returncode == 0, r.stderr[-2000:]
     where, available = r.stdout.split()
@@ -96,11 +96,9 @@ def test_a_mount_without_the_compiled_reads_says_so_on_its_first_line(tmp_path):
 
 
 def test_the_native_parts_missing_are_named(monkeypatch):
-    from fusefs import fastpath, mount
+    from fusefs import mount
     monkeypatch.setattr(mount, "store_native_built", False)
-    monkeypatch.setattr(fastpath, "available", lambda: False)
-    lines = mount.missing_native(fast_path=True)
-    assert len(lines) == 2 and "_fetchio is not built" in lines[0] and "no fast path" in lines[1]
-    assert mount.missing_native(fast_path=False) == lines[:1]
+    lines = mount.missing_native()
+    assert len(lines) == 1 and "_fetchio is not built" in lines[0]
     monkeypatch.setattr(mount, "store_native_built", True)
-    assert mount.missing_native(fast_path=False) == []
+    assert mount.missing_native() == []

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusefs import order as orderfmt
+from fusefs.config import MountConfig
 from fusefs.core import Core
 from fusefs.index import INDEX_NAME, Index
 from fusefs.prefetch import default_readahead
@@ -253,7 +254,7 @@ def test_each_sample_reaches_its_reader_when_its_own_read_is_done(three_nodes, r
     dst, _ = three_nodes
     ix = Index.load(os.path.join(dst, INDEX_NAME))
     store = SlowStore(dst, ix)
-    core = Core(ix, store, cache_bytes=ix.total_bytes, per_node=1, batch=8)
+    core = Core(ix, store, MountConfig(cache_bytes=ix.total_bytes, per_node=1, batch=8))
     if runs == 2:  # a first run with another order fetches a few samples
         first = np.random.default_rng(9).permutation(ix.n_files).tolist()[:4]
         read_ahead_all(core, first)
@@ -327,8 +328,8 @@ def test_a_node_with_all_the_work_borrows_the_idle_nodes_slots(three_nodes):
     ix = Index.load(os.path.join(dst, INDEX_NAME))
     for order_nodes, want in (({0}, 4), ({0, 1, 2}, None)):
         store = PeakStore(dst, ix, delay=0.02)
-        core = Core(ix, store, cache_bytes=ix.total_bytes, per_node=2, batch=2,
-                    readahead=ix.total_bytes)
+        core = Core(ix, store, MountConfig(cache_bytes=ix.total_bytes, per_node=2, batch=2,
+                    readahead=ix.total_bytes))
         store.node_of_chunk = core.fetcher.chunk_node
         order = [s for s in np.random.default_rng(5).permutation(ix.n_files).tolist()
                  if core.fetcher.node_of(s) in order_nodes][:60]
@@ -380,7 +381,7 @@ def test_a_miss_has_its_first_read_alone_and_the_read_ahead_does_not(three_nodes
     dst, _ = three_nodes
     ix = Index.load(os.path.join(dst, INDEX_NAME))
     store = FirstAloneStore(dst, ix)
-    core = Core(ix, store, cache_bytes=ix.total_bytes, batch=8, readahead=ix.total_bytes)
+    core = Core(ix, store, MountConfig(cache_bytes=ix.total_bytes, batch=8, readahead=ix.total_bytes))
     order = np.random.default_rng(6).permutation(ix.n_files).tolist()
 
     async def main():
@@ -406,14 +407,14 @@ def test_an_order_start_is_dealt_over_the_free_slots(three_nodes):
     dst, _ = three_nodes
     ix = Index.load(os.path.join(dst, INDEX_NAME))
     store = PositionStore(dst, ix)
-    core = Core(ix, store, cache_bytes=ix.total_bytes, per_node=4, batch=16)
+    core = Core(ix, store, MountConfig(cache_bytes=ix.total_bytes, per_node=4, batch=16))
     order = np.random.default_rng(7).permutation(ix.n_files).tolist()
     read_ahead_all(core, order)
     for node in range(3):
         head = [s for s in order if core.fetcher.node_of(s) == node][:16]
         assert all(store.position[s] <= i // 4 for i, s in enumerate(head)), [store.position[s] for s in head]
     store = PositionStore(dst, ix)
-    core = Core(ix, store, cache_bytes=ix.total_bytes, per_node=4, batch=16)
+    core = Core(ix, store, MountConfig(cache_bytes=ix.total_bytes, per_node=4, batch=16))
     order = [s for s in order if core.fetcher.node_of(s) == 0][:8]
     read_ahead_all(core, order)
     assert core.statistics()["backend_samples"] == 8

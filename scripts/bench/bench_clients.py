@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 
-from common import REPO, commit as common_commit
+from common import REPO, JsonLines, commit as common_commit
 
 from fusefs.pack import pack
 from testkit.gluster import GLUSTER_SH, GMNT, copy_tree, drop_caches
@@ -63,7 +63,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2, help="runs of each reader, in turn (default 2)")
     p.add_argument("--out", default=os.path.join(REPO, "out", "bench_clients"))
     p.add_argument("--also-options", metavar="ARGS", help="mount arguments of a second fusefs, side by side")
+    JsonLines.argument(p, "bench_clients")
     a = p.parse_args()
+    lines = JsonLines(a.results)
     subprocess.run(["bash", GLUSTER_SH, "up", "--delay-ms", str(a.delay_ms)], check=True, capture_output=True)
     os.makedirs(a.out, exist_ok=True)
     src = os.path.join(a.out, f"src-{a.files}")
@@ -96,6 +98,11 @@ def main() -> int:
                      f"{n / row[f'tar_{name}']['wall_s']:4.0f} (digest {'agrees' if same else 'DIFFERS'})")
         res["rounds"].append(row)
         print(f"files/s, {line}", flush=True)
+        for key, got in row.items():
+            reader, system = key.split("_", 1)
+            lines.write(bench="bench_clients", round=len(res["rounds"]), files=n, delay_ms=a.delay_ms,
+                        reader=reader, system=system, files_per_s=round(n / got["wall_s"], 1),
+                        digest_agrees=None if reader != "tar" else got["sha256"] == row["tar_loose"]["sha256"])
     with open(os.path.join(a.out, "bench_clients.json"), "w") as f:
         json.dump(res, f, indent=1)
     print(f"saved {a.out}/bench_clients.json (commit {commit})")

@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from common import REPO
+from common import REPO, JsonLines
 
 from testkit import gluster as testbed
 from fusefs.index import INDEX_NAME, ChunkInfo, Index
@@ -143,7 +143,9 @@ def main() -> int:
     p.add_argument("--src", help="use this ImageFolder instead of generating one")
     p.add_argument("--out", default=os.path.join(REPO, "out", "bench_mount"))
     p.add_argument("--keep", action="store_true", help="keep the generated data")
+    JsonLines.argument(p, "bench_mount")
     a = p.parse_args()
+    lines = JsonLines(a.results)
     os.makedirs(a.out, exist_ok=True)
     results: dict = {}
 
@@ -151,6 +153,7 @@ def main() -> int:
     results["index"] = ix = bench_index(a.index_samples, a.out)
     print(f"  file {ix['index_bytes'] / 1e6:.0f} MB; load {ix['load_s']:.2f} s; RSS {ix['rss_before_mb']:.0f} MB "
           f"before, {ix['rss_after_mb']:.0f} MB after (+{ix['rss_added_mb']:.0f} MB)")
+    lines.write(bench="bench_mount", part="index", samples=a.index_samples, **ix)
     os.unlink(os.path.join(a.out, INDEX_NAME))
 
     src = a.src or os.path.join(a.out, "src")
@@ -166,6 +169,7 @@ def main() -> int:
     r = pack(src, dst)
     results["pack"] = {"files": r.files, "bytes": r.bytes, "chunks": r.chunks, "seconds": r.seconds,
                        "mb_per_s": r.mb_per_s}
+    lines.write(bench="bench_mount", part="pack", **results["pack"])
     print(f"  {r.files:,} files, {r.bytes / 1e9:.2f} GB, {r.chunks} chunks in {r.seconds:.1f} s: {r.mb_per_s:.0f} MB/s")
 
     index = Index.load(os.path.join(dst, INDEX_NAME))
@@ -181,6 +185,7 @@ def main() -> int:
             through = read_rate(mnt, rels, procs)
         results["read"].append({"readers": procs, "source_files_s": direct, "mount_files_s": through,
                                 "ratio": through / direct})
+        lines.write(bench="bench_mount", part="read", files=index.n_files, **results["read"][-1])
         print(f"  {procs} reader(s): source {direct:8.0f}   mount {through:8.0f}   mount/source {through / direct:.2f}")
 
     with open(os.path.join(a.out, "bench_mount.json"), "w") as f:

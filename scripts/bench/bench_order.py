@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 
-from common import REPO, CpuMeter, commit as common_commit, cpu_seconds, pids_named
+from common import REPO, CpuMeter, JsonLines, commit as common_commit, cpu_seconds, pids_named
 
 from fusefs.pack import pack
 from testkit.synth import make_imagefolder
@@ -148,7 +148,9 @@ def main() -> int:
     p.add_argument("--delay-ms", type=float, default=2.0)
     p.add_argument("--out", default=os.path.join(REPO, "out", "bench_order"))
     p.add_argument("--settings", default="abcdefr", help="which settings to run (default abcdefr)")
+    JsonLines.argument(p, "bench_order")
     a = p.parse_args()
+    lines = JsonLines(a.results)
     os.makedirs(a.out, exist_ok=True)
     src = os.path.join(a.out, f"src-{a.files}")
     local_packed = os.path.join(a.out, f"packed_local-{a.files}")
@@ -201,6 +203,7 @@ def main() -> int:
         res["index_bytes"] = index_bytes
         row = summarize(name, res)
         rows.append(row)
+        lines.write(bench="bench_order", files=a.files, delay_ms=a.delay_ms, probe=probe, **row)
         rates = " / ".join(f"{x:.0f}" for x in row["samples_per_s"])
         extra = ""
         if "hit_ratio_after_first_batch" in row:

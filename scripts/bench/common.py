@@ -19,6 +19,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if os.path.join(REPO, "scripts") not in sys.path:
     sys.path.insert(1, os.path.join(REPO, "scripts"))
 WORKLOADS = os.path.join(REPO, "scripts", "workloads")
+# the benchmarks' figures, JSON lines (docs/BENCHMARKS.md's tables are generated from them:
+# tables.py)
+RESULTS = os.path.join(REPO, "scripts", "bench", "results")
 
 
 def git(*args: str) -> str:
@@ -55,12 +58,23 @@ class JsonLines:
         self.path = path
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.context = {"commit": commit(), "machine": machine(),
-                        "command": " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])}
+                        "command": " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]]),
+                        "started": utc_now()}  # (the rows of one run share it)
+
+    @staticmethod
+    def argument(parser, name: str) -> None:
+        """The benchmark's --results option: where its JSON lines go (default
+        scripts/bench/results/NAME.jsonl, which docs/BENCHMARKS.md's tables come from)."""
+        parser.add_argument("--results", default=os.path.join(RESULTS, f"{name}.jsonl"),
+                            help="append the figures to this file as JSON lines (default %(default)s)")
 
     def write(self, **row) -> None:
-        date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         with open(self.path, "a") as f:
-            f.write(json.dumps({**row, **self.context, "date": date}) + "\n")
+            f.write(json.dumps({**row, **self.context, "date": utc_now()}) + "\n")
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def run_trainer(script: str, args: list[str], show=None, python: str = "/usr/bin/python3") -> list[dict]:

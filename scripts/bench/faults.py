@@ -30,7 +30,7 @@ import sys
 
 import xxhash
 
-import common  # noqa: F401  (puts scripts/ on sys.path, for testkit)
+from common import JsonLines  # (importing common puts scripts/ on sys.path, for testkit)
 
 from fusefs.pack import pack
 from testkit.synth import make_imagefolder
@@ -49,7 +49,9 @@ def main() -> int:
     p.add_argument("--files", type=int, default=2000)
     p.add_argument("--out", default=os.path.join(REPO, "out", "faults"))
     p.add_argument("--scenarios", default="errors-1%,errors-10%,errors-50%,brick-kill")
+    JsonLines.argument(p, "faults")
     a = p.parse_args()
+    lines = JsonLines(a.results)
     os.makedirs(a.out, exist_ok=True)
     sh("bash", GLUSTER_SH, "up")
     src = os.path.join(a.out, f"src-{a.files}")
@@ -77,6 +79,7 @@ def main() -> int:
             raise SystemExit(f"unknown scenario {name}")
         res["failed"] = len(res["failed"])
         results[name] = res
+        lines.write(bench="faults", scenario=name, files=len(rels), **res)
         print(f"{name:<11} served {res['served']}/{len(rels)}, EIO {res['eio']}, wrong bytes "
               f"{res['wrong']}, backend requests {res['requests']}, injected at the bricks "
               f"{res.get('injected', '-')}, errors seen {res['backend_errors']}, "

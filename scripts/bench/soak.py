@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from common import REPO
+from common import REPO, JsonLines
 
 from fusefs.index import INDEX_NAME, Index
 from testkit.mounts import running_mount
@@ -54,7 +54,9 @@ def main() -> int:
     p.add_argument("--cache-size", default="10%")
     p.add_argument("--kill-every", type=float, default=2.0, help="mean seconds between kills")
     p.add_argument("--out", default=os.path.join(REPO, "out", "soak"))
+    JsonLines.argument(p, "soak")
     a = p.parse_args()
+    lines = JsonLines(a.results)
     os.makedirs(a.out, exist_ok=True)
     ix = Index.load(os.path.join(a.dst, INDEX_NAME))
     paths = [ix.file_path(i) for i in range(ix.n_files)]
@@ -123,6 +125,8 @@ def main() -> int:
           f"EIO {res['eio']}")
     with open(os.path.join(a.out, "soak.json"), "w") as f:
         json.dump(res, f)
+    lines.write(bench="soak", samples_per_epoch=ix.n_files, cache_size=a.cache_size,
+                **{k: v for k, v in res.items() if k != "samples"})
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -3,9 +3,12 @@ scripts/bench/results/: each table sits between `<!-- generated: NAME -->` and
 `<!-- end generated -->`, and this script rewrites what is between (--check: exit 1 if the
 docs differ from what it would write, and say which table).
 
-Tables: gpu-node (bench_node on the GPU node: loose files, fusefs and the minimal C daemon
-by loader and workers), gpu-hybrid (bench_hybrid's summaries) and gpu-swap (bench_swap's
-rows, or the exit status of its part where it did not finish).
+Tables: mount (bench_mount: index, pack, random reads), order (bench_order: the settings
+on the GlusterFS test bed), clients (bench_clients: fio and tar), faults (faults.py), soak
+(soak.py), each from the benchmark's last run (its rows share `started`); gpu-node
+(bench_node on the GPU node: loose files, fusefs and the minimal C daemon by loader and
+workers), gpu-hybrid (bench_hybrid's summaries) and gpu-swap (bench_swap's rows, or the exit
+status of its part where it did not finish).
 
 usage: .venv/bin/python scripts/bench/tables.py [--check]
 """
@@ -24,8 +27,132 @@ DOC = os.path.join(REPO, "docs", "BENCHMARKS.md")
 
 
 def load(name: str) -> list[dict]:
-    with open(os.path.join(RESULTS, name)) as f:
+    path = os.path.join(RESULTS, name)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def last_run(rows: list[dict], bench: str) -> list[dict]:
+    """The rows of the benchmark's last run (the latest `started`)."""
+    rows = [r for r in rows if r.get("bench") == bench]
+    if not rows:
+        return []
+    started = max(r["started"] for r in rows)
+    return [r for r in rows if r["started"] == started]
+
+
+def slashed(xs, fmt="{:,.0f}") -> str:
+    return " / ".join(fmt.format(x) for x in xs)
+
+
+def not_measured(bench: str) -> str:
+    return f"(not measured yet: run scripts/bench/{bench}.py)"
+
+
+def mount(rows: list[dict]) -> str:
+    run = last_run(rows, "bench_mount")
+    if not run:
+        return not_measured("bench_mount")
+    out = ["| what | figure | commit, date |", "| --- | --- | --- |"]
+    for r in run:
+        if r["part"] == "pack":
+            out.append(f"| pack, {r['files']:,} JPEGs ({r['bytes'] / 1e9:.2f} GB) | {r['mb_per_s']:,.0f} MB/s "
+                       f"({r['seconds']:.1f} s) | {where(r)} |")
+        elif r["part"] == "index":
+            out.append(f"| index of {r['samples']:,} samples | {r['index_bytes'] / 1e6:.0f} MB file, loads in "
+                       f"{r['load_s']:.2f} s, +{r['rss_added_mb']:.0f} MB RSS | {where(r)} |")
+        else:
+            out.append(f"| random-order reads, {r['readers']} reader(s): source folder / mount | "
+                       f"{r['source_files_s']:,.0f} / {r['mount_files_s']:,.0f} files/s ({r['ratio']:.2f}x) "
+                       f"| {where(r)} |")
+    return "\n".join(out)
+
+
+ORDER_NOTES = {"a": "", "r": "the peer a user would pick; shuffled, no hints", "d": "epoch 2 from the daemon's cache"}
+
+
+def order(rows: list[dict]) -> str:
+    run = last_run(rows, "bench_order")
+    if not run:
+        return not_measured("bench_order")
+    out = ["| setting | samples/s, epoch 1 / 2 | CPU us per sample: daemon / loader / GlusterFS client / bricks "
+           "| cores busy | backend requests per sample | reads that waited, epoch 1 / 2 | daemon peak RSS / cache budget "
+           "| commit, date |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in run:
+        c = r["cpu_us_per_sample"]
+        daemon = f"{r['daemon_cpu_us_per_sample']:,.0f}" if "daemon_cpu_us_per_sample" in r else "-"
+        client = "-" if r["setting"][0] in "df" else f"{c['glusterfs_client']:,.0f}"
+        bricks = "-" if r["setting"][0] in "df" else f"{c['bricks']:,.0f}"
+        rate = slashed(r["samples_per_s"])
+        if r["setting"][0] == "c":
+            rate = f"**{rate}**"
+        reqs = f"{r['backend_requests_per_sample']:.2f}" if "backend_requests_per_sample" in r else "-"
+        waited = slashed(r["reads_that_waited"]) if "reads_that_waited" in r else "-"
+        rss = (f"{r['daemon_peak_rss'] / 1e6:,.0f} / {r['cache_budget'] / 1e6:,.0f} MB" if "cache_budget" in r
+               else (f"{r['daemon_peak_rss'] / 1e6:,.0f} MB / -" if "daemon_peak_rss" in r else "-"))
+        out.append(f"| {r['setting']} | {rate} | {daemon} / {c['loader']:,.0f} / {client} / {bricks} "
+                   f"| {100 * r['machine_busy']:.0f}% | {reqs} | {waited} | {rss} | {where(r)} |")
+    by = {r["setting"][0]: r for r in run}
+    ratios = []
+    for other in "ar":
+        if "c" in by and other in by:
+            ratios.append(f"c/{other} = " + slashed([x / y for x, y in zip(by["c"]["samples_per_s"],
+                                                                         by[other]["samples_per_s"])], "{:.2f}"))
+    if ratios:
+        out += ["", f"{' and '.join(ratios)} (epoch 1 / 2); {run[0]['files']:,} files, "
+                    f"{run[0]['delay_ms']:g} ms per operation ({run[0]['probe']})."]
+    return "\n".join(out)
+
+
+def clients(rows: list[dict]) -> str:
+    run = last_run(rows, "bench_clients")
+    if not run:
+        return not_measured("bench_clients")
+    systems = list(dict.fromkeys(r["system"] for r in run))
+    out = ["| reader | " + " | ".join("loose files" if s == "loose" else s for s in systems)
+           + " | tar digests equal | commit, date |", "| --- |" + " --- |" * (len(systems) + 2)]
+    for reader, what in (("fio", "`fio --opendir --rw=randread --bs=128k --file_service_type=random`"),
+                         ("tar", "`tar --sort=name -cf - . \\| sha256sum`")):
+        got = [r for r in run if r["reader"] == reader]
+        if not got:
+            continue
+        cells = [slashed([r["files_per_s"] for r in got if r["system"] == s]) for s in systems]
+        agree = all(r["digest_agrees"] for r in run if r["reader"] == "tar")
+        out.append(f"| {what} | " + " | ".join(cells) + f" | {'yes' if agree else 'NO'} | {where(got[0])} |")
+    return "\n".join(out)
+
+
+def faults(rows: list[dict]) -> str:
+    run = last_run(rows, "faults")
+    if not run:
+        return not_measured("faults")
+    out = ["| scenario | served | EIO | wrong bytes | backend requests | errors seen | retries | recovery "
+           "| median read before / after the fault, ms (served / EIO) | commit, date |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in run:
+        rec = "-" if r["scenario"].startswith("errors") or r.get("recovery_s") is None else f"{r['recovery_s']:.2f} s"
+        after = f"{r['read_ms_after_ok']} / {r['read_ms_after_eio']}"
+        out.append(f"| {r['scenario']} | {r['served']} | {r['eio']} | {r['wrong']} | {r['requests']} "
+                   f"| {r['backend_errors']} | {r['retries']} | {rec} | {r['read_ms_before']} / {after} "
+                   f"| {where(r)} |")
+    return "\n".join(out)
+
+
+def soak(rows: list[dict]) -> str:
+    run = last_run(rows, "soak")
+    if not run:
+        return not_measured("soak")
+    r = run[-1]
+    return "\n".join([
+        "| epochs | samples per epoch | readers killed | daemon RSS peak (first half / second half) "
+        "| cache budget + index | EIO | open handles at the end | commit, date |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {r['epochs']} | {r['samples_per_epoch']:,} | {r['kills']} | {r['rss_peak'] / 1e6:.0f} MB "
+        f"({r['rss_first_half_max'] / 1e6:.0f} / {r['rss_second_half_max'] / 1e6:.0f}) "
+        f"| {r['budget'] / 1e6:.0f} + {r['index_bytes'] / 1e6:.1f} MB | {r['eio']} | {r['open_handles_at_end']} "
+        f"| {where(r)} |"])
 
 
 def mean(xs) -> float:
@@ -94,7 +221,9 @@ def gpu_swap(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-TABLES = {"gpu-node": (gpu_node, "gpu-node.jsonl"), "gpu-hybrid": (gpu_hybrid, "gpu-node.jsonl"),
+TABLES = {"mount": (mount, "bench_mount.jsonl"), "order": (order, "bench_order.jsonl"),
+          "clients": (clients, "bench_clients.jsonl"), "faults": (faults, "faults.jsonl"),
+          "soak": (soak, "soak.jsonl"), "gpu-node": (gpu_node, "gpu-node.jsonl"), "gpu-hybrid": (gpu_hybrid, "gpu-node.jsonl"),
           "gpu-swap": (gpu_swap, "gpu-node.jsonl")}
 
 
