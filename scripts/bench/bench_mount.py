@@ -153,7 +153,7 @@ def main() -> int:
     results["index"] = ix = bench_index(a.index_samples, a.out)
     print(f"  file {ix['index_bytes'] / 1e6:.0f} MB; load {ix['load_s']:.2f} s; RSS {ix['rss_before_mb']:.0f} MB "
           f"before, {ix['rss_after_mb']:.0f} MB after (+{ix['rss_added_mb']:.0f} MB)")
-    lines.write(bench="bench_mount", part="index", samples=a.index_samples, **ix)
+    lines.write(bench="bench_mount", part="index", **ix)
     os.unlink(os.path.join(a.out, INDEX_NAME))
 
     src = a.src or os.path.join(a.out, "src")

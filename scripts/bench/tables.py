@@ -133,9 +133,10 @@ def faults(rows: list[dict]) -> str:
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in run:
         rec = "-" if r["scenario"].startswith("errors") or r.get("recovery_s") is None else f"{r['recovery_s']:.2f} s"
-        after = f"{r['read_ms_after_ok']} / {r['read_ms_after_eio']}"
+        ms = lambda x: "-" if x is None else f"{x:.2f}"
+        after = f"{ms(r['read_ms_after_ok'])} / {ms(r['read_ms_after_eio'])}"
         out.append(f"| {r['scenario']} | {r['served']} | {r['eio']} | {r['wrong']} | {r['requests']} "
-                   f"| {r['backend_errors']} | {r['retries']} | {rec} | {r['read_ms_before']} / {after} "
+                   f"| {r['backend_errors']} | {r['retries']} | {rec} | {ms(r['read_ms_before'])} / {after} "
                    f"| {where(r)} |")
     return "\n".join(out)
 
