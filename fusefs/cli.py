@@ -108,8 +108,7 @@ def cmd_mount(a) -> int:
             print(f"fusefs mount: {a.mnt} was a dead mount (its daemon had died): cleared it",
                   file=sys.stderr)
         argv = [x for x in a.argv if x not in ("--background", "-b")]
-        log_path = a.log or os.path.join("/tmp", f"fusefs-{os.getuid()}-{os.path.basename(os.path.abspath(a.mnt))}.log")
-        return start_background(argv, a.mnt, log_path)
+        return start_background(argv, a.mnt, a.log)
     for line in missing_native():
         logging.getLogger("fusefs").warning(line)
     index, store = open_dataset(a.dst, a.retries, willneed=a.willneed)  # refuses a broken dataset before mounting
@@ -164,7 +163,7 @@ def mount_config(a, dataset_bytes: int) -> MountConfig:
             if a.local_cache_size is None else parse_size(a.local_cache_size, whole=dataset_bytes)
     return MountConfig(cache_bytes=cache, static_bytes=parse_size(a.static_cache, whole=cache),
                        readahead=None if a.readahead is None else parse_size(a.readahead, whole=cache),
-                       per_node=a.per_node, batch=a.batch, retries=a.retries,
+                       per_node=a.per_node, batch=a.batch, retries=a.retries, io_timeout=a.io_timeout,
                        kernel_cache=a.kernel_cache, willneed=a.willneed,
                        fast_path=a.fast_path,
                        control_gid=parse_group(a.control_group), local_dir=a.local_cache,
@@ -296,8 +295,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "by default only the user who mounted (and root) may")
     s.add_argument("--retries", type=int, default=DEFAULTS.retries,
                    help="retries of a failed backend read, with doubling backoff from 0.1 s "
-                        f"(default {DEFAULTS.retries}: a read gives up after about 1.5 s; the index, read once at "
-                        "start, gets at least 16)")
+                        f"(default {DEFAULTS.retries}; the index, read once at start, gets at least 16)")
+    s.add_argument("--io-timeout", type=float, default=DEFAULTS.io_timeout, metavar="SECONDS",
+                   help="how long a read waits for a storage node that does not answer before it "
+                        f"gets EIO (default {DEFAULTS.io_timeout:g}, like an NFS hard mount within a bound; "
+                        "0: give up after --retries, about 1.5 s, like NFS soft); reads from "
+                        "the other nodes go on meanwhile")
     s.add_argument("--kernel-cache", action=argparse.BooleanOptionalAction, default=DEFAULTS.kernel_cache,
                    help="push samples into the kernel page cache as they are fetched "
                         "(notify_store), so their reads never reach the daemon (default on)")
@@ -314,7 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: no HTTP server)")
     s.add_argument("--metrics-address", default=DEFAULTS.metrics_address, metavar="ADDR",
                    help=f"address of the metrics server (default {DEFAULTS.metrics_address})")
-    s.add_argument("--log", help="log file with --background (default /tmp/fusefs-UID-NAME.log)")
+    s.add_argument("--log", help="log file with --background (default: /run/fusefs/NAME-HASH.log for root, else "
+                        "$XDG_RUNTIME_DIR/fusefs or ~/.cache/fusefs; one file per mount point)")
     s.set_defaults(func=cmd_mount, parser=s)
 
     s = sub.add_parser("umount", help="unmount a fusefs mount")

@@ -21,6 +21,7 @@ class MountConfig:
     per_node: int = 4                 # backend requests in flight per storage node
     batch: int = 16                   # samples per backend request
     retries: int = 4                  # of a failed backend read (doubling backoff from 0.1 s)
+    io_timeout: float = 300.0         # s a read waits for a node that does not answer (0: soft)
     kernel_cache: bool = True         # push fetched samples into the kernel page cache
     fast_path: bool = True            # opens and releases answered in C (needs the fast patch)
     willneed: bool = True             # posix_fadvise WILLNEED a request's reads at once
@@ -39,6 +40,8 @@ class MountConfig:
         if self.static_bytes > self.cache_bytes:
             raise ConfigError(f"the static cache ({self.static_bytes} bytes) is more than the cache "
                               f"budget ({self.cache_bytes} bytes)")
+        if not self.io_timeout >= 0:
+            raise ConfigError(f"io-timeout must not be negative, got {self.io_timeout}")
         if self.readahead is not None and self.readahead < 0:
             raise ConfigError(f"readahead must not be negative, got {self.readahead}")
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:

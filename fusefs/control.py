@@ -7,6 +7,13 @@ fails the writer's fsync and changes nothing, or else when the writer's file is 
 (after close(); an invalid write is then refused in the log and the stats only). There is
 no flush: the daemon answers none, so the kernel stops sending one at every close of every
 dataset file (a round trip per sample saved).
+
+Limits: a write past the largest valid order for the dataset (order.size_limit) is EFBIG at
+once, and the bytes buffered by all write handles together are capped at two such orders
+(EFBIG too); for users other than root and the daemon's, the stats and metrics texts are
+rendered at most every RENDER_EVERY seconds, however often they are opened. Who may read what: the stats, metrics and chunk table are
+public; the ids (every sample's path) and the order files are readable by the daemon's user
+and the control group only, and the order files writable by them only.
 """
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ import errno
 import json
 import os
 import stat
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,7 +30,7 @@ from .client import MAX_RANKS
 from .entries import Attr, FsError, OpenResult
 
 FH_BASE = 1 << 62  # control handles live far above every inode number
-MAX_WRITE = 256 << 20
+RENDER_EVERY = 0.25  # seconds: the stats and metrics are rendered at most this often
 FILES = 4 + MAX_RANKS  # stats, metrics, ids, chunks and the order files: the inodes it takes
 
 
@@ -34,56 +42,74 @@ class ControlHooks:
     chunk_table: Callable[[], bytes]
     set_order: Callable[[int, bytes], None]   # raises FsError(EINVAL) for a bad order
     may_control: Callable[[int | None], bool]  # may this uid write the control files
+    trusted: Callable[[int | None], bool]      # is this uid root or the daemon's user
     control_gid: int | None                    # the group that may, if any
     started: float                             # the daemon's start (the files' mtime)
+    order_limit: int                           # the largest valid order file (order.size_limit)
 
 
 class ControlFile:
     name: bytes = b""
     writable = False
     listed = True
+    private = False  # readable by the daemon's user and the control group only
 
-    def render(self) -> bytes:
+    def render(self, fresh: bool = False) -> bytes:
+        """The file's content for a reader (fresh: a trusted one, see _Throttled)."""
         return b""
 
     def commit(self, data: bytes) -> None:
         raise NotImplementedError
 
 
-class StatsFile(ControlFile):
+class _Throttled(ControlFile):
+    """A text rendered from the statistics at most every RENDER_EVERY seconds for users
+    other than root and the daemon's (render(fresh=True): theirs): another user who opens
+    it in a loop gets the same text again instead of the loop's time."""
+
+    def __init__(self, hooks: ControlHooks):
+        self.hooks = hooks
+        self._text, self._at = b"", -RENDER_EVERY
+
+    def render(self, fresh: bool = False) -> bytes:
+        now = time.monotonic()
+        if fresh or now - self._at >= RENDER_EVERY:
+            self._text, self._at = self.text(self.hooks.statistics()), now
+        return self._text
+
+    def text(self, stats: dict) -> bytes:
+        raise NotImplementedError
+
+
+class StatsFile(_Throttled):
     """`.fusefs/stats`: the daemon's counters as JSON."""
 
     name = client.STATS.encode()
 
-    def __init__(self, hooks: ControlHooks):
-        self.hooks = hooks
-
-    def render(self) -> bytes:
-        return (json.dumps(self.hooks.statistics(), indent=1, sort_keys=True) + "\n").encode()
+    def text(self, stats: dict) -> bytes:
+        return (json.dumps(stats, indent=1, sort_keys=True) + "\n").encode()
 
 
-class MetricsFile(ControlFile):
+class MetricsFile(_Throttled):
     """`.fusefs/metrics`: the same counters in the Prometheus text exposition format."""
 
     name = client.METRICS.encode()
 
-    def __init__(self, hooks: ControlHooks):
-        self.hooks = hooks
-
-    def render(self) -> bytes:
+    def text(self, stats: dict) -> bytes:
         from .metrics import exposition
-        return exposition(self.hooks.statistics())
+        return exposition(stats)
 
 
 class IdsFile(ControlFile):
     """`.fusefs/ids`: every sample's relative path, NUL-terminated; line k is id k."""
 
     name = client.IDS.encode()
+    private = True
 
     def __init__(self, hooks: ControlHooks):
         self.hooks = hooks
 
-    def render(self) -> bytes:
+    def render(self, fresh: bool = False) -> bytes:
         return self.hooks.ids_table()
 
 
@@ -96,7 +122,7 @@ class ChunksFile(ControlFile):
     def __init__(self, hooks: ControlHooks):
         self.hooks = hooks
 
-    def render(self) -> bytes:
+    def render(self, fresh: bool = False) -> bytes:
         return self.hooks.chunk_table()
 
 
@@ -106,6 +132,7 @@ class OrderFile(ControlFile):
     Written whole and committed on close; reading it back gives the order in force."""
 
     writable = True
+    private = True
 
     def __init__(self, hooks: ControlHooks, rank: int):
         self.hooks = hooks
@@ -114,7 +141,7 @@ class OrderFile(ControlFile):
         self.listed = False
         self.current = b""
 
-    def render(self) -> bytes:
+    def render(self, fresh: bool = False) -> bytes:
         return self.current
 
     def commit(self, data: bytes) -> None:
@@ -144,6 +171,7 @@ class ControlNamespace:
         self._slots[client.ORDER.encode()] = self._slots[client.order_name(0).encode()]
         self._handles: dict[int, _Handle] = {}
         self._next_fh = FH_BASE
+        self._buffered = 0  # bytes held by all write handles together
 
     def owns(self, ino: int) -> bool:
         return self.base <= ino <= self.base + len(self.files)
@@ -159,9 +187,13 @@ class ControlNamespace:
     def _attr(self, slot: int):
         f = self.files[slot]
         group = self.hooks.control_gid
-        mode = stat.S_IFREG | ((0o644 if group is None else 0o664) if f.writable else 0o444)
-        return Attr(self.base + 1 + slot, mode, 0, int(self.hooks.started * 1e9), timeout=0.0,
-                    gid=group if f.writable else None)
+        mode = 0o400 | (0o200 if f.writable else 0)  # (the daemon's user)
+        if group is not None and f.private:
+            mode |= mode >> 3  # (the same for the control group)
+        if not f.private:
+            mode |= 0o044
+        return Attr(self.base + 1 + slot, stat.S_IFREG | mode, 0, int(self.hooks.started * 1e9),
+                    timeout=0.0, gid=group if f.private else None)
 
     def _slot(self, ino: int) -> int:
         slot = ino - self.base - 1
@@ -194,7 +226,7 @@ class ControlNamespace:
         writing = bool(flags & (os.O_WRONLY | os.O_RDWR))
         if writing and not (f.writable and self.hooks.may_control(uid)):
             raise FsError(errno.EACCES)
-        content = b"" if writing else f.render()
+        content = b"" if writing else f.render(fresh=self.hooks.trusted(uid))
         fh = self._next_fh
         self._next_fh += 1
         self._handles[fh] = _Handle(f, content, writing)
@@ -213,11 +245,16 @@ class ControlNamespace:
         h = self._handle(fh)
         if h.written is None:
             raise FsError(errno.EBADF)
-        if off + len(data) > MAX_WRITE:
+        end = off + len(data)
+        if end > self.hooks.order_limit:  # (no valid order is this long)
+            raise FsError(errno.EFBIG)
+        grow = max(0, end - len(h.written))
+        if self._buffered + grow > 2 * self.hooks.order_limit:  # (all handles together)
             raise FsError(errno.EFBIG)
         if off > len(h.written):
             h.written.extend(bytes(off - len(h.written)))
-        h.written[off:off + len(data)] = data
+        h.written[off:end] = data
+        self._buffered += grow
         h.dirty = True
         return len(data)
 
@@ -232,6 +269,8 @@ class ControlNamespace:
         """The writer is gone: commit what it wrote and did not fsync (a refusal is logged
         by the file's commit and counted; no one is left to tell)."""
         h = self._handles.pop(fh, None)
+        if h is not None and h.written is not None:
+            self._buffered -= len(h.written)
         if h is not None and h.dirty:
             h.dirty = False
             try:

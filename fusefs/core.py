@@ -61,6 +61,7 @@ FORGOTTEN = RELEASED | READ  # (a released handle never has READ's bit)
 EVENT_BITS = (RELEASED, READ, READ_END, READ_LOST)  # handed to the fast path at its start
 assert SERIAL_WRAP << SID_BITS <= min(RELEASED, READ) and 1 << SID_BITS <= min(READ_END, READ_LOST)
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
+HELD_MIN = 8 << 20  # bytes open handles may keep between reads, at least (else budget / 8)
 
 
 class Stats:
@@ -127,7 +128,7 @@ class Core:
         self.cache = SampleCache(config.cache_bytes, config.static_bytes)
         self.stats = Stats()
         self.fetcher = Fetcher(store, per_node=config.per_node, batch=config.batch,
-                               retries=config.retries, local=local)
+                               retries=config.retries, io_timeout=config.io_timeout, local=local)
         self.reads = Reads(index, store, self.cache, self.policy, self.fetcher, self.stats,
                            local=local, kernel=kernel, ino_base=self.file_base,
                            readahead=config.readahead)
@@ -138,11 +139,16 @@ class Core:
         self.control = ControlNamespace(ControlHooks(
             statistics=self.statistics, ids_table=self.ids_table,
             chunk_table=lambda: index.chunk.astype("<u4").tobytes(), set_order=self.set_order,
-            may_control=self.may_control, control_gid=config.control_gid, started=self.stats.started),
-            self.ctrl_dir)
+            may_control=self.may_control, trusted=self.trusted, control_gid=config.control_gid, started=self.stats.started,
+            order_limit=orderfmt.size_limit(index.n_files)), self.ctrl_dir)
         self._open = 0                       # data files open
         self._serial = 0
-        self._held: dict[int, bytes] = {}   # open file handle -> its sample's bytes, once read
+        # open file handle -> its sample's bytes, kept between its reads (a read that does not
+        # reach the sample's end), together at most held_cap bytes: past it a handle's next
+        # read asks the cache (or the backend) again instead of growing the daemon
+        self._held: dict[int, bytes] = {}
+        self._held_bytes = 0
+        self.held_cap = max(HELD_MIN, config.cache_bytes // 8)
         self._ids_table: bytes | None = None
         # reads.in_kernel: pushed to the kernel and not forgotten since (the kernel drops an
         # inode's pages when it forgets the inode)
@@ -255,12 +261,16 @@ class Core:
             self.in_kernel[sid] = False
 
     # ---- data ------------------------------------------------------------------------
+    def trusted(self, uid: int | None) -> bool:
+        """Whether uid is root or the daemon's user (None: a request from within)."""
+        return uid is None or uid in (0, self.uid)
+
     def may_control(self, uid: int | None) -> bool:
         """Whether the user uid may write the control files: root or the user who mounted
         (None: a request from within). With a control group the files are group-writable and the
         kernel (default_permissions, always on) has already checked the caller's groups,
         supplementary ones included, before the request got here."""
-        return uid is None or uid in (0, self.uid) or self.control_gid is not None
+        return self.trusted(uid) or self.control_gid is not None
 
     def open(self, ino: int, flags: int, uid: int | None = None) -> OpenResult:
         """The hot path: no I/O, no thread, no table entry; the handle carries the sample."""
@@ -330,7 +340,9 @@ class Core:
         data = self._held.get(fh)
         if data is None:  # an open file keeps its bytes, whatever the cache does meanwhile
             data = await self.reads.fetch(sid)
-            self._held[fh] = data
+            if off + size < end and self._held_bytes + len(data) <= self.held_cap and fh not in self._held:
+                self._held[fh] = data
+                self._held_bytes += len(data)
         else:
             self.stats.hits += 1
         out = data[off:off + size]
@@ -356,7 +368,9 @@ class Core:
         self.stats.releases += 1
         self._open -= 1
         if self._held:
-            self._held.pop(fh, None)
+            data = self._held.pop(fh, None)
+            if data is not None:
+                self._held_bytes -= len(data)
         self.use(fh & SID_MASK)
 
     def setattr(self, ino: int, size: int | None, other: bool = False,
@@ -428,7 +442,8 @@ class Core:
     def statistics(self) -> dict:
         """Every part's counters, merged (merge_counters), with what they make together."""
         out = {"samples": self.index.n_files, "dataset_bytes": self.index.total_bytes,
-               "open_handles": self.open_handles, "requests": {}, "fast_path_requests": None,
+               "open_handles": self.open_handles, "held_bytes": self._held_bytes,
+               "requests": {}, "fast_path_requests": None,
                "local_hits": 0, "local": None}
         for part in self.counted:
             merge_counters(out, part.counters())

@@ -22,10 +22,14 @@ without the fast path (docs/HOTPATH.md, "The fast path"); `--no-fast-path` turns
 """
 from __future__ import annotations
 
+import logging
+
 import trio
 
 from . import pyfuse3
 from .control import FH_BASE
+
+log = logging.getLogger("fusefs")
 
 BATCH = 256         # events that wake the loop ...
 DELAY_US = 20_000   # ... or this long after the first of them (each wake-up of the loop
@@ -61,10 +65,15 @@ class FastPath:
             self.answered(memoryview(ev).cast("Q"))
 
     async def run(self) -> None:
-        """Apply the events as they come, until cancelled (in the mount's nursery)."""
+        """Apply the events as they come, until cancelled (in the mount's nursery). An error
+        in applying them is logged and the loop goes on (as the read-ahead's does): it must
+        never end the daemon's event loop, which would leave a dead mount."""
         while True:
             await trio.lowlevel.wait_readable(self.fd)
-            self.catch_up()
+            try:
+                self.catch_up()
+            except Exception:
+                log.exception("applying the fast path's events failed")
 
     @staticmethod
     def counters() -> dict:

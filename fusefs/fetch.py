@@ -13,6 +13,7 @@ import collections
 import errno
 import logging
 import threading
+import time
 
 import numpy as np
 import trio
@@ -21,6 +22,8 @@ from .config import DEFAULTS
 from .store import CorruptSample
 
 log = logging.getLogger("fusefs")
+
+MAX_BACKOFF = 2.0  # seconds between tries of a read waiting for a node (io_timeout)
 
 
 class FetchCancelled(OSError):
@@ -84,15 +87,19 @@ class Fetcher:
     seconds); a corrupt sample is not retried (the bytes will not change). Samples that
     arrive are delivered at once, also while others in the batch are still being retried.
 
-    A node whose reads still fail after all retries is marked down: from then on each
-    request to it is tried once, without backoff, so readers of a dead node fail fast
-    instead of each waiting out the retry budget. The first read that succeeds marks it
-    up again, so a node that comes back is used again without a remount.
+    A node whose reads still fail after all retries is marked down (one log line). With
+    `io_timeout` (seconds, the default), a read of a sample on a node that does not answer
+    waits for it: it is tried again every few seconds (the backoff capped at MAX_BACKOFF)
+    until it succeeds or io_timeout has passed since its first failure, and only then gets
+    EIO, while the other nodes' reads go on. With io_timeout 0, a down node's requests are
+    tried once, without backoff, so its readers fail fast (as an NFS soft mount). The first
+    read that succeeds marks the node up again (one log line, with what waited and what
+    failed meanwhile), so a node that comes back is used again without a remount.
     """
 
     def __init__(self, store, *, per_node: int = DEFAULTS.per_node, batch: int = DEFAULTS.batch,
                  max_gap: int = 256 << 10, retries: int = DEFAULTS.retries, backoff: float = 0.1,
-                 local=None):
+                 io_timeout: float = DEFAULTS.io_timeout, local=None):
         self.store = store
         self.local = local  # a LocalTier looked in before the backend, or None
         # sid -> bytes while a worker thread pushes them. A push waits for the locks of the
@@ -110,6 +117,8 @@ class Fetcher:
         self.max_gap = max_gap
         self.retries = retries
         self.backoff = backoff
+        self.io_timeout = io_timeout
+        self.max_backoff = MAX_BACKOFF
         # a node's own slots are per_node; the read-ahead may lend it idle ones of other
         # nodes up to max_per_node (Prefetcher.dispatch)
         self.max_per_node = 2 * per_node
@@ -118,6 +127,8 @@ class Fetcher:
         self.busy = [0] * len(self.node_names)  # batches started and not finished, per node
         self.node_stats = [dict(requests=0, reads=0, samples=0, bytes=0, errors=0, retries=0,
                                 failed_samples=0, down=False) for _ in self.node_names]
+        # per node while it is down: (when, retries, failed_samples) at its going down
+        self._down_since: dict[int, tuple[float, int, int]] = {}
 
     def node_of(self, sid: int) -> int:
         return self._chunk_node_v[self._chunk_v[sid]]
@@ -197,7 +208,7 @@ class Fetcher:
                         pushing.pop(sid, None)
 
         try:
-            todo, attempt = sids, 0
+            todo, attempt, first_failure = sids, 0, None
             while todo:
                 try:
                     results, local = await trio.to_thread.run_sync(
@@ -219,16 +230,25 @@ class Fetcher:
                     self._set_down(node, False)
                 elif failed and (attempt >= self.retries or stats["down"]):
                     self._set_down(node, True, results[failed[0]])
-                retry = failed if attempt < self.retries and not stats["down"] else []
+                now = trio.current_time()
+                if failed and first_failure is None:
+                    first_failure = now
+                # wait for the node while within io_timeout of the first failure
+                patient = bool(failed) and now - first_failure < self.io_timeout
+                retry = failed if patient or (attempt < self.retries and not stats["down"]) else []
                 for sid in todo:
                     if sid not in retry and sid in pendings:  # (not delivered on arrival)
                         finish(sid, results[sid])
                 if retry:
                     stats["retries"] += len(retry)
-                    log.warning("node %s: %d sample(s) failed (%s), retry %d of %d",
-                                self.node_names[node], len(retry), results[retry[0]],
-                                attempt + 1, self.retries)
-                    await trio.sleep(self.backoff * 2 ** attempt)
+                    if not stats["down"]:  # (a node marked down is silent until it answers)
+                        log.warning("node %s: %d sample(s) failed (%s), retry %d of %d",
+                                    self.node_names[node], len(retry), results[retry[0]],
+                                    attempt + 1, self.retries)
+                    delay = min(self.backoff * 2 ** attempt, self.max_backoff)
+                    if patient:
+                        delay = max(0.0, min(delay, first_failure + self.io_timeout - now))
+                    await trio.sleep(delay)
                 todo, attempt = retry, attempt + 1
         finally:  # also when cancelled: waiters must never hang
             self.busy[node] -= 1
@@ -250,15 +270,29 @@ class Fetcher:
         return results, got.keys()
 
     def _set_down(self, node: int, down: bool, error=None) -> None:
+        """Mark the node down or up, with one log line each (up: how long it was down, and
+        what waited for it and what failed meanwhile)."""
         stats = self.node_stats[node]
         if stats["down"] == down:
             return
         stats["down"] = down
+        name = self.node_names[node]
         if down:
-            log.error("node %s marked down after %d retries (%s): its reads fail at once "
-                      "until one succeeds", self.node_names[node], self.retries, error)
-        else:
-            log.warning("node %s answers again", self.node_names[node])
+            self._down_since[node] = (time.monotonic(), stats["retries"], stats["failed_samples"])
+            if self.io_timeout > 0:
+                log.error("node %s does not answer (%s): marked down; reads of its samples wait "
+                          "for it up to %g s", name, error, self.io_timeout)
+            else:
+                log.error("node %s marked down after %d retries (%s): its reads fail at once "
+                          "until one succeeds", name, self.retries, error)
+            return
+        since, retries, failed = self._down_since.pop(node, (time.monotonic(), 0, 0))
+        log.warning("node %s answers again after %.1f s down: %d retries while it was down, "
+                    "%d sample(s) failed", name, time.monotonic() - since,
+                    stats["retries"] - retries, stats["failed_samples"] - failed)
+
+    def is_down(self, node: int) -> bool:
+        return self.node_stats[node]["down"]
 
     def counters(self) -> dict:
         total = {f"backend_{k}": sum(n[k] for n in self.node_stats)

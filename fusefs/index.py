@@ -41,6 +41,7 @@ INDEX_NAME = "index.fusefs"
 CONTROL_NAME = CONTROL.encode()  # the mount's hidden control folder: no packed entry at the root may use it
 _HEAD = struct.Struct("<8sIIQQ")
 _ALIGN = 64
+MAX_CHUNK_BYTES = 1 << 48  # a chunk's size (and sample count) beyond this is refused
 
 # name -> dtype of every array, per file (sample) and per directory.
 FILE_ARRAYS = {
@@ -53,6 +54,7 @@ DIR_ARRAYS = {
     "dir_mtime_ns": "<i8", "dir_mode": "<u4", "dir_first_file": "<u8",
     "dir_nfiles": "<u8", "dir_first_sub": "<u4", "dir_nsubs": "<u4",
 }
+ARRAY_DTYPES = {**FILE_ARRAYS, **DIR_ARRAYS, "names": "|u1"}  # every array of the file, by its type
 
 
 class IndexFormatError(UserError, ValueError):
@@ -95,25 +97,39 @@ class Index:
                 raise IndexFormatError(f"array {key} has {len(getattr(self, key))} entries, expected {d}")
         if d == 0:
             raise IndexFormatError("no root directory")
-        if n and int((self.file_name_off + self.file_name_len).max()) > len(self.names):
+        names = len(self.names)
+        if n and (int(self.file_name_off.max()) > names
+                  or int((self.file_name_off + self.file_name_len).max()) > names):
             raise IndexFormatError("a file name lies outside the name table")
-        if int((self.dir_name_off + self.dir_name_len).max()) > len(self.names):
+        if int(self.dir_name_off.max()) > names or int((self.dir_name_off + self.dir_name_len).max()) > names:
             raise IndexFormatError("a directory name lies outside the name table")
+        if (n and int(self.mode.max()) > 0o7777) or int(self.dir_mode.max()) > 0o7777:
+            raise IndexFormatError("a mode holds more than permission bits")
         if self.dir_parent[0] != -1 or (d > 1 and not np.all(
                 (self.dir_parent[1:] >= 0) & (self.dir_parent[1:] < np.arange(1, d)))):
             raise IndexFormatError("directory parents are not a breadth-first tree")
-        if np.any(self.dir_first_file + self.dir_nfiles > n) or \
+        if np.any(self.dir_first_file > n) or np.any(self.dir_nfiles > n - self.dir_first_file) or \
                 np.any(self.dir_first_sub.astype(np.int64) + self.dir_nsubs > d):
             raise IndexFormatError("a directory's entries lie outside the tables")
         if n and (np.any(self.file_dir >= d)
                   or not np.array_equal(self.dir_first_file[self.file_dir] <= np.arange(n),
                                         np.ones(n, bool))):
             raise IndexFormatError("file parents are inconsistent")
+        # every folder but the root and every file is listed once, in its parent's run: a
+        # listing of the tree ends (a run that held a folder above it would loop)
+        if not _runs_partition(self.dir_first_sub, self.dir_nsubs, self.dir_parent, 1, d):
+            raise IndexFormatError("the folders' runs of subfolders do not match their parents")
+        if not _runs_partition(self.dir_first_file, self.dir_nfiles, self.file_dir, 0, n):
+            raise IndexFormatError("the folders' runs of files do not match the files' folders")
+        for c in self.chunks:
+            if not (0 <= c.size <= MAX_CHUNK_BYTES and 0 <= c.count <= MAX_CHUNK_BYTES):
+                raise IndexFormatError(f"chunk {c.path} has a size or count out of range")
         if n:
             if np.any(self.chunk >= len(self.chunks)):
                 raise IndexFormatError("a sample names a chunk that does not exist")
             ends = np.array([c.size for c in self.chunks], dtype=np.uint64)[self.chunk]
-            if np.any(self.offset + self.size > ends):
+            # (size first: offset + size could wrap around)
+            if np.any(self.size > ends) or np.any(self.offset > ends - self.size):
                 raise IndexFormatError("a sample lies outside its chunk")
         self._check_names()
         for c in self.chunks:
@@ -265,10 +281,22 @@ class Index:
             raise IndexFormatError("metadata fails its checksum")
         try:
             meta = json.loads(blob)
+            if not isinstance(meta, dict) or not isinstance(meta.get("arrays"), dict):
+                raise IndexFormatError("malformed metadata (not an object with arrays)")
+            for key in ("chunks", "classes", "nodes"):
+                if not isinstance(meta.get(key), list):
+                    raise IndexFormatError(f"malformed metadata ({key} is not a list)")
+            if set(meta["arrays"]) != set(ARRAY_DTYPES):
+                raise IndexFormatError("malformed metadata (the arrays are not the index's: "
+                                       f"{sorted(set(meta['arrays']) ^ set(ARRAY_DTYPES))})")
             base = int(meta["base"])
             arrays = {}
             for key, (dtype, length, rel, digest) in meta["arrays"].items():
+                if dtype != ARRAY_DTYPES[key]:
+                    raise IndexFormatError(f"array {key} has type {dtype!r}, not {ARRAY_DTYPES[key]!r}")
                 dt = np.dtype(dtype)
+                if int(length) < 0 or int(rel) < 0:
+                    raise IndexFormatError(f"array {key} has a negative length or offset")
                 start, end = base + int(rel), base + int(rel) + dt.itemsize * int(length)
                 if start < base or end > len(data):
                     raise IndexFormatError(f"truncated (array {key} ends at {end}, file has {len(data)} bytes)")
@@ -276,14 +304,33 @@ class Index:
                 if xxhash.xxh3_64_intdigest(arr) != digest:
                     raise IndexFormatError(f"array {key} fails its checksum")
                 arrays[key] = arr
-            chunks = [ChunkInfo(str(p), int(n), int(s), int(c)) for p, n, s, c in meta["chunks"]]
+            if not all(isinstance(c, list) and len(c) == 4 and isinstance(c[0], str)
+                       and all(type(x) is int for x in c[1:]) for c in meta["chunks"]):
+                raise IndexFormatError("malformed metadata (a chunk is not [path, node, size, count])")
+            chunks = [ChunkInfo(p, n, s, c) for p, n, s, c in meta["chunks"]]
             names = arrays.pop("names").tobytes()
             return cls(arrays, names, [str(c) for c in meta["classes"]], chunks,
                        [str(n) for n in meta["nodes"]])
         except IndexFormatError:
             raise
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
             raise IndexFormatError(f"malformed metadata ({type(e).__name__}: {e})") from None
+
+
+def _runs_partition(first, count, parent_of, lo: int, hi: int) -> bool:
+    """Whether the runs [first[p], first[p] + count[p]) of every folder p together hold each
+    of lo..hi-1 exactly once, and each member's parent_of is the folder whose run holds it."""
+    count = count.astype(np.int64)
+    if int(count.sum()) != hi - lo:
+        return False
+    owner = np.repeat(np.arange(len(count)), count)
+    within = np.arange(hi - lo) - np.repeat(np.cumsum(count) - count, count)
+    members = np.repeat(first.astype(np.int64), count) + within
+    if len(members) and (members.min() < lo or members.max() >= hi):
+        return False
+    seen = np.zeros(hi - lo, dtype=bool)
+    seen[members - lo] = True
+    return bool(seen.all()) and bool(np.all(parent_of[members] == owner))
 
 
 def _align(x: int) -> int:

@@ -20,13 +20,24 @@ what is there (no churn). The core sets priorities from the order: its importanc
 when it carries them, else how soon the order needs the sample (see Core._tier_priorities).
 
 Reads (`read_many`) run in the fetch worker threads, never on the event loop.
+
+Trust: the daemon often runs as root, and DIR may lie where other users create folders
+(/dev/shm). DIR must be the daemon's user's own folder that no one else may write, and so
+must every folder above it be (root's or the user's, or sticky like /tmp), none of them a
+symbolic link: otherwise the mount is refused, naming the folder. DIR is opened once and
+everything in it is reached from that descriptor (openat) without following symbolic
+links; only regular files are read (a FIFO or device is never opened for reading in a
+way that blocks), and what the tier makes is 0700 (folders) and 0600 (files): a cached
+sample is readable by the daemon's user only, whatever the dataset file's mode.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
 import queue
+import stat
 import threading
 import time
 
@@ -44,24 +55,108 @@ class LocalTierError(UserError):
     """DIR cannot be used (in use by another mount, not writable)."""
 
 
+NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW
+
+
+def _check_parents(path: str) -> None:
+    """Refuse a path through a folder that someone other than root or this user may change
+    (owned by another user, or writable by others without the sticky bit), or through a
+    symbolic link."""
+    me = os.geteuid()
+    parts = path.split(os.sep)
+    for k in range(2, len(parts)):
+        parent = os.sep.join(parts[:k]) or os.sep
+        try:
+            st = os.lstat(parent)
+        except FileNotFoundError:
+            return  # (made below, by this user)
+        if stat.S_ISLNK(st.st_mode):
+            raise LocalTierError(f"local cache {path}: {parent} is a symbolic link; give the "
+                                 "folder's real path")
+        if st.st_uid not in (0, me):
+            raise LocalTierError(f"local cache {path}: {parent}: owned by uid {st.st_uid}, who could "
+                                 "swap what lies below it; use a folder of your own (mkdir -m 700)")
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise LocalTierError(f"local cache {path}: {parent} is writable by others; use a folder "
+                                 "that only you can change")
+
+
+def _own_folder(path: str, name: str, parent_fd: int | None = None, replace: bool = False) -> int:
+    """An open descriptor of folder `name` (in parent_fd, or the absolute path), made 0700
+    if missing; it must be a real folder of this user that others may not write (replace:
+    anything else in its place is removed and the folder made; else refused)."""
+    for attempt in (0, 1):
+        try:
+            fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+        except FileNotFoundError:
+            try:
+                os.mkdir(name, 0o700, dir_fd=parent_fd)
+            except FileExistsError:
+                pass
+            continue
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            if not replace or attempt:
+                try:
+                    link = stat.S_ISLNK(os.lstat(name, dir_fd=parent_fd).st_mode)
+                except OSError:
+                    link = False
+                what = "a symbolic link" if link else "not a folder"
+                raise LocalTierError(f"local cache {path}: {name} is {what}") from None
+            os.unlink(name, dir_fd=parent_fd)  # (in the tier's own folder: made by this user)
+            continue
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            os.close(fd)
+            if st.st_uid != os.geteuid():
+                raise LocalTierError(f"local cache {path}: owned by uid {st.st_uid}, not by this "
+                                     f"daemon's user ({os.geteuid()}); use a folder of your own "
+                                     "(mkdir -m 700)")
+            raise LocalTierError(f"local cache {path}: writable by others (mode "
+                                 f"{stat.S_IMODE(st.st_mode):o}); chmod 700 it")
+        return fd
+    raise LocalTierError(f"local cache {path}: {name} changes while it is opened")
+
+
 class LocalTier:
     def __init__(self, root: str, budget: int, index, *, queue_bytes: int = 64 << 20):
         self.root = os.path.abspath(root)
         self.budget = int(budget)
         self.index = index
         n = index.n_files
+        self._fds: dict[str, int] = {}  # open folders: the root, samples, tmp and samples/XX
         try:
-            os.makedirs(os.path.join(self.root, "samples"), exist_ok=True)
-            os.makedirs(os.path.join(self.root, "tmp"), exist_ok=True)
-            self._lock = open(os.path.join(self.root, "lock"), "a+")
+            _check_parents(self.root)
+            os.makedirs(os.path.dirname(self.root), mode=0o700, exist_ok=True)
+            self._root_fd = _own_folder(self.root, self.root)
+            self._samples_fd = _own_folder(self.root, "samples", self._root_fd, replace=True)
+            self._tmp_fd = _own_folder(self.root, "tmp", self._root_fd, replace=True)
+            try:
+                fd = os.open("lock", os.O_RDWR | os.O_CREAT | NOFOLLOW | os.O_NONBLOCK, 0o600,
+                             dir_fd=self._root_fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENXIO):
+                    raise LocalTierError(f"local cache {self.root}: lock: not a regular file") from None
+                raise
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise LocalTierError(f"local cache {self.root}: lock: not a regular file")
+            self._lock = os.fdopen(fd, "r+")
+        except LocalTierError:
+            self._close_fds()
+            raise
         except OSError as e:
+            self._close_fds()
             raise LocalTierError(f"local cache {self.root}: {e.strerror}") from None
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._lock.seek(0)
-            holder = self._lock.read().strip() or "unknown"
+            holder = self._lock.read(32).strip() or "unknown"
             self._lock.close()
+            self._close_fds()
             raise LocalTierError(f"local cache {self.root} is in use by another fusefs mount "
                                  f"(pid {holder}); give each mount its own --local-cache "
                                  "folder") from None
@@ -79,32 +174,85 @@ class LocalTier:
         self._queue: queue.Queue = queue.Queue()
         self._qlock = threading.Lock()
         self._queued_bytes, self._queue_bytes = 0, queue_bytes
+        self._sub_fds: dict[int, int] = {}  # samples/XX, by XX, opened when first needed
+        self._sub_lock = threading.Lock()
         self.warm_samples = self._scan()
         self._thread = threading.Thread(target=self._writer, name="fusefs-local", daemon=True)
         self._thread.start()
 
+    def _close_fds(self) -> None:
+        for name in ("_root_fd", "_samples_fd", "_tmp_fd"):
+            fd = self.__dict__.pop(name, None)
+            if fd is not None:
+                os.close(fd)
+        for fd in getattr(self, "_sub_fds", {}).values():
+            os.close(fd)
+        self._sub_fds = {}
+
     # ---- files -------------------------------------------------------------------------
     def path(self, sid: int) -> str:
+        """Where sample sid's file lies (for log lines and tests; the tier itself reaches it
+        through its folders' descriptors)."""
         return os.path.join(self.root, "samples", f"{sid % 256:02x}", str(sid))
 
+    def _sub(self, sid: int) -> int:
+        """samples/XX of sample sid, opened (made 0700 if missing, a symbolic link or other
+        non-folder in its place removed)."""
+        k = sid % 256
+        fd = self._sub_fds.get(k)
+        if fd is None:
+            with self._sub_lock:
+                fd = self._sub_fds.get(k)
+                if fd is None:
+                    fd = self._sub_fds[k] = _own_folder(self.root, f"{k:02x}", self._samples_fd, replace=True)
+        return fd
+
+    def _read(self, sid: int, size: int) -> bytes:
+        """The file's first size + 1 bytes; OSError if it is not a regular file (never blocks
+        on a FIFO or a device: opened non-blocking, checked before it is read)."""
+        fd = os.open(str(sid), os.O_RDONLY | NOFOLLOW | os.O_NONBLOCK, dir_fd=self._sub(sid))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                return f.read(size + 1)
+        finally:
+            os.close(fd)
+
+    def _unlink(self, sid: int) -> None:
+        try:
+            os.unlink(str(sid), dir_fd=self._sub(sid))
+        except (FileNotFoundError, LocalTierError):
+            pass
+
     def _scan(self) -> int:
-        """Take stock of what an earlier mount left: files of the right size count as held
-        (their bytes are checked when read); leftovers of interrupted writes go."""
-        for name in os.listdir(os.path.join(self.root, "tmp")):
-            _unlink(os.path.join(self.root, "tmp", name))
+        """Take stock of what an earlier mount left: regular files of the right size count as
+        held (their bytes are checked when read); leftovers of interrupted writes go."""
+        for name in os.listdir(self._tmp_fd):
+            try:
+                os.unlink(name, dir_fd=self._tmp_fd)
+            except (FileNotFoundError, IsADirectoryError, PermissionError):
+                pass
         sizes = self.index.size
         found = 0
-        samples = os.path.join(self.root, "samples")
-        for sub in os.scandir(samples):
-            if not sub.is_dir(follow_symlinks=False):
+        for sub in os.scandir(self._samples_fd):
+            if not sub.is_dir(follow_symlinks=False) or len(sub.name) != 2:
                 continue
-            for e in os.scandir(sub.path):
+            try:
+                k = int(sub.name, 16)
+                fd = self._sub(k)
+            except (ValueError, LocalTierError):
+                continue
+            for e in os.scandir(fd):
                 if not e.name.isdigit() or not e.is_file(follow_symlinks=False):
                     continue  # not ours: left alone, not counted
                 sid = int(e.name)
                 size = e.stat(follow_symlinks=False).st_size
-                if sid >= len(sizes) or size != int(sizes[sid]) or e.path != self.path(sid):
-                    _unlink(e.path)  # torn, partial, or of another dataset
+                if sid >= len(sizes) or size != int(sizes[sid]) or sid % 256 != k or e.name != str(sid):
+                    try:
+                        os.unlink(e.name, dir_fd=fd)  # torn, partial, or of another dataset
+                    except FileNotFoundError:
+                        pass
                     self.corrupt += 1
                     continue
                 self.held[sid] = size
@@ -131,8 +279,9 @@ class LocalTier:
                 continue
             path = self.path(sid)
             try:
-                with open(path, "rb") as f:
-                    data = f.read(int(sizes[sid]) + 1)
+                data = self._read(sid, int(sizes[sid]))
+            except LocalTierError as e:
+                data, why = None, str(e)
             except OSError as e:
                 data, why = None, e.strerror
             else:
@@ -198,19 +347,26 @@ class LocalTier:
             self.used += size  # claimed before the write, released if it fails
             self._writing.add(sid)  # held (readable) only once the file is complete
         path = self.path(sid)
-        tmp = os.path.join(self.root, "tmp", f"{sid}.{threading.get_ident()}")
+        tmp = f"{sid}.{threading.get_ident()}"
         try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            os.replace(tmp, path)  # atomic: a reader sees no file or the whole file
-        except OSError as e:
-            _unlink(tmp)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600, dir_fd=self._tmp_fd)
+            try:
+                with os.fdopen(fd, "wb", closefd=False) as f:
+                    f.write(data)
+            finally:
+                os.close(fd)
+            # atomic: a reader sees no file or the whole file
+            os.rename(tmp, str(sid), src_dir_fd=self._tmp_fd, dst_dir_fd=self._sub(sid))
+        except (OSError, LocalTierError) as e:
+            try:
+                os.unlink(tmp, dir_fd=self._tmp_fd)
+            except OSError:
+                pass
             with self._mutex:
                 self._writing.discard(sid)
                 self.used -= size
             self.write_errors += 1
-            log.warning("local cache: cannot write %s: %s", path, e.strerror)
+            log.warning("local cache: cannot write %s: %s", path, getattr(e, "strerror", None) or e)
             return
         with self._mutex:
             self._writing.discard(sid)
@@ -239,7 +395,7 @@ class LocalTier:
         if self.held[sid]:
             self.used -= int(self.held[sid])
             self.held[sid] = 0
-            _unlink(self.path(sid))
+            self._unlink(sid)
 
     def wait_written(self, timeout: float = 30.0) -> bool:
         """Wait until the queued writes are done (tests, benchmarks); False on timeout."""
@@ -254,6 +410,7 @@ class LocalTier:
         self._queue.put(None)
         self._thread.join(timeout=30)
         self._lock.close()  # releases the flock
+        self._close_fds()
 
     def counters(self) -> dict:
         return {"local_hits": self.hits, "local": self.statistics()}
@@ -266,9 +423,3 @@ class LocalTier:
                 "rejected": self.rejected, "evicted": self.evicted, "corrupt": self.corrupt,
                 "write_errors": self.write_errors, "warm_samples": self.warm_samples}
 
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

@@ -1,13 +1,21 @@
 """The daemon's counters in the Prometheus text exposition format, for a dashboard to scrape:
-`MNT/.fusefs/metrics`, and with `fusefs mount --metrics-port PORT` over HTTP (prometheus_client's
-server, 127.0.0.1 by default). Both render one `Core.statistics()` snapshot; the HTTP server's
-thread asks the event loop for it (`trio.from_thread`), never reading the core's state itself.
+`MNT/.fusefs/metrics`, and with `fusefs mount --metrics-port PORT` over HTTP (127.0.0.1 by
+default). Both render one `Core.statistics()` snapshot; the HTTP server's thread asks the
+event loop for it (`trio.from_thread`), never reading the core's state itself, and at most
+every `every` seconds however often it is scraped. The server serves at most
+MAX_CONNECTIONS connections at a time, each a thread, and closes one that is idle for
+CONNECTION_TIMEOUT seconds: a client past them is turned away, never given a thread.
 """
 from __future__ import annotations
 
+import math
+import socketserver
+import threading
+import time
 from typing import Callable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -108,8 +116,59 @@ def exposition(stats: dict) -> bytes:
     return generate_latest(registry(lambda: stats))
 
 
-def serve_http(snapshot: Callable[[], dict], port: int, address: str = "127.0.0.1"):
-    """Serve /metrics on address:port from a thread of prometheus_client's; snapshot() is
-    called in that thread and must hand the work to the event loop. Returns the server."""
-    server, _thread = start_http_server(port, addr=address, registry=registry(snapshot))
+MAX_CONNECTIONS = 8        # connections served at a time (a thread each)
+CONNECTION_TIMEOUT = 10.0  # seconds a connection may stay idle
+
+
+class _Handler(WSGIRequestHandler):
+    timeout = CONNECTION_TIMEOUT
+
+    def log_message(self, *args) -> None:  # (no line per scrape)
+        pass
+
+
+class _Server(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+    def __init__(self, *args, **kwargs):
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):  # (all busy: turned away, no thread)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+def throttled(snapshot: Callable[[], dict], every: float) -> Callable[[], dict]:
+    """snapshot, called at most every `every` seconds (its last result in between)."""
+    lock, last = threading.Lock(), {"at": -math.inf, "value": None}
+
+    def get() -> dict:
+        with lock:
+            now = time.monotonic()
+            if now - last["at"] >= every:
+                last["value"], last["at"] = snapshot(), now
+            return last["value"]
+    return get
+
+
+def serve_http(snapshot: Callable[[], dict], port: int, address: str = "127.0.0.1", every: float = 0.25):
+    """Serve /metrics on address:port from a thread of its own; snapshot() is called in the
+    server's threads (at most every `every` seconds) and must hand the work to the event
+    loop. Returns the server (shutdown() and server_close() stop it)."""
+    server = make_server(address, port, make_wsgi_app(registry(throttled(snapshot, every))),
+                         server_class=_Server, handler_class=_Handler)
+    threading.Thread(target=server.serve_forever, name="fusefs-metrics", daemon=True).start()
     return server

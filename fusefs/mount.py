@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import logging
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -14,6 +16,7 @@ import trio
 
 from . import fastpath, pyfuse3
 from .config import DEFAULTS, MountConfig
+from .control import RENDER_EVERY
 from .core import Core
 from .errors import UserError
 from .fs import KernelCache, Operations
@@ -102,7 +105,7 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
         from .metrics import serve_http
         try:
             server = serve_http(lambda: trio.from_thread.run_sync(core.statistics, trio_token=loop["token"]),
-                                config.metrics_port, config.metrics_address)
+                                config.metrics_port, config.metrics_address, every=RENDER_EVERY)
         except OSError as e:
             raise MountError(f"metrics on {config.metrics_address}:{config.metrics_port}: {e}") from None
         log.info("metrics at http://%s:%d/metrics", config.metrics_address, server.server_port)
@@ -192,20 +195,70 @@ async def _watch_signals(stops: list[int]):
             stops.append(sig)
 
 
-def start_background(argv: list[str], mnt: str, log_path: str, timeout: float = 60.0) -> int:
-    """Run `fusefs mount` (foreground) detached; return once mnt is mounted (0) or it failed."""
-    with open(log_path, "ab") as logf:
+def default_log_path(mnt: str) -> str:
+    """Where a background mount logs unless told (--log): one file per mount point, in a
+    folder of the user's own: /run/fusefs for root, else $XDG_RUNTIME_DIR/fusefs or
+    ~/.cache/fusefs; named by the mount point's base name and a hash of its whole path."""
+    mnt = os.path.abspath(mnt)
+    if os.geteuid() == 0:
+        folder = "/run/fusefs"
+    elif os.environ.get("XDG_RUNTIME_DIR", "").startswith("/"):
+        folder = os.path.join(os.environ["XDG_RUNTIME_DIR"], "fusefs")
+    else:
+        folder = os.path.join(os.path.expanduser("~"), ".cache", "fusefs")
+    tag = hashlib.sha256(os.fsencode(mnt)).hexdigest()[:10]
+    return os.path.join(folder, f"{os.path.basename(mnt) or 'root'}-{tag}.log")
+
+
+def open_log(path: str, own_folder: bool = False) -> int:
+    """A descriptor of the log file at path, opened for appending without following a
+    symbolic link, made 0600; only a regular file is taken. own_folder: the folder is made
+    0700 if missing and must be this user's, writable by no one else."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if own_folder:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        st = os.lstat(folder)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise MountError(f"{folder}: the log folder must be your own, writable by no one else")
+    try:  # (non-blocking: a FIFO without a reader fails at once instead of waiting)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+                     | os.O_NONBLOCK, 0o600)
+    except OSError as e:
+        why = {errno.ELOOP: "a symbolic link", errno.ENXIO: "not a regular file"}.get(e.errno, e.strerror)
+        raise MountError(f"log file {path}: {why}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise MountError(f"log file {path}: not a regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def start_background(argv: list[str], mnt: str, log_path: str | None, timeout: float = 60.0) -> int:
+    """Run `fusefs mount` (foreground) detached, logging to log_path (None: its default);
+    return once mnt is mounted (0) or it failed (its exit status, after printing what this
+    run logged)."""
+    own = log_path is None
+    log_path = log_path or default_log_path(mnt)
+    fd = open_log(log_path, own_folder=own)
+    start = os.lseek(fd, 0, os.SEEK_END)  # (what this run logs lies past here)
+    try:
         proc = subprocess.Popen([sys.executable, "-m", "fusefs", *argv], stdin=subprocess.DEVNULL,
-                                stdout=logf, stderr=logf, start_new_session=True)
+                                stdout=fd, stderr=fd, start_new_session=True)
+    finally:
+        os.close(fd)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if os.path.ismount(mnt):
             print(f"fusefs: mounted at {mnt} (pid {proc.pid}, log {log_path})")
             return 0
         if proc.poll() is not None:
-            with open(log_path, "rb") as f:
-                tail = f.read()[-4000:].decode(errors="replace")
-            print(tail, end="", file=sys.stderr)
+            rfd = os.open(log_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                size = os.fstat(rfd).st_size
+                tail = os.pread(rfd, min(4000, max(0, size - start)), max(start, size - 4000))
+            finally:
+                os.close(rfd)
+            print(tail.decode(errors="replace"), end="", file=sys.stderr)
             return proc.returncode or 1
         time.sleep(0.05)
     proc.terminate()

@@ -73,6 +73,18 @@ def encode(ids, epoch: int = 0, importance=None, next_follows: bool = False) -> 
     return _HEAD.pack(MAGIC, VERSION, flags, int(epoch), len(ids)) + body
 
 
+def entry_limit(n_samples: int) -> int:
+    """The most entries one record may have for a dataset of n_samples: every sample up to
+    16 times (data echoing repeats samples), and at least 2**20."""
+    return max(16 * n_samples, 1 << 20)
+
+
+def size_limit(n_samples: int) -> int:
+    """The largest valid order file for a dataset of n_samples (two records of the most
+    entries, with importance): the mount refuses a write past it at once (EFBIG)."""
+    return 2 * _size(FLAG_IMPORTANCE, entry_limit(n_samples))
+
+
 def parse(data: bytes, n_samples: int, max_entries: int | None = None) -> Order:
     """Parse and validate an order (and the next epoch's, if a second record follows) for
     a dataset of n_samples; OrderError says why not."""
@@ -108,7 +120,7 @@ def _record_size(data, start: int) -> int:
 
 def _parse_one(data, n_samples: int, max_entries: int | None = None, last: bool = False) -> Order:
     if max_entries is None:
-        max_entries = max(16 * n_samples, 1 << 20)
+        max_entries = entry_limit(n_samples)
     if len(data) < HEAD_SIZE:
         raise OrderError(f"truncated: {len(data)} bytes, the header alone is {HEAD_SIZE}")
     magic, version, flags, epoch, n = _HEAD.unpack_from(data, 0)

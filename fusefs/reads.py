@@ -228,7 +228,9 @@ class Reads:
                 if sid not in self.corrupt:
                     self.corrupt[sid] = str(result)
                     log.error("EIO: %s", result)
-            else:
+            elif not self.fetcher.is_down(self.fetcher.node_of(sid)):
+                # (a node that is down: its failed samples are counted, and told in one line
+                # when it answers again: Fetcher._set_down)
                 chunk = int(self.index.chunk[sid])
                 log.error("EIO: node %s: %s: sample %s: backend read failed: %s",
                           self.fetcher.node_names[self.fetcher.node_of(sid)],

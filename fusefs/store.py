@@ -6,6 +6,7 @@ returned: a mismatch raises CorruptSample, never hands out wrong bytes.
 from __future__ import annotations
 
 import logging
+import errno
 import os
 import resource
 import threading
@@ -35,9 +36,21 @@ class StoreError(UserError):
 
 
 class CorruptSample(IOError):
+    """The sample's bytes, read whole, fail their checksum: they will not change by reading
+    again (not retried; the sample is EIO until remount)."""
+
     def __init__(self, chunk_path: str, sample_path: str, why: str):
         super().__init__(f"{chunk_path}: sample {sample_path}: {why}")
         self.chunk_path, self.sample_path = chunk_path, sample_path
+
+
+class ShortRead(OSError):
+    """The chunk held fewer of the sample's bytes than the index says (a chunk truncated,
+    or being replaced): retried like any failed read, and a chunk that is restored serves
+    again."""
+
+    def __init__(self, chunk_path: str, sample_path: str, held: int, size: int):
+        super().__init__(errno.EIO, f"{chunk_path}: sample {sample_path}: short read ({held} of {size} bytes)")
 
 
 class ChunkStore:
@@ -105,7 +118,10 @@ class ChunkStore:
                 h.retired = True
             close = h.retired and h.users == 0
         if close:
-            os.close(h.fd)
+            try:
+                os.close(h.fd)
+            except OSError:  # (the fd is released anyway; a FUSE backend whose server is gone
+                pass         # answers the close with ENOTCONN)
 
     def read_range(self, k: int, offset: int, length: int) -> bytes:
         """length bytes of chunk k from offset (short only if the file is)."""
@@ -118,25 +134,27 @@ class ChunkStore:
                     break
                 parts.append(part)
                 got += len(part)
-            failed = False
+            failed = got < length  # (short: the file may be replaced; open it again next time)
         finally:
             self._release(k, h, failed)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def verify(self, sid: int, data) -> bytes:
-        """data if it is sample sid's exact bytes, else CorruptSample."""
+        """data if it is sample sid's exact bytes, else ShortRead (too few) or CorruptSample."""
         if len(data) != int(self.index.size[sid]):
             raise self.corrupt(sid, len(data))
         if chunkfmt.checksum(data) != int(self.index.checksum[sid]):
             raise self.corrupt(sid)
         return data if type(data) is bytes else bytes(data)
 
-    def corrupt(self, sid: int, held: int | None = None) -> CorruptSample:
-        """The error of sample sid: a checksum mismatch, or (held: the bytes its chunk held)
-        a short read."""
+    def corrupt(self, sid: int, held: int | None = None) -> CorruptSample | ShortRead:
+        """The error of sample sid: a checksum mismatch (CorruptSample), or (held: the bytes
+        its chunk held) a short read (ShortRead)."""
         ix = self.index
-        why = "checksum mismatch" if held is None else f"short read ({held} of {int(ix.size[sid])} bytes)"
-        return CorruptSample(self.chunk_path(int(ix.chunk[sid])), os.fsdecode(ix.file_path(sid)), why)
+        chunk, sample = self.chunk_path(int(ix.chunk[sid])), os.fsdecode(ix.file_path(sid))
+        if held is not None:
+            return ShortRead(chunk, sample, held, int(ix.size[sid]))
+        return CorruptSample(chunk, sample, "checksum mismatch")
 
     def coalesce(self, sids, max_gap: int = 256 << 10, max_read: int = 16 << 20) -> list[tuple[int, int, int, list[int]]]:
         """Group samples into reads: (chunk, offset, length, sids) with samples of one chunk
@@ -227,7 +245,7 @@ class ChunkStore:
             for sid, data in parts.items():
                 try:
                     got[sid] = self.verify(sid, data)
-                except CorruptSample as e:
+                except (CorruptSample, ShortRead) as e:
                     got[sid] = e
         return got, nreads, nbytes, len(reads)
 
@@ -252,7 +270,9 @@ class ChunkStore:
                 sum(1 for t in todo if t[0] < least), int(budget_s * 1e6))
         finally:
             for i, (_, k, _, _, _, h) in enumerate(todo):
-                self._release(k, h, i < len(results) and type(results[i]) is int)
+                r = results[i] if i < len(results) else None  # (a failed or short read: reopen)
+                self._release(k, h, r is not None and (type(r) is int or any(
+                    type(v) is int and v >= 0 for v in r[1])))
         # the reads done: up to the last one made (all, if every one was made)
         done = len(reads) if len(results) == len(todo) else todo[len(results) - 1][0] + 1
         for i, members, e in failed:

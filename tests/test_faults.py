@@ -43,11 +43,65 @@ class FlakyStore(ChunkStore):
         return super().read_range(k, offset, length)
 
 
-def _flaky_core(dst):
+def _flaky_core(dst, io_timeout=0.0):
+    """A core over FlakyStore; io_timeout 0: a read gives up after its retries (soft)."""
     ix = Index.load(os.path.join(dst, INDEX_NAME))
-    core = Core(ix, FlakyStore(dst, ix), MountConfig(retries=3))
+    core = Core(ix, FlakyStore(dst, ix), MountConfig(retries=3, io_timeout=io_timeout))
     core.fetcher.backoff = 0.01
     return core
+
+
+class ComesBack(FlakyStore):
+    """Reads of the chunks in `down` fail until `back_after` of them have failed: a node that
+    restarts while its readers wait."""
+
+    back_after = 25
+
+    def read_range(self, k, offset, length):
+        if k in self.down:
+            self.failed = getattr(self, "failed", 0) + 1
+            if self.failed > self.back_after:
+                self.down.discard(k)
+        return super().read_range(k, offset, length)
+
+
+def test_a_read_waits_for_a_node_that_comes_back_while_the_others_are_served(tricky, caplog):
+    """The default (io_timeout): a read of a sample on a node that does not answer waits for
+    it, reads from the other nodes are served meanwhile, and when the node answers again the
+    waiting read gets its bytes: no EIO, one log line for down and one for up."""
+    src, dst, files = tricky
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    core = Core(ix, ComesBack(dst, ix), MountConfig(retries=3, io_timeout=600))
+    core.fetcher.backoff, core.fetcher.max_backoff = 0.01, 0.05
+    store = core.store
+    nonempty = [i for i in range(ix.n_files) if ix.size[i] > 0]
+    dead_chunk = int(ix.chunk[nonempty[0]])
+    waiting = nonempty[0]
+    alive = [i for i in nonempty if ix.chunk[i] != dead_chunk][:10]
+    served_while_down = []
+
+    async def go():
+        async with serving(core):
+            store.down.add(dead_chunk)
+            async with trio.open_nursery() as nursery:
+                got = {}
+
+                async def wait_for_it():
+                    got["bytes"] = await read_whole(core, waiting)
+                nursery.start_soon(wait_for_it)
+                for sid in alive:
+                    assert await read_whole(core, sid) == files[os.fsdecode(ix.file_path(sid))]
+                    served_while_down.append(dead_chunk in store.down)
+            assert got["bytes"] == files[os.fsdecode(ix.file_path(waiting))]
+    with caplog.at_level("WARNING", logger="fusefs"):
+        trio.run(go)
+    s = core.statistics()
+    assert s["eio"] == 0 and served_while_down[0]  # (served while the node was still down)
+    assert store.failed > ComesBack.back_after  # (it did wait: every failed try counted)
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("does not answer" in m for m in lines) == 1
+    assert sum("answers again" in m for m in lines) == 1
+    assert sum("retry" in m for m in lines) <= 3  # (retries logged until it is marked down)
 
 
 def test_failed_backend_reads_are_retried_then_eio_for_those_samples_only(tricky):

@@ -12,7 +12,7 @@ import pytest
 
 from fusefs import store as storemod
 from fusefs.index import INDEX_NAME, Index
-from fusefs.store import ChunkStore, CorruptSample, StoreError
+from fusefs.store import ChunkStore, CorruptSample, ShortRead, StoreError
 
 from conftest import corrupt_sample
 
@@ -87,7 +87,9 @@ def test_a_short_chunk_and_a_failing_read_give_the_same_errors(tricky, tmp_path)
         f.truncate(int(ix.offset[big]) + int(sizes[big]) // 2)
     on_k = [s for s in range(ix.n_files) if ix.chunk[s] == k]
     (a, *_), (b, *_) = both(str(copy), ix, on_k)
-    assert isinstance(a[big], CorruptSample) and "short read" in str(a[big])
+    # (a short read is not corruption: retried like a failed read, never remembered)
+    assert isinstance(a[big], ShortRead) and not isinstance(a[big], CorruptSample)
+    assert "short read" in str(a[big]) and a[big].errno == errno.EIO
     assert all(same(a[s], b[s]) for s in on_k)
 
     os.unlink(path)

@@ -223,3 +223,18 @@ def test_two_mounts_on_the_volume_as_two_nodes_read_the_epoch_once(small_packed,
     from test_hints import check_two_nodes
     packed, rels, digests = small_packed
     check_two_nodes(packed, rels, digests, tmp_path)
+
+
+def test_a_brick_restarted_mid_epoch_costs_a_pause_not_an_eio(small_packed, tmp_path):
+    """The default --io-timeout: the reads of the killed brick's samples wait for it while
+    the others are served; once it is back every sample is served, right, and the log has
+    one line for its going down and one for its coming back, not one per sample."""
+    packed, rels, digests = small_packed
+    down_s = 5.0
+    res = _faults().scenario_brick_restart(packed, str(tmp_path / "mnt"), rels, digests, down_s=down_s)
+    assert res["eio"] == 0 and res["other_errors"] == 0 and res["wrong"] == 0
+    assert res["served"] == len(rels)
+    assert res["read_ms_max"] >= 1000 * down_s * 0.5  # (a read did wait for the brick)
+    assert sum("does not answer" in line for line in res["log"]) == 1, res["log"]
+    assert sum("answers again" in line for line in res["log"]) == 1, res["log"]
+    assert not any("EIO" in line for line in res["log"]), res["log"]

@@ -268,7 +268,7 @@ def test_version_and_help_name_every_default():
     assert r.returncode == 0 and r.stdout.strip() == f"fusefs {__version__}"
     r = subprocess.run(fusefs_cmd("mount", "--help"), capture_output=True, text=True)
     text = " ".join(r.stdout.split())
-    for default in ("(default 256MiB)", "(default 4;", "(default 16)", "(default 4:", "(default on)",
+    for default in ("(default 256MiB)", "(default 4;", "(default 16)", "(default 300,", "(default on)",
                     "(default 127.0.0.1)"):
         assert default in text, default
 

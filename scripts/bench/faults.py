@@ -39,6 +39,7 @@ from testkit.gluster import (
     GMNT,
     REPO,
     scenario_brick_kill,
+    scenario_brick_restart,
     scenario_errors,
     sh,
 )
@@ -48,7 +49,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--files", type=int, default=2000)
     p.add_argument("--out", default=os.path.join(REPO, "out", "faults"))
-    p.add_argument("--scenarios", default="errors-1%,errors-10%,errors-50%,brick-kill")
+    p.add_argument("--scenarios", default="errors-1%,errors-10%,errors-50%,brick-kill,brick-restart")
     JsonLines.argument(p, "faults")
     a = p.parse_args()
     lines = JsonLines(a.results)
@@ -75,6 +76,9 @@ def main() -> int:
             res = scenario_errors(packed, mnt, rels, digests, float(name[7:].rstrip("%")))
         elif name == "brick-kill":
             res = scenario_brick_kill(packed, mnt, rels, digests)
+        elif name == "brick-restart":
+            res = scenario_brick_restart(packed, mnt, rels, digests)
+            res.pop("log")
         else:
             raise SystemExit(f"unknown scenario {name}")
         res["failed"] = len(res["failed"])

@@ -152,6 +152,7 @@ def read_epoch(mnt: str, rels: list[str], digests: dict, readers: int = 4,
     out["seconds"] = round(time.perf_counter() - t0, 2)
     for k, v in times.items():
         out[f"read_ms_{k}"] = round(1000 * statistics.median(v), 2) if v else None
+    out["read_ms_max"] = round(1000 * max((x for v in times.values() for x in v), default=0), 2)
     return out
 
 
@@ -177,13 +178,41 @@ def scenario_errors(packed, mnt, rels, digests, percent) -> dict:
     return res
 
 
+def scenario_brick_restart(packed, mnt, rels, digests, down_s: float = 10.0, brick="b2") -> dict:
+    """The default patience (--io-timeout): a brick killed halfway through an epoch and
+    restarted down_s seconds later while the readers go on; the reads of its samples wait
+    for it. The result holds the longest read (`read_ms_max`) and what the daemon logged."""
+    restarted = threading.Event()
+
+    def kill():
+        os.kill(brick_pid(f"{BRICKS}/{brick}"), signal.SIGKILL)
+
+        def restart():
+            time.sleep(down_s)
+            gluster_up()
+            restarted.set()
+        threading.Thread(target=restart, daemon=True).start()
+
+    try:
+        drop_caches()  # (chunk pages cached from an earlier read would be served without the brick)
+        with running_mount(packed, mnt, "--cache-size", "10%") as (_, log_path):
+            res = read_epoch(mnt, rels, digests, halfway=kill)
+            restarted.wait(down_s + 300)
+            res.update(stats_of(mnt))
+        with open(log_path, errors="replace") as f:
+            res["log"] = [line.rstrip("\n") for line in f if "fusefs" in line or "node" in line]
+    finally:
+        sh("bash", GLUSTER_SH, "up", check=False)
+    return res
+
+
 def scenario_brick_kill(packed, mnt, rels, digests, brick="b2") -> dict:
     def kill():
         pid = brick_pid(f"{BRICKS}/{brick}")
         os.kill(pid, signal.SIGKILL)
 
-    try:
-        with running_mount(packed, mnt, "--cache-size", "10%"):
+    try:  # (--io-timeout 0: a read of the dead brick fails after its retries)
+        with running_mount(packed, mnt, "--cache-size", "10%", "--io-timeout", "0"):
             res = read_epoch(mnt, rels, digests, halfway=kill)
             gluster_up()  # restarts the killed brick
             t0 = time.perf_counter()

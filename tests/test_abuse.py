@@ -1,0 +1,505 @@
+"""What another user of a shared node can do to a root daemon (issue 45): each attack is
+made as that user would make it (what they own is owned by `nobody`), and each test
+asserts that the attack fails and that the daemon serves on."""
+import os
+import pwd
+import stat
+import threading
+
+import numpy as np
+import pytest
+import trio
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from fusefs import order as orderfmt
+from fusefs.index import INDEX_NAME, Index
+from fusefs.local import LocalTier, LocalTierError
+
+from conftest import make_core
+from test_readahead import exact_within_budget, run_epoch
+
+OTHER = pwd.getpwnam("nobody").pw_uid  # a user other than the daemon's
+
+
+def _tier(dst, folder, budget=1 << 30):
+    return LocalTier(str(folder), budget, Index.load(os.path.join(dst, INDEX_NAME)))
+
+
+def _epoch(dst, files, tier, seed=0):
+    """One epoch through a core with the tier; the core's statistics (every byte checked
+    against the source by run_epoch)."""
+    core = make_core(dst, cache_bytes=1 << 20, local=tier)
+    ids = list(np.random.default_rng(seed).permutation(core.index.n_files))
+    trio.run(run_epoch, core, ids, 3, 8, 0, exact_within_budget(core, files), orderfmt.encode(ids))
+    assert tier.wait_written()
+    return core.statistics()
+
+
+@pytest.fixture
+def private(tmp_path):
+    """A folder only the daemon's user may write, as a local tier's parent must be."""
+    os.chmod(tmp_path, 0o700)
+    return tmp_path
+
+
+def test_a_folder_another_user_owns_is_refused(three_nodes, private):
+    dst, _ = three_nodes
+    folder = private / "shm"
+    folder.mkdir(mode=0o700)
+    os.chown(folder, OTHER, OTHER)
+    with pytest.raises(LocalTierError, match=f"{folder}: owned by uid {OTHER}"):
+        _tier(dst, folder)
+    assert os.listdir(folder) == []  # nothing made in it
+
+
+def test_a_folder_others_may_write_is_refused(three_nodes, private):
+    dst, _ = three_nodes
+    folder = private / "open"
+    folder.mkdir()
+    os.chmod(folder, 0o777)
+    with pytest.raises(LocalTierError, match="writable by others"):
+        _tier(dst, folder)
+    assert os.listdir(folder) == []
+
+
+def test_a_parent_another_user_may_change_is_refused(three_nodes, tmp_path):
+    """/dev/shm/theirs/cache: whoever owns `theirs` can swap `cache` for a symlink later."""
+    dst, _ = three_nodes
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, OTHER, OTHER)
+    with pytest.raises(LocalTierError, match=f"{theirs}: owned by uid {OTHER}"):
+        _tier(dst, theirs / "cache")
+    # a symlinked folder is refused too, whoever made it
+    os.chown(theirs, 0, 0)
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(LocalTierError, match="symbolic link"):
+        _tier(dst, tmp_path / "link")
+
+
+def test_a_lock_that_is_a_symlink_is_not_followed(three_nodes, private):
+    dst, _ = three_nodes
+    victim = private / "victim"
+    victim.write_text("root's file\n")
+    folder = private / "tier"
+    folder.mkdir(mode=0o700)
+    (folder / "lock").symlink_to(victim)
+    with pytest.raises(LocalTierError, match="lock: not a regular file"):
+        _tier(dst, folder)
+    assert victim.read_text() == "root's file\n"
+
+
+def test_a_symlinked_sample_folder_gets_no_samples(three_nodes, private):
+    dst, files = three_nodes
+    victim = private / "victim"
+    victim.mkdir(mode=0o700)
+    folder = private / "tier"
+    (folder / "samples").mkdir(parents=True, mode=0o700)
+    os.chmod(folder, 0o700)
+    for k in range(256):  # every sample folder points at the victim
+        (folder / "samples" / f"{k:02x}").symlink_to(victim)
+    tier = _tier(dst, folder)
+    try:
+        stats = _epoch(dst, files, tier)
+    finally:
+        tier.close()
+    assert os.listdir(victim) == []
+    assert stats["local"]["writes"] > 0  # written to folders of its own instead
+
+
+def test_a_fifo_in_place_of_a_sample_neither_hangs_nor_is_served(three_nodes, private):
+    dst, files = three_nodes
+    tier = _tier(dst, private / "tier")
+    try:
+        _epoch(dst, files, tier)
+        sid = int(np.flatnonzero(tier.held)[0])
+        path = tier.path(sid)
+        os.unlink(path)
+        os.mkfifo(path)
+        got = {}
+        t = threading.Thread(target=lambda: got.update(tier.read_many([sid])))
+        t.start()
+        t.join(60)  # (a guard: a blocking open of the FIFO would never return)
+        assert not t.is_alive() and got == {}
+        assert not tier.held[sid] and tier.corrupt == 1
+        stats = _epoch(dst, files, tier, seed=1)  # served on, from the backend
+        assert stats["eio"] == 0
+    finally:
+        tier.close()
+
+
+def test_cached_samples_are_readable_by_the_daemon_only(three_nodes, private):
+    dst, files = three_nodes
+    tier = _tier(dst, private / "tier")
+    try:
+        _epoch(dst, files, tier)
+    finally:
+        tier.close()
+    seen = 0
+    for dirpath, dirs, names in os.walk(private / "tier"):
+        assert stat.S_IMODE(os.stat(dirpath).st_mode) == 0o700, dirpath
+        for n in names:
+            st = os.stat(os.path.join(dirpath, n))
+            assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid(), n
+            seen += 1
+    assert seen > 1  # (the lock and the samples)
+
+
+# ---- order writes ------------------------------------------------------------------------
+def _control(n_files=174):
+    from fusefs.control import ControlHooks, ControlNamespace
+    accepted = []
+    hooks = ControlHooks(statistics=dict, ids_table=bytes, chunk_table=bytes,
+                         set_order=lambda rank, data: accepted.append((rank, data)),
+                         may_control=lambda uid: True, trusted=lambda uid: uid in (None, 0), control_gid=None, started=0.0,
+                         order_limit=orderfmt.size_limit(n_files))
+    ns = ControlNamespace(hooks, 100)
+    return ns, hooks, accepted
+
+
+def _order_ino(ns, rank=0):
+    return ns.lookup(f"order.{rank}".encode()).ino
+
+
+def test_an_order_write_past_any_valid_order_is_efbig_at_once():
+    import errno
+    from fusefs.entries import FsError
+    ns, hooks, _ = _control()
+    fh = ns.open(_order_ino(ns), os.O_WRONLY).fh
+    with pytest.raises(FsError) as e:
+        ns.write(fh, (256 << 20) - 1, b"x")  # (a 256 MiB buffer, before)
+    assert e.value.errno == errno.EFBIG
+    assert ns._buffered == 0
+    # the largest valid order fits
+    assert ns.write(fh, hooks.order_limit - 1, b"x") == 1
+
+
+def test_order_writes_of_all_handles_together_are_capped():
+    import errno
+    from fusefs.entries import FsError
+    ns, hooks, _ = _control()
+    limit = hooks.order_limit
+    fhs = [ns.open(_order_ino(ns, rank), os.O_WRONLY).fh for rank in range(3)]
+    ns.write(fhs[0], limit - 1, b"x")
+    ns.write(fhs[1], limit - 1, b"x")
+    with pytest.raises(FsError) as e:
+        ns.write(fhs[2], limit - 1, b"x")
+    assert e.value.errno == errno.EFBIG and ns._buffered == 2 * limit
+    ns.release(fhs[0])  # (an invalid order: refused, and its buffer freed)
+    assert ns._buffered == limit
+    assert ns.write(fhs[2], limit - 1, b"x") == 1
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
+
+
+def test_a_write_at_a_huge_offset_costs_the_daemon_no_memory(tricky_mount):
+    import errno
+    _, mnt, proc, _ = tricky_mount
+    before = _rss(proc.pid)
+    fds = [os.open(os.path.join(mnt, ".fusefs", f"order.{rank}"), os.O_WRONLY) for rank in range(3)]
+    try:
+        for fd in fds:
+            with pytest.raises(OSError) as e:
+                os.pwrite(fd, b"x", (256 << 20) - 1)
+            assert e.value.errno == errno.EFBIG
+        assert _rss(proc.pid) - before < 16 << 20  # (3 x 256 MiB before)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    with open(os.path.join(mnt, "root file.txt"), "rb") as f:
+        assert f.read() == b"at the root\n"  # serves on
+
+
+# ---- control files ---------------------------------------------------------------------
+def test_paths_and_orders_are_private_the_stats_public():
+    ns, _, _ = _control()
+    mode = {name: stat.S_IMODE(ns.lookup(name.encode()).mode) for name in ("ids", "order", "stats", "chunks")}
+    assert mode == {"ids": 0o400, "order": 0o600, "stats": 0o444, "chunks": 0o444}
+    from fusefs.control import ControlHooks, ControlNamespace
+    hooks = ControlHooks(statistics=dict, ids_table=bytes, chunk_table=bytes, set_order=None,
+                         may_control=lambda uid: True, trusted=lambda uid: uid in (None, 0), control_gid=1234, started=0.0, order_limit=1 << 20)
+    grouped = ControlNamespace(hooks, 100)
+    ids, order = grouped.lookup(b"ids"), grouped.lookup(b"order.3")
+    assert (stat.S_IMODE(ids.mode), ids.gid) == (0o440, 1234)
+    assert (stat.S_IMODE(order.mode), order.gid) == (0o660, 1234)
+    assert stat.S_IMODE(grouped.lookup(b"stats").mode) == 0o444
+
+
+def test_stats_opened_in_a_loop_by_another_user_are_rendered_at_most_every_quarter_second(monkeypatch):
+    from fusefs import control
+    calls = []
+    now = [1000.0]
+    monkeypatch.setattr(control.time, "monotonic", lambda: now[0])
+    hooks = control.ControlHooks(statistics=lambda: calls.append(1) or {"opens": len(calls)},
+                                 ids_table=bytes, chunk_table=bytes, set_order=None,
+                                 may_control=lambda uid: True, trusted=lambda uid: uid in (None, 0), control_gid=None, started=0.0,
+                                 order_limit=1 << 20)
+    ns = control.ControlNamespace(hooks, 100)
+    ino = ns.lookup(b"stats").ino
+    texts = {ns.read(ns.open(ino, os.O_RDONLY, OTHER).fh, 0, 1 << 16) for _ in range(1000)}
+    assert len(calls) == 1 and len(texts) == 1  # (another user: the same text again)
+    now[0] += control.RENDER_EVERY
+    ns.open(ino, os.O_RDONLY, OTHER)
+    assert len(calls) == 2
+    ns.open(ino, os.O_RDONLY, 0)  # (root, or the daemon's user: always fresh)
+    assert len(calls) == 3
+
+
+def test_a_user_outside_the_control_group_may_not_write_orders(tricky):
+    """Without --control-group, only root and the daemon's user may write an order: the
+    daemon's own check (the kernel's is bypassed here by calling the core directly)."""
+    import errno
+    from fusefs.entries import FsError
+    _, dst, _ = tricky
+    core = make_core(dst)
+    ino = core.lookup(core.ctrl_dir, b"order").ino
+    with pytest.raises(FsError) as e:
+        core.open(ino, os.O_WRONLY, OTHER)
+    assert e.value.errno == errno.EACCES
+    core.release(core.open(ino, os.O_WRONLY, os.getuid()).fh)
+
+
+# ---- a short read is not corruption ------------------------------------------------------
+def test_a_truncated_then_restored_chunk_serves_again(tricky, tmp_path):
+    import shutil
+    from fusefs.entries import FsError
+    from testkit.mounts import resolve
+    _, dst0, files = tricky
+    dst = tmp_path / "dst"
+    shutil.copytree(dst0, dst)
+    core = make_core(str(dst), retries=0, io_timeout=0)  # (a read gives up after its try)
+    rel = max((r for r in files if files[r]), key=lambda r: len(files[r]))
+    _, sid = resolve(core.index, rel)
+    chunk = core.store.chunk_path(int(core.index.chunk[sid]))
+    whole = open(chunk, "rb").read()
+    with open(chunk, "r+b") as f:
+        f.truncate(int(core.index.offset[sid]) + 1)
+
+    async def read():
+        """The sample's bytes, or the FsError its read got."""
+        from conftest import serving, read_whole
+        async with serving(core):
+            try:
+                return await read_whole(core, sid)
+            except FsError as e:
+                return e
+
+    assert "short read" in str(trio.run(read))
+    assert core.statistics()["corrupt_samples"] == 0  # (not remembered as corrupt)
+    with open(chunk, "r+b") as f:
+        f.write(whole)
+    assert trio.run(read) == files[rel]
+
+
+# ---- logs --------------------------------------------------------------------------------
+def test_a_background_log_is_neither_in_tmp_nor_reached_through_a_symlink(tmp_path, monkeypatch):
+    from fusefs import mount
+    assert not mount.default_log_path("/mnt/data").startswith("/tmp")
+    assert mount.default_log_path("/a/data") != mount.default_log_path("/b/data")
+    victim = tmp_path / "victim"
+    victim.write_text("root's file\n")
+    link = tmp_path / "log"
+    link.symlink_to(victim)
+    with pytest.raises(mount.MountError, match="symbolic link"):
+        mount.open_log(str(link))
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(mount.MountError, match="not a regular file"):
+        mount.open_log(str(tmp_path / "fifo"))
+    assert victim.read_text() == "root's file\n"
+    fd = mount.open_log(str(tmp_path / "new.log"))
+    os.close(fd)
+    assert stat.S_IMODE(os.stat(tmp_path / "new.log").st_mode) == 0o600
+
+
+# ---- the metrics server ----------------------------------------------------------------------
+def test_idle_connections_get_no_more_threads_than_the_bound_and_scrapes_go_on(tricky):
+    import socket
+    import urllib.request
+    from fusefs import metrics
+    stats = make_core(tricky[1]).statistics()
+    calls = []
+    server = metrics.serve_http(lambda: calls.append(1) or stats, 0, every=3600)
+    url = f"http://127.0.0.1:{server.server_port}/metrics"
+    try:
+        urllib.request.urlopen(url, timeout=30).read()
+        threads = threading.active_count()
+        idle = [socket.create_connection(("127.0.0.1", server.server_port)) for _ in range(50)]
+        for s in idle[metrics.MAX_CONNECTIONS:]:  # (past the bound: closed at once, no thread)
+            s.settimeout(30)
+            assert s.recv(1) == b""
+        assert threading.active_count() - threads <= metrics.MAX_CONNECTIONS
+        for s in idle:
+            s.close()
+        body = b""
+        for _ in range(200):  # (a slot frees as its thread sees the close)
+            try:
+                body = urllib.request.urlopen(url, timeout=30).read()
+                break
+            except OSError:
+                threading.Event().wait(0.05)
+        assert b"fusefs_opens_total" in body
+        assert len(calls) == 1  # (rendered once: every=3600)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# ---- crafted indexes with valid checksums --------------------------------------------------
+def _craft(raw: bytes, edit_arrays, edit_meta) -> bytes | None:
+    """The index file raw with its arrays and metadata changed and every checksum made
+    valid again: what someone who writes an index by hand could hand the daemon. None if the
+    new metadata does not fit where the old lay (the arrays keep their places)."""
+    import json
+    import struct
+    import xxhash
+    head = struct.Struct("<8sIIQQ")
+    magic, version, flags, meta_len, _ = head.unpack_from(raw, 0)
+    meta = json.loads(raw[head.size:head.size + meta_len])
+    data = bytearray(raw)
+    base = meta["base"]
+    for key, (dtype, length, rel, _) in meta["arrays"].items():
+        arr = np.frombuffer(data, dtype=dtype, count=length, offset=base + rel)
+        arr = np.array(arr)
+        edit_arrays(key, arr)
+        data[base + rel:base + rel + arr.nbytes] = arr.tobytes()
+        meta["arrays"][key][3] = xxhash.xxh3_64_intdigest(arr)
+    edit_meta(meta)
+    blob = json.dumps(meta, sort_keys=True).encode()
+    if len(blob) > base - head.size:
+        return None
+    blob = blob.ljust(base - head.size)
+    return bytes(head.pack(magic, version, flags, len(blob), xxhash.xxh3_64_intdigest(blob))) + blob + bytes(data[base:])
+
+
+_EXTREMES = [0, 1, 2, 255, 0o7777, 0o10000, 0o170777, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**63 - 1,
+             2**63, 2**64 - 1]
+
+
+@given(st.data())
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_crafted_index_with_valid_checksums_is_refused_or_served_right(tricky, data):
+    """Arrays and metadata changed at random, checksums made valid: the index is refused
+    with IndexFormatError, or every lookup, listing and read of the core over it answers
+    (an errno at worst, never another exception), the fast path takes its tree, and every
+    read gives the right bytes or EIO."""
+    import errno
+    from fusefs.core import ROOT
+    from fusefs.entries import FsError
+    from fusefs.index import ARRAY_DTYPES, FILE_ARRAYS, IndexFormatError
+    from fusefs.store import ChunkStore
+    from fusefs import pyfuse3
+    src, dst, files = tricky
+    raw = open(os.path.join(dst, INDEX_NAME), "rb").read()
+    edits = data.draw(st.lists(st.tuples(st.sampled_from(sorted(ARRAY_DTYPES)), st.integers(0, 1 << 20),
+                                         st.sampled_from(_EXTREMES) | st.integers(-2**31, 2**32)),
+                               max_size=3))
+    meta_edit = data.draw(st.sampled_from(["none", "dtype", "arrays", "chunk_size", "chunk_node",
+                                           "chunk_path", "classes", "drop_array"]))
+
+    def edit_arrays(key, arr):
+        for k, at, value in edits:
+            if k == key and len(arr):
+                info = np.iinfo(arr.dtype)
+                arr[at % len(arr)] = min(max(value, info.min), info.max)
+
+    def edit_meta(meta):
+        if meta_edit == "dtype":
+            meta["arrays"]["mode"][0] = data.draw(st.sampled_from(["<u8", "<i4", "<f8", "|u1", "O"]))
+        elif meta_edit == "arrays":
+            meta["arrays"] = data.draw(st.sampled_from([[], "x", 3, None]))
+        elif meta_edit == "chunk_size":
+            meta["chunks"][0][2] = data.draw(st.sampled_from(_EXTREMES + [-1, "9", 1.5]))
+        elif meta_edit == "chunk_node":
+            meta["chunks"][0][1] = data.draw(st.sampled_from([-1, 7, 2**70, "0", None]))
+        elif meta_edit == "chunk_path":
+            meta["chunks"][0][0] = data.draw(st.sampled_from(["../x", "/etc/passwd", 5, "chunks/../../x"]))
+        elif meta_edit == "classes":
+            meta["classes"] = data.draw(st.sampled_from([None, {}, 3]))
+        elif meta_edit == "drop_array":
+            del meta["arrays"][data.draw(st.sampled_from(sorted(FILE_ARRAYS)))]
+
+    crafted = _craft(raw, edit_arrays, edit_meta)
+    if crafted is None:
+        event("metadata too long")
+        return
+    try:
+        index = Index.from_bytes(crafted)
+    except IndexFormatError as e:
+        event(f"refused: {str(e).split('(')[0][:40]}")
+        return
+    event("loaded")
+    from fusefs.core import Core
+    core = Core(index, ChunkStore(dst, index))
+    pyfuse3.fast_path_tree(core.fast_path_args()["tree"])  # (takes it, or raises OSError: below)
+    pyfuse3.fast_path_tree(None)
+    core.statfs()
+    src_files = {os.fsencode(r): b for r, b in files.items() if b is not None}
+    todo = [ROOT]
+    while todo:
+        ino = todo.pop()
+        for name, attr, _ in core.readdir(ino, 0):
+            assert core.lookup(ino, name).ino == attr.ino
+            core.getattr(attr.ino)
+            if stat.S_ISDIR(attr.mode):
+                todo.append(attr.ino)
+    for sid in range(index.n_files):
+        try:
+            got = core.store.read_sample(sid)
+        except OSError:
+            continue  # (EIO for the reader: CorruptSample and ShortRead are OSErrors)
+        want = src_files.get(index.file_path(sid))
+        assert want is None or got == want or got in src_files.values()
+
+
+@pytest.mark.parametrize("case", ["mode_u8", "offset_wraps", "size_2_63", "arrays_list"])
+def test_the_crafted_indexes_found_by_hand_are_refused(tricky, case):
+    from fusefs.index import IndexFormatError
+    raw = open(os.path.join(tricky[1], INDEX_NAME), "rb").read()
+
+    def edit_arrays(key, arr):
+        if case == "offset_wraps" and key == "offset":
+            arr[1] = 2**64 - 1  # (offset + size wraps around to a small number)
+        if case == "size_2_63" and key == "size":
+            arr[1] = 2**63
+
+    def edit_meta(meta):
+        if case == "mode_u8":
+            meta["arrays"]["mode"][0] = "<u8"
+        if case == "arrays_list":
+            meta["arrays"] = list(meta["arrays"])
+
+    with pytest.raises(IndexFormatError):
+        Index.from_bytes(_craft(raw, edit_arrays, edit_meta))
+
+
+# ---- memory ----------------------------------------------------------------------------------
+def test_bytes_kept_for_open_handles_stay_within_their_cap(tricky):
+    """Another user holding 800 handles open, each read a byte at a time (as O_DIRECT reads
+    do), makes the daemon keep at most held_cap bytes for them; the reads stay right."""
+    from conftest import serving
+    from fusefs.core import HELD_MIN
+    _, dst, files = tricky
+    core = make_core(dst, cache_bytes=1 << 20)
+    assert core.held_cap == HELD_MIN
+    big = [sid for sid in range(core.index.n_files) if core.index.size[sid] >= 70_000]
+    want = {sid: files[os.fsdecode(core.index.file_path(sid))] for sid in big}
+
+    async def go():
+        async with serving(core):
+            fhs = [(core.open(core.file_base + big[k % len(big)], os.O_RDONLY, OTHER).fh, big[k % len(big)])
+                   for k in range(800)]
+            for off in (0, 1):
+                for fh, sid in fhs:
+                    assert await core.read(fh, off, 1) == want[sid][off:off + 1]
+                    assert core._held_bytes <= core.held_cap
+            assert core.statistics()["held_bytes"] == core._held_bytes > 0
+            for fh, _ in fhs:
+                core.release(fh)
+            assert core._held_bytes == 0 and core._held == {}
+    trio.run(go)
