@@ -27,11 +27,13 @@ def parse_size(text: str, whole: int | None = None) -> int:
             raise ConfigError(f"{text!r}: a percentage is not allowed here")
         return int(whole * value / 100)
     if unit not in _UNITS:
-        raise ConfigError(f"unknown unit in {text!r} (use B, KiB, MiB, GiB, TiB)")
+        raise ConfigError(f"unknown unit in {text!r} (use B, KiB, MiB, GiB, TiB, or kB, MB, GB, TB "
+                          "for powers of 1000)")
     return int(value * _UNITS[unit])
 
 
 def _human(n: float) -> str:
+    """Bytes in IEC units (KiB, MiB, GiB: powers of 1024), as every size fusefs prints."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -46,7 +48,7 @@ def cmd_pack(a) -> int:
     for path, why in r.skipped:
         print(f"skipped: {path}: {why}", file=sys.stderr)
     print(f"packed {r.files} files, {_human(r.bytes)} into {r.chunks} chunks in {r.seconds:.1f} s "
-          f"({r.mb_per_s:.1f} MB/s){f'; {len(r.skipped)} skipped' if r.skipped else ''}")
+          f"({_human(r.bytes / max(r.seconds, 1e-9))}/s){f'; {len(r.skipped)} skipped' if r.skipped else ''}")
     return 0
 
 
@@ -112,7 +114,7 @@ def cmd_mount(a) -> int:
     for line in missing_native():
         logging.getLogger("fusefs").warning(line)
     index, store = open_dataset(a.dst, a.retries, willneed=a.willneed)  # refuses a broken dataset before mounting
-    serve(index, store, a.mnt, mount_config(a, index.total_bytes), options=a.o or [])
+    serve(index, store, a.mnt, mount_config(a, index.total_bytes), options=a.o or [], nonempty=a.nonempty)
     return 0
 
 
@@ -207,11 +209,13 @@ def _watch(mnt: str, interval: float) -> int:
         reqs = sum(cur["requests"].values()) - sum(prev["requests"].values())
         served = d["hits"] + d["read_waits"] + d["misses"]
         ahead = sum(p["ahead_ready"] for p in cur["plans"].values())
-        per = max(1, d["opens"])
+        # (per sample: "-" while nothing is opened, not this command's own polling over zero)
+        cpu = f"{1e6 * d['cpu_s'] / d['opens']:10.0f}" if d["opens"] else f"{'-':>10}"
+        req = f"{reqs / d['opens']:7.2f}" if d["opens"] else f"{'-':>7}"
         print(f"{d['opens'] / dt:8.0f} {d['bytes_served'] / dt / 1e6:7.1f} "
               f"{100 * d['hits'] / served if served else 0:6.1f} {d['read_waits']:6d} {d['misses']:6d} "
               f"{d['backend_bytes'] / dt / 1e6:12.1f} {cur['cache_bytes'] / 1e6:9.1f} {ahead:6d} "
-              f"{d['evictions']:6d} {1e6 * d['cpu_s'] / per:10.0f} {reqs / per:7.2f}", flush=True)
+              f"{d['evictions']:6d} {cpu} {req}", flush=True)
         prev, t_prev = cur, now
 
 
@@ -223,7 +227,7 @@ def cmd_stats(a) -> int:
     except KeyboardInterrupt:
         return 0
     except OSError as e:
-        print(f"fusefs stats: {a.mnt}: {e.strerror} (is it a fusefs mount?)", file=sys.stderr)
+        print(f"fusefs stats: {a.mnt}: {e.strerror or e} (is it a fusefs mount?)", file=sys.stderr)
         return 1
     if a.json:
         print(json.dumps(stats, indent=1, sort_keys=True))
@@ -265,7 +269,12 @@ def build_parser() -> argparse.ArgumentParser:
                               "per_node=8,allow_other), as mount(8) passes an fstab line's options.")
     s.add_argument("dst", help="the packed folder (what `fusefs pack` wrote)")
     s.add_argument("mnt", help="the mount point (an empty folder)")
-    s.add_argument("-b", "--background", action="store_true", help="detach once mounted")
+    s.add_argument("-b", "--background", action="store_true",
+                   help="detach once mounted (returns 0 once the daemon serves, else its error)")
+    s.add_argument("-f", "--foreground", action="store_false", dest="background",
+                   help="serve in the foreground until unmounted (the default)")
+    s.add_argument("--nonempty", action="store_true",
+                   help="mount over a folder that holds files (hiding them); refused by default")
     s.add_argument("-o", action="append", metavar="OPTS",
                    help="mount options, comma-separated: this command's own by name (cache_size=10%%) "
                         "and FUSE's (allow_other)")
@@ -365,9 +374,15 @@ def main(argv=None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         return a.func(a)
-    except UserError as e:  # every error a user can fix, with its exit code
+    except UserError as e:  # every error a user can fix, with its exit code (2)
         print(f"fusefs {a.command}: {e}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:  # a file or folder the system refused (1)
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"fusefs {a.command}: {where}{e.strerror or e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

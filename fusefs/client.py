@@ -10,6 +10,7 @@ index's reserved name take their names from here.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 
@@ -89,6 +90,10 @@ def paths_to_ids(paths, mount: str | None = None) -> np.ndarray:
     return out
 
 
+class OrderRefused(OSError):
+    """The mount refused an order (errno EINVAL); the message says why."""
+
+
 def write_order(mount: str, paths_or_ids, importance=None, epoch: int = 0, rank: int = 0,
                 next_ids=None, next_importance=None) -> None:
     """Write an epoch's read order to `MNT/.fusefs/order.<rank>`.
@@ -113,5 +118,11 @@ def write_order(mount: str, paths_or_ids, importance=None, epoch: int = 0, rank:
         while view:
             view = view[os.write(fd, view):]
         os.fsync(fd)  # commits the order: a refusal is raised here
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        why = mount_stats(mount).get("order_refusals", {}).get(str(rank), "see the daemon's log")
+        raise OrderRefused(errno.EINVAL, f"the mount refused the order for rank {rank} (the "
+                           f"previous one stays in force): {why}") from None
     finally:
         os.close(fd)

@@ -38,6 +38,7 @@ from .config import DEFAULTS, MountConfig
 from .index import CONTROL_NAME, Index
 from .policy import Policy
 from .fetch import Fetcher
+from .histogram import Histogram
 from .reads import Reads
 from .store import ChunkStore
 
@@ -76,13 +77,16 @@ class Stats:
         for f in self.FIELDS:
             setattr(self, f, 0)
         self.wait_s = 0.0
+        self.wait_hist = Histogram()  # a read's wait for a fetch under way
         self.started = time.time()
         self.cpu_start = cpu_seconds()
 
     def counters(self) -> dict:
         out = {f: getattr(self, f) for f in self.FIELDS}
+        out["read_wait_seconds"] = self.wait_hist.snapshot()
         out["read_wait_s"] = round(self.wait_s, 4)
         out["uptime_s"] = round(time.time() - self.started, 3)
+        out["rss_bytes"] = resident_bytes()
         out["cpu_s"] = round(cpu_seconds() - self.cpu_start, 4)
         return out
 
@@ -100,6 +104,18 @@ def merge_counters(out: dict, part: dict) -> dict:
         else:
             out[name] = value
     return out
+
+
+def resident_bytes() -> int:
+    """The daemon's resident memory (/proc/self/statm), 0 where it cannot be read."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
 def cpu_seconds() -> float:
@@ -134,6 +150,7 @@ class Core:
                            readahead=config.readahead)
         self.prefetcher = self.reads.prefetcher
         # the parts whose counters() make the statistics (count() adds the FUSE adapter's)
+        self.refusals: dict[int, str] = {}  # rank -> why its last refused order was refused
         self.counted = [self.stats, self.cache, self.fetcher, self.prefetcher, self.reads,
                         *([local] if local is not None else [])]
         self.control = ControlNamespace(ControlHooks(
@@ -394,6 +411,7 @@ class Core:
             order = orderfmt.parse(data, self.index.n_files)
         except orderfmt.OrderError as e:
             self.stats.orders_refused += 1
+            self.refusals[rank] = str(e)  # (the writer reads it back: client.write_order)
             log.warning("order for rank %d refused, the previous one stays: %s", rank, e)
             raise FsError(errno.EINVAL, str(e)) from None
         self.policy.set_order(rank, order)
@@ -448,9 +466,9 @@ class Core:
         for part in self.counted:
             merge_counters(out, part.counters())
         out["requests"] = dict(sorted((k, v) for k, v in out["requests"].items() if v))
-        opens = max(1, out["opens"])
-        out["cpu_us_per_sample"] = round(1e6 * out["cpu_s"] / opens, 1)
-        out["requests_per_sample"] = round(sum(out["requests"].values()) / opens, 3)
+        opens = out["opens"]  # (None per sample until a file is opened)
+        out["cpu_us_per_sample"] = round(1e6 * out["cpu_s"] / opens, 1) if opens else None
+        out["requests_per_sample"] = round(sum(out["requests"].values()) / opens, 3) if opens else None
         plans = {}
         for rank, plan in self.plans.items():
             window = plan.window(self.cache.budget)
@@ -463,4 +481,5 @@ class Core:
                                 "ready_in_a_row": cached.index(False) if False in cached else len(cached),
                                 "importance": plan.importance is not None}
         out["plans"] = plans
+        out["order_refusals"] = {str(rank): why for rank, why in self.refusals.items()}
         return out

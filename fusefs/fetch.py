@@ -19,6 +19,7 @@ import numpy as np
 import trio
 
 from .config import DEFAULTS
+from .histogram import Histogram
 from .store import CorruptSample
 
 log = logging.getLogger("fusefs")
@@ -127,6 +128,8 @@ class Fetcher:
         self.busy = [0] * len(self.node_names)  # batches started and not finished, per node
         self.node_stats = [dict(requests=0, reads=0, samples=0, bytes=0, errors=0, retries=0,
                                 failed_samples=0, down=False) for _ in self.node_names]
+        self.request_hist = Histogram()  # a backend request's time (a batch's reads, with its
+        # wait for a thread slot)
         # per node while it is down: (when, retries, failed_samples) at its going down
         self._down_since: dict[int, tuple[float, int, int]] = {}
 
@@ -210,6 +213,7 @@ class Fetcher:
         try:
             todo, attempt, first_failure = sids, 0, None
             while todo:
+                t0 = trio.current_time()
                 try:
                     results, local = await trio.to_thread.run_sync(
                         self._read, todo, on_read, unpushed is not None,
@@ -223,6 +227,7 @@ class Fetcher:
                 backend = len(todo) - len(local)
                 if backend:
                     stats["requests"] += 1
+                    self.request_hist.observe(trio.current_time() - t0)
                 failed = [s for s in todo if isinstance(results[s], OSError)
                           and not isinstance(results[s], CorruptSample)]
                 stats["errors"] += len(failed)
@@ -297,5 +302,5 @@ class Fetcher:
     def counters(self) -> dict:
         total = {f"backend_{k}": sum(n[k] for n in self.node_stats)
                  for k in ("requests", "reads", "bytes", "samples", "errors", "retries")}
-        return {**total, "nodes": {name: dict(s, inflight=self.busy[i]) for i, (name, s)
+        return {**total, "backend_request_seconds": self.request_hist.snapshot(), "nodes": {name: dict(s, inflight=self.busy[i]) for i, (name, s)
                                    in enumerate(zip(self.node_names, self.node_stats))}}

@@ -19,8 +19,11 @@ from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
-    SummaryMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
 )
+
+from . import __version__
 
 # (stats key, metric name without the fusefs_ prefix, help): totals since the mount started
 COUNTERS = (
@@ -54,6 +57,15 @@ NODE_COUNTERS = (("requests", "backend_requests"), ("reads", "backend_reads"),
                  ("errors", "backend_errors"), ("retries", "backend_retries"))
 
 
+def _histogram(name: str, doc: str, h: dict) -> HistogramMetricFamily:
+    """A statistics histogram (histogram.Histogram.snapshot) as Prometheus's, cumulative."""
+    buckets, total = [], 0
+    for bound, n in zip([*h["bounds"], float("inf")], h["counts"]):
+        total += n
+        buckets.append(("+Inf" if bound == float("inf") else repr(bound), total))
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=h["sum"])
+
+
 def families(s: dict):
     """Metric families of one statistics snapshot."""
     for key, name, doc in COUNTERS:
@@ -62,8 +74,22 @@ def families(s: dict):
         yield GaugeMetricFamily(f"fusefs_{name}", doc, value=s.get(key) or 0)
     yield CounterMetricFamily("fusefs_daemon_cpu_seconds", "CPU time of the daemon, every thread "
                               "(getrusage)", value=s["cpu_s"])
-    yield SummaryMetricFamily("fusefs_read_wait_seconds", "Reads that waited for a fetch, and how long",
-                              count_value=s["read_waits"], sum_value=s["read_wait_s"])
+    yield _histogram("fusefs_read_wait_seconds", "How long reads waited for a fetch under way",
+                     s["read_wait_seconds"])
+    yield _histogram("fusefs_backend_request_seconds", "How long backend requests (a batch of "
+                     "reads on one node) took", s["backend_request_seconds"])
+    yield GaugeMetricFamily("fusefs_uptime_seconds", "Seconds since the mount started", value=s["uptime_s"])
+    yield GaugeMetricFamily("fusefs_resident_memory_bytes", "The daemon's resident memory",
+                            value=s["rss_bytes"])
+    build = InfoMetricFamily("fusefs_build", "The fusefs that serves the mount")
+    build.add_metric([], {"version": __version__})
+    yield build
+    mount = s.get("mount")
+    if mount:
+        info = InfoMetricFamily("fusefs_mount", "The mount point and the packed folder it serves "
+                                "(tells two mounts on one node apart)")
+        info.add_metric([], {"mountpoint": mount["mountpoint"], "source": mount["source"]})
+        yield info
     requests = CounterMetricFamily("fusefs_fuse_requests", "FUSE requests answered, by type",
                                    labels=["type"])
     for kind, n in s["requests"].items():

@@ -6,11 +6,11 @@ import errno
 import hashlib
 import logging
 import os
+import select
 import signal
 import stat
 import subprocess
 import sys
-import time
 
 import trio
 
@@ -52,9 +52,14 @@ def open_dataset(dst: str, retries: int = DEFAULTS.retries,
     return index, store
 
 
-def fuse_options(extra: list[str]) -> set[str]:
+def fuse_options(extra: list[str], source: str = "fusefs") -> set[str]:
+    """The FUSE options: pyfuse3's defaults, the source (the packed folder: what findmnt and
+    /proc/mounts show, as sshfs and s3fs show what they mount) with the type fuse.fusefs,
+    and the user's. (The mount stays rw for the kernel: the order files are written
+    through it; the dataset itself is read-only, EROFS.)"""
     opts = set(pyfuse3.default_options)
-    opts.update({"fsname=fusefs", "subtype=fusefs"})
+    escaped = source.replace("\\", "\\\\").replace(",", "\\,")
+    opts.update({f"fsname={escaped}", "subtype=fusefs"})
     for item in extra:
         opts.update(o for o in item.split(",") if o)
     return opts
@@ -79,16 +84,30 @@ def tune_malloc() -> None:
         pass
 
 
+class MountInfo:
+    """What is mounted where, for the statistics (the metrics' fusefs_mount_info)."""
+
+    def __init__(self, mountpoint: str, source: str):
+        self.info = {"mount": {"mountpoint": mountpoint, "source": source}}
+
+    def counters(self) -> dict:
+        return self.info
+
+
 def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAULTS, *,
-          options: list[str] = ()) -> None:
+          options: list[str] = (), nonempty: bool = False) -> None:
     """Mount the dataset at mnt and serve until unmounted or SIGINT/SIGTERM (foreground);
-    a dead mount left at mnt is cleared first."""
+    a dead mount left at mnt is cleared first. A mount point that holds files is refused
+    unless nonempty."""
     if clear_dead_mount(mnt):
         log.warning("%s was a dead mount (its daemon had died): cleared it", mnt)
     if not os.path.isdir(mnt):
         raise MountError(f"{mnt}: mount point is not a folder")
     if os.path.ismount(mnt):
         raise MountError(f"{mnt}: something is already mounted there")
+    if not nonempty and os.listdir(mnt):
+        raise MountError(f"{mnt}: the mount point is not empty (its files would be hidden; "
+                         "-o nonempty mounts over them)")
     tune_malloc()
     local = None
     if config.local_dir is not None:
@@ -99,6 +118,7 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
     core = Core(index, store, config, local=local, kernel=KernelCache() if config.kernel_cache else None)
     ops = Operations(core)
     core.count(ops)
+    core.count(MountInfo(os.path.abspath(mnt), store.root))
     loop = {}  # the event loop's token, for the metrics server's thread
     server = None
     if config.metrics_port is not None:
@@ -110,13 +130,18 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
             raise MountError(f"metrics on {config.metrics_address}:{config.metrics_port}: {e}") from None
         log.info("metrics at http://%s:%d/metrics", config.metrics_address, server.server_port)
     try:
-        pyfuse3.init(ops, mnt, fuse_options(list(options)))
-    except BaseException:
+        pyfuse3.init(ops, mnt, fuse_options(list(options), store.root))
+    except BaseException as e:
         if local is not None:
             local.close()
         if server is not None:
             server.shutdown()
+        if isinstance(e, RuntimeError):  # (libfuse refused an option: it names it on stderr)
+            raise MountError(f"FUSE refused to mount {mnt} with -o {','.join(options) or '(none)'}: "
+                             "an option unknown to fusefs and to FUSE? (fusefs mount --help lists "
+                             "fusefs's own)") from None
         raise
+    _tell_ready()
     log.info("mounted %s at %s: %d samples, %d chunks on %d node(s)", store.root, mnt, index.n_files,
              len(index.chunks), len(index.nodes))
     # From here on SIGINT and SIGTERM ask for the unmount and never end the process half
@@ -233,37 +258,64 @@ def open_log(path: str, own_folder: bool = False) -> int:
     return fd
 
 
+READY_FD = "FUSEFS_READY_FD"  # the pipe a background mount's daemon says "ready" on
+
+
+def _tell_ready() -> None:
+    """Tell the `fusefs mount --background` that started this daemon that it is mounted."""
+    fd = os.environ.pop(READY_FD, None)
+    if fd is not None:
+        try:
+            os.write(int(fd), b"ready\n")
+            os.close(int(fd))
+        except (OSError, ValueError):
+            pass
+
+
 def start_background(argv: list[str], mnt: str, log_path: str | None, timeout: float = 60.0) -> int:
     """Run `fusefs mount` (foreground) detached, logging to log_path (None: its default);
-    return once mnt is mounted (0) or it failed (its exit status, after printing what this
-    run logged)."""
+    return 0 once its daemon says it is mounted, or its exit status once it failed (after
+    printing what this run logged, and nothing older); the child is always reaped or left
+    running, never defunct."""
+    if os.path.ismount(mnt):
+        raise MountError(f"{mnt}: something is already mounted there")
     own = log_path is None
     log_path = log_path or default_log_path(mnt)
     fd = open_log(log_path, own_folder=own)
     start = os.lseek(fd, 0, os.SEEK_END)  # (what this run logs lies past here)
+    ready_r, ready_w = os.pipe()
     try:
         proc = subprocess.Popen([sys.executable, "-m", "fusefs", *argv], stdin=subprocess.DEVNULL,
-                                stdout=fd, stderr=fd, start_new_session=True)
+                                stdout=fd, stderr=fd, start_new_session=True, pass_fds=(ready_w,),
+                                env=dict(os.environ, **{READY_FD: str(ready_w)}))
     finally:
         os.close(fd)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if os.path.ismount(mnt):
-            print(f"fusefs: mounted at {mnt} (pid {proc.pid}, log {log_path})")
-            return 0
-        if proc.poll() is not None:
-            rfd = os.open(log_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                size = os.fstat(rfd).st_size
-                tail = os.pread(rfd, min(4000, max(0, size - start)), max(start, size - 4000))
-            finally:
-                os.close(rfd)
-            print(tail.decode(errors="replace"), end="", file=sys.stderr)
-            return proc.returncode or 1
-        time.sleep(0.05)
-    proc.terminate()
-    print(f"fusefs: {mnt} did not appear within {timeout:.0f} s; see {log_path}", file=sys.stderr)
-    return 1
+        os.close(ready_w)
+    try:
+        ready, _, _ = select.select([ready_r], [], [], timeout)
+        said = os.read(ready_r, 16) if ready else b""
+    finally:
+        os.close(ready_r)
+    if said.startswith(b"ready"):
+        print(f"fusefs: mounted at {mnt} (pid {proc.pid}, log {log_path})")
+        return 0
+    if not ready:  # (still starting after the timeout: stop it)
+        proc.terminate()
+    try:
+        rc = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = proc.wait()
+    rfd = os.open(log_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        size = os.fstat(rfd).st_size
+        tail = os.pread(rfd, min(4000, max(0, size - start)), max(start, size - 4000))
+    finally:
+        os.close(rfd)
+    print(tail.decode(errors="replace"), end="", file=sys.stderr)
+    if not ready:
+        print(f"fusefs: {mnt} was not mounted within {timeout:.0f} s; see {log_path}", file=sys.stderr)
+    return rc or 1
 
 
 def is_dead_mount(mnt: str) -> bool:

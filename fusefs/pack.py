@@ -248,7 +248,7 @@ def pack(src: str, dst: str, *, chunk_bytes: int | None = DEFAULT_CHUNK_BYTES,
 
     wt = threading.Thread(target=writer, name="fusefs-pack-writer", daemon=True)
     wt.start()
-    bar = tqdm(total=total, unit="B", unit_scale=True, desc="pack", disable=(None if progress is None else not progress),
+    bar = tqdm(total=total, unit="iB", unit_scale=True, unit_divisor=1024, desc="pack", disable=(None if progress is None else not progress),
                dynamic_ncols=True)
     nfiles = len(tree.f_size)
     done_files = 0

@@ -164,7 +164,9 @@ class Reads:
             self.stats.read_waits += 1
             t0 = time.perf_counter()
             await pending.event.wait()
-            self.stats.wait_s += time.perf_counter() - t0
+            waited = time.perf_counter() - t0
+            self.stats.wait_s += waited
+            self.stats.wait_hist.observe(waited)
             result = pending.error or pending.data
         else:
             self.stats.misses += 1

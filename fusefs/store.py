@@ -351,7 +351,7 @@ def verify(root: str, index: Index, progress: bool | None = None) -> list[str]:
     store = ChunkStore(root, index)
     order = np.argsort(index.chunk, kind="stable")
     bounds = np.searchsorted(index.chunk[order], np.arange(len(index.chunks) + 1))
-    with tqdm(total=index.total_bytes, unit="B", unit_scale=True, desc="verify",
+    with tqdm(total=index.total_bytes, unit="iB", unit_scale=True, unit_divisor=1024, desc="verify",
               disable=None if progress is None else not progress) as bar:
         for k, info in enumerate(index.chunks):
             path = store.chunk_path(k)

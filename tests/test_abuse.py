@@ -385,12 +385,10 @@ _EXTREMES = [0, 1, 2, 255, 0o7777, 0o10000, 0o170777, 2**31 - 1, 2**31, 2**32 - 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_a_crafted_index_with_valid_checksums_is_refused_or_served_right(tricky, data):
     """Arrays and metadata changed at random, checksums made valid: the index is refused
-    with IndexFormatError, or every lookup, listing and read of the core over it answers
-    (an errno at worst, never another exception), the fast path takes its tree, and every
-    read gives the right bytes or EIO."""
-    import errno
+    with IndexFormatError, or every listing, lookup and getattr of the core over it answers
+    (and every listing ends), the fast path takes its tree, and every read gives the right
+    bytes or EIO."""
     from fusefs.core import ROOT
-    from fusefs.entries import FsError
     from fusefs.index import ARRAY_DTYPES, FILE_ARRAYS, IndexFormatError
     from fusefs.store import ChunkStore
     from fusefs import pyfuse3

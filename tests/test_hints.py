@@ -432,3 +432,42 @@ def test_two_mounts_as_two_nodes_read_the_epoch_once_each_prefetching_its_share(
     rels = sorted(k for k, v in files.items() if not k.endswith("/") and v)
     rels = rels[:len(rels) // 2 * 2]  # even: no DistributedSampler padding
     check_two_nodes(dst, rels, {r: xxhash.xxh3_64_intdigest(files[r]) for r in rels}, tmp_path)
+
+
+def test_the_process_group_gives_replicas_and_rank_as_for_distributed_sampler(monkeypatch):
+    """With torch.distributed initialised (here: its answers stood in for), HintedSampler
+    takes num_replicas and rank from it, as DistributedSampler does; explicit ones win."""
+    dist = torch.distributed
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 3)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 2)
+    ds = Paths(f"/x/{i}" for i in range(11))
+    ours = HintedSampler(ds, seed=4, write=False)
+    theirs = DistributedSampler(range(11), seed=4)
+    assert (ours.num_replicas, ours.rank) == (3, 2) and list(ours) == list(theirs)
+    assert HintedSampler(ds, num_replicas=2, rank=0, write=False).num_replicas == 2
+
+
+def test_a_subset_or_explicit_paths_give_the_files_and_anything_else_a_clear_error():
+    from torch.utils.data import Dataset, Subset
+    from trainer.hints import dataset_paths
+
+    class Folder(Dataset):
+        samples = [(f"/d/{i}.jpg", i % 2) for i in range(6)]
+
+        def __len__(self):
+            return 6
+
+    assert dataset_paths(Subset(Folder(), [4, 1])) == ["/d/4.jpg", "/d/1.jpg"]
+    assert dataset_paths(Subset(Subset(Folder(), [5, 4, 3]), [2])) == ["/d/3.jpg"]
+
+    class Other(Dataset):
+        def __len__(self):
+            return 3
+    assert dataset_paths(Other(), paths=lambda i: f"/o/{i}") == ["/o/0", "/o/1", "/o/2"]
+    assert dataset_paths(Other(), paths=["/a", "/b", "/c"]) == ["/a", "/b", "/c"]
+    with pytest.raises(ValueError, match="paths has 2 entries, the dataset 3"):
+        dataset_paths(Other(), paths=["/a", "/b"])
+    with pytest.raises(TypeError, match="pass paths="):
+        HintedSampler(Other(), write=False)

@@ -52,6 +52,16 @@ def test_metrics_file_and_http_agree_with_the_stats(tricky, tmp_path):
         assert scraped[("fusefs_plan_epoch", frozenset({("rank", "0")}))] == 4
         assert scraped[("fusefs_plan_length", frozenset({("rank", "0")}))] == 3
         assert ("fusefs_read_wait_seconds_count", frozenset()) in scraped
+        # histograms (cumulative buckets from 10 us to 30 s), uptime, memory, version, mount
+        requests = scraped[("fusefs_backend_request_seconds_count", frozenset())]
+        assert requests == sum(n["requests"] for n in stats["nodes"].values()) > 0
+        assert scraped[("fusefs_backend_request_seconds_bucket", frozenset({("le", "+Inf")}))] == requests
+        assert scraped[("fusefs_backend_request_seconds_bucket", frozenset({("le", "1e-05")}))] <= requests
+        assert scraped[("fusefs_uptime_seconds", frozenset())] > 0
+        assert scraped[("fusefs_resident_memory_bytes", frozenset())] > 10 << 20
+        from fusefs import __version__
+        assert scraped[("fusefs_build_info", frozenset({("version", __version__)}))] == 1
+        assert scraped[("fusefs_mount_info", frozenset({("mountpoint", mnt), ("source", dst)}))] == 1
         assert scraped[("fusefs_kernel_dropped_samples_total", frozenset())] >= stats["kernel_dropped"]
         assert scraped[("fusefs_fuse_requests_total", frozenset({("type", "open")}))] > 0
     assert ".fusefs" not in root_listing  # the control folder is reached by path, never listed

@@ -38,23 +38,49 @@ __all__ = ["HintedSampler", "dataset_paths", "find_mount", "mount_chunks", "moun
 from .orders import chunk_block_order, echo_fresh_count, echo_order
 
 
-def dataset_paths(dataset) -> list[str]:
-    """The file path of each index of a dataset: ImageFolder/DatasetFolder `.samples`,
-    `.imgs`, or a plain list of paths."""
+def dataset_paths(dataset, paths=None) -> list[str]:
+    """The file path of each index of a dataset: `paths` if given (a list, or a function of
+    the index); else ImageFolder/DatasetFolder `.samples` or `.imgs`, a `Subset` of such a
+    dataset (its indices mapped through), or a plain list of paths."""
+    if paths is not None:
+        if callable(paths):
+            return [os.fspath(paths(i)) for i in range(len(dataset))]
+        paths = [os.fspath(p) for p in paths]
+        if len(paths) != len(dataset):
+            raise ValueError(f"paths has {len(paths)} entries, the dataset {len(dataset)}")
+        return paths
+    inner = getattr(dataset, "dataset", None)
+    indices = getattr(dataset, "indices", None)
+    if inner is not None and indices is not None:  # (torch.utils.data.Subset, nested too)
+        whole = dataset_paths(inner)
+        return [whole[int(i)] for i in indices]
     for attr in ("samples", "imgs"):
         items = getattr(dataset, attr, None)
         if items is not None:
             return [s[0] if isinstance(s, (tuple, list)) else s for s in items]
     if isinstance(dataset, (list, tuple)):
         return [os.fspath(p) for p in dataset]
-    raise TypeError("pass a dataset with .samples (ImageFolder) or a list of paths")
+    raise TypeError(f"HintedSampler cannot tell the file of each sample of a {type(dataset).__name__}: "
+                    "pass paths=[the file of each index] (or paths=function of the index), or a "
+                    "dataset with .samples (ImageFolder), or a Subset of one")
+
+
+def _process_group() -> tuple[int, int] | None:
+    """(world size, rank) of torch.distributed's default process group, if one is set up."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return None
 
 
 class HintedSampler(Sampler):
     """RandomSampler / DistributedSampler that also tells the mount the order.
 
     Without num_replicas: the indices of RandomSampler(generator seeded with seed+epoch).
-    With num_replicas and rank: DistributedSampler's indices for that rank. The order is
+    With num_replicas and rank (taken from torch.distributed's process group when one is
+    initialised, as DistributedSampler does): DistributedSampler's indices for that rank.
+    The sample files come from the dataset (ImageFolder's .samples, a Subset of one) or
+    from `paths` (a list, or a function of the index) for any other dataset. The order is
     written at each __iter__ (call set_epoch before each epoch, as with
     DistributedSampler; without it every epoch repeats epoch 0's order).
 
@@ -82,12 +108,16 @@ class HintedSampler(Sampler):
                  rank: int | None = None, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, importance=None, write: bool = True,
                  local_rank: int | None = None, mode: str = "random", group: int = 1,
-                 batch_size: int | None = None, chunks=None, lookahead: bool = True):
-        self.paths = dataset_paths(dataset)
+                 batch_size: int | None = None, chunks=None, lookahead: bool = True, paths=None):
+        self.paths = dataset_paths(dataset, paths)
         self.n = len(self.paths)
         self.write = write and bool(self.paths)
         self.mount = mount or (find_mount(self.paths[0]) if self.write else None)
         self.ids = paths_to_ids(self.paths, self.mount) if self.write else None
+        pg = _process_group()  # (as DistributedSampler: the process group's, unless given)
+        if pg is not None:
+            num_replicas = pg[0] if num_replicas is None else num_replicas
+            rank = pg[1] if rank is None else rank
         self.distributed = num_replicas is not None
         self.num_replicas = num_replicas or 1
         self.rank = rank or 0

@@ -1,0 +1,133 @@
+"""The command line as a user of other FUSE mount tools expects it (issue 46): a background
+mount returns once the daemon serves or with that run's own error, a non-empty mount point
+is refused, every user error is one line and an exit code, /proc/mounts names what is
+mounted, and a refused order says why."""
+import os
+import subprocess
+
+import pytest
+
+from fusefs.mounts import is_mounted
+from testkit.mounts import running_mount
+
+from conftest import fusefs_cmd
+
+EXIT_USER, EXIT_SYSTEM = 2, 1  # (documented in README: "Exit codes")
+
+
+def _run(*args, timeout=120):
+    return subprocess.run(fusefs_cmd(*args), capture_output=True, text=True, timeout=timeout)
+
+
+def _one_error_line(r, code, *words):
+    assert r.returncode == code, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert lines and all(w in lines[-1] for w in words), r.stderr
+
+
+def _no_zombies():
+    """No child of this process is left defunct."""
+    me = str(os.getpid())
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                stat = open(f"/proc/{pid}/stat").read().split()
+            except OSError:
+                continue
+            assert not (stat[3] == me and stat[2] == "Z"), f"defunct child {pid}"
+
+
+def test_a_background_mount_reports_success_only_once_it_serves(tricky, tmp_path):
+    _, dst, files = tricky
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    log = tmp_path / "bg.log"
+    r = _run("mount", "--background", "--log", log, dst, mnt)
+    try:
+        assert r.returncode == 0 and "mounted at" in r.stdout, r.stderr
+        assert (mnt / "root file.txt").read_bytes() == files["root file.txt"]
+        # a second mount on the same point fails, with one line of its own
+        r = _run("mount", "--background", "--log", log, dst, mnt)
+        _one_error_line(r, EXIT_USER, "already mounted")
+        with open("/proc/mounts") as f:  # what is mounted, and by whom
+            line = next(line for line in f if line.split()[1] == str(mnt))
+        assert line.split()[0] == os.path.abspath(dst) and line.split()[2] == "fuse.fusefs"
+    finally:
+        _run("umount", mnt)
+    assert not is_mounted(mnt)
+    _no_zombies()
+
+
+@pytest.mark.parametrize("case", ["a file", "missing", "bad option", "unknown fuse option", "not empty"])
+def test_a_failed_background_mount_prints_its_own_error_and_fails(tricky, tmp_path, case):
+    _, dst, _ = tricky
+    mnt = tmp_path / "mnt"
+    log = tmp_path / "bg.log"
+    log.write_text("an older run's error: Traceback (most recent call last)\n")
+    args, words = [], []
+    if case == "a file":
+        mnt.write_text("x")
+        words = ["not a folder"]
+    elif case == "missing":
+        words = ["not a folder"]
+    else:
+        mnt.mkdir()
+        if case == "bad option":
+            args, words = ["-o", "cache_size=abc"], ["not a size"]
+        elif case == "unknown fuse option":
+            args, words = ["-o", "bogus_opt"], ["bogus_opt"]
+        else:
+            (mnt / "keep.txt").write_text("mine\n")
+            words = ["not empty", "nonempty"]
+    r = _run("mount", "--background", "--log", log, dst, mnt, *args)
+    _one_error_line(r, EXIT_USER, *words)
+    assert "older run" not in r.stderr  # (this run's lines only)
+    assert not is_mounted(mnt)
+    _no_zombies()
+
+
+def test_nonempty_mounts_over_files(tricky, tmp_path):
+    _, dst, files = tricky
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    (mnt / "keep.txt").write_text("mine\n")
+    with running_mount(dst, mnt, "-o", "nonempty", "-f"):
+        assert (mnt / "root file.txt").read_bytes() == files["root file.txt"]
+    assert (mnt / "keep.txt").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("args,code,words", [
+    (["pack", "{src}", "/proc/x"], EXIT_SYSTEM, ["/proc/x"]),
+    (["stats", "/tmp"], EXIT_SYSTEM, ["not inside a fusefs mount"]),
+    (["info", "{tmp}/none"], EXIT_USER, ["no index"]),
+    (["verify", "{tmp}/none"], EXIT_USER, ["no index"]),
+    (["mount", "{tmp}/none", "{tmp}"], EXIT_USER, ["no index"]),
+    (["mount", "{dst}", "{tmp}/m", "-o", "cache_size=abc"], EXIT_USER, ["not a size"]),
+    (["mount", "{dst}", "{tmp}/m", "-o", "per_node"], EXIT_USER, ["needs a value"]),
+])
+def test_user_errors_are_one_line_and_an_exit_code(tricky, tmp_path, args, code, words):
+    src, dst, _ = tricky
+    (tmp_path / "m").mkdir()
+    args = [a.format(src=src, dst=dst, tmp=tmp_path) for a in args]
+    r = _run(*args)
+    _one_error_line(r, code, *words)
+
+
+def test_a_refused_order_says_why(tricky_mount):
+    from fusefs.client import OrderRefused, write_order
+    _, mnt, _, _ = tricky_mount
+    with pytest.raises(OrderRefused, match="unknown sample id 99999"):
+        write_order(mnt, [0, 99999])
+    write_order(mnt, [0, 1])  # (a good one is taken)
+
+
+def test_sizes_print_in_iec_units_and_parse_in_both(tricky, tmp_path):
+    import re
+    from fusefs.cli import parse_size
+    src, _, _ = tricky
+    r = _run("pack", src, tmp_path / "p", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"files, [0-9.]+ (B|KiB|MiB) into .*\([0-9.]+ (B|KiB|MiB|GiB)/s\)", r.stdout), r.stdout
+    assert not re.search(r"\d ?[kMG]B\b", r.stdout), r.stdout
+    assert parse_size("2MiB") == 2 << 20 and parse_size("2MB") == 2_000_000 and parse_size("1.5GiB") == 3 << 29
