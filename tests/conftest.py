@@ -94,8 +94,36 @@ def corrupt_sample(dst, copy, rel: str, at: int = 0):
     return ix, sid, path
 
 
+# Modules whose tests mount a real FUSE filesystem, build a wheel or train a model: marked
+# `mount`; every other test is marked `unit` (no mount; `pytest -m unit` runs in seconds).
+SLOW_MODULES = {"test_abuse", "test_cli", "test_clients", "test_demo", "test_faults", "test_gluster",
+                "test_hints", "test_hybrid", "test_imagefolder", "test_importance", "test_local",
+                "test_metrics", "test_mount", "test_orders", "test_pack", "test_package",
+                "test_pyfuse3_patched", "test_swap"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        slow = item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES
+        item.add_marker(pytest.mark.mount if slow else pytest.mark.unit)
+
+
 def fusefs_cmd(*args) -> list[str]:
     return [sys.executable, "-m", "fusefs", *map(str, args)]
+
+
+def refused_mount(*args, mnt, timeout: float = 60):
+    """Run `fusefs mount ARGS`, which the test expects to be refused: bounded by timeout, and
+    whatever happens (a regression that lets it mount), nothing is left mounted at mnt."""
+    import subprocess
+    from fusefs.mounts import is_mounted
+    from testkit.mounts import stop_mount
+    try:
+        return subprocess.run(fusefs_cmd("mount", *args), capture_output=True, text=True,
+                              timeout=timeout, cwd=REPO)
+    finally:
+        if is_mounted(mnt):
+            stop_mount(mnt)
 
 
 

@@ -80,7 +80,11 @@ def test_a_failed_background_mount_prints_its_own_error_and_fails(tricky, tmp_pa
         else:
             (mnt / "keep.txt").write_text("mine\n")
             words = ["not empty", "nonempty"]
-    r = _run("mount", "--background", "--log", log, dst, mnt, *args)
+    try:
+        r = _run("mount", "--background", "--log", log, dst, mnt, *args)
+    finally:  # (a regression that mounted leaves nothing behind)
+        if is_mounted(mnt):
+            _run("umount", mnt)
     _one_error_line(r, EXIT_USER, *words)
     assert "older run" not in r.stderr  # (this run's lines only)
     assert not is_mounted(mnt)

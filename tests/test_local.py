@@ -1,7 +1,6 @@
 """The local cache tier (issue 5): memory, then DIR, then the backend; budgets, priorities,
 warm restarts, damaged files, one mount per DIR."""
 import os
-import subprocess
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ from fusefs.local import LocalTier, LocalTierError
 from testkit.mounts import running_mount
 from trainer import mount_stats
 
-from conftest import fusefs_cmd, make_core
+from conftest import make_core, refused_mount
 from test_readahead import exact_within_budget, run_epoch
 
 
@@ -147,8 +146,7 @@ def test_mount_with_local_tier_survives_a_remount(three_nodes, tmp_path):
         # a second mount of the same DIR is refused, with the reason
         other = tmp_path / "mnt2"
         other.mkdir()
-        r = subprocess.run(fusefs_cmd("mount", dst, other, "--local-cache", folder),
-                           capture_output=True, text=True, timeout=60)
+        r = refused_mount(dst, other, "--local-cache", folder, mnt=other)
         assert r.returncode == 2 and "in use by another fusefs mount" in r.stderr
         assert not os.path.ismount(other)
     with running_mount(dst, mnt, *args):

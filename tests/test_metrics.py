@@ -6,7 +6,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import read_tree
+from conftest import read_tree, refused_mount
 from fusefs.client import mount_stats, write_order
 from testkit.mounts import running_mount
 
@@ -72,16 +72,12 @@ def files_of(files: dict) -> dict:
 
 
 def test_a_metrics_port_in_use_is_refused_before_mounting(tricky, tmp_path):
-    import subprocess
-
-    from conftest import fusefs_cmd
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         mnt = tmp_path / "mnt"
         mnt.mkdir()
-        r = subprocess.run(fusefs_cmd("mount", tricky[1], mnt, "--metrics-port", port),
-                           capture_output=True, text=True, timeout=60)
+        r = refused_mount(tricky[1], mnt, "--metrics-port", port, mnt=mnt)
     assert r.returncode == 2 and f"127.0.0.1:{port}" in r.stderr, r.stderr
     assert not os.path.ismount(mnt)

@@ -18,7 +18,7 @@ from fusefs.index import INDEX_NAME, Index
 from testkit.mounts import is_mounted, resolve, running_mount, stop_mount
 from trainer.hints import mount_stats
 
-from conftest import fusefs_cmd, read_tree, REPO
+from conftest import fusefs_cmd, read_tree, refused_mount, REPO
 
 
 def test_every_file_is_byte_identical_with_same_metadata(tricky_mount):
@@ -178,7 +178,7 @@ def test_mount_refuses_a_damaged_dataset_naming_the_file(tricky, tmp_path, damag
         named.write_bytes(named.read_bytes()[:-10])
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    r = subprocess.run(fusefs_cmd("mount", dst, mnt), capture_output=True, text=True, cwd=REPO, timeout=60)
+    r = refused_mount(dst, mnt, mnt=mnt)
     assert r.returncode == 2
     assert str(named) in r.stderr
     assert not is_mounted(mnt)
