@@ -501,3 +501,61 @@ def test_importance_training_through_a_mount_with_torchvision(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     row = json.loads(r.stdout.splitlines()[0])
     assert row["trained"] == n and "backend_bytes" not in row and "kernel_dropped" not in row
+
+
+def _unbiased(n, prune=0.5, epochs=None, warmup=3):
+    tracker = LossTracker(n, window=warmup)
+    s = ImportanceSampler(Paths(f"/x/{i}" for i in range(n)), tracker, mode="unbiased",
+                          prune=prune, epochs=epochs, warmup=warmup, write=False)
+    return s, tracker
+
+
+def test_unbiased_epochs_drop_well_learned_samples_at_random_and_weight_the_rest():
+    """InfoBatch's rule: a sample of loss below the mean is left out with probability
+    prune, one kept gets the weight 1 / (1 - prune); the others are all trained on, with
+    weight 1. Over epochs, the weighted sum of the kept samples' losses is the full sum in
+    expectation (the gradient is unbiased)."""
+    n, prune = 4000, 0.5
+    s, tracker = _unbiased(n, prune)
+    rng = np.random.default_rng(2)
+    losses = rng.exponential(1.0, n)
+    _warm(s, tracker, [losses for _ in range(3)])
+    low = losses < losses.mean()
+    sums = []
+    for epoch in range(3, 40):
+        s.set_epoch(epoch)
+        s.reevaluation()
+        idx = np.array(list(s))
+        assert len(idx) == len(s) and len(set(idx.tolist())) == len(idx)
+        kept = np.zeros(n, bool)
+        kept[idx] = True
+        assert kept[~low].all()  # every hard sample, every epoch
+        w = s.weights(idx)
+        assert np.all(w[low[idx]] == 2.0) and np.all(w[~low[idx]] == 1.0)
+        sums.append(float((w * losses[idx]).sum()))
+        if epoch == 3:
+            share = 1 - kept[low].mean()
+            assert abs(share - prune) < 0.05  # (2,500-odd draws: within a few points)
+            t = torch.as_tensor(idx[:5])
+            assert torch.equal(s.weights(t), torch.as_tensor(w[:5]))  # a tensor for a tensor
+    full = float(losses.sum())
+    assert abs(np.mean(sums) - full) < 0.01 * full  # unbiased: the mean over 37 epochs
+    assert len(idx) < 0.8 * n  # and the epochs are shorter
+
+
+def test_unbiased_epochs_anneal_to_full_epochs_at_the_end():
+    n = 200
+    s, tracker = _unbiased(n, prune=0.5, epochs=16)  # anneal 0.125: the last 2 are full
+    rng = np.random.default_rng(3)
+    _warm(s, tracker, [rng.exponential(1.0, n) for _ in range(3)])
+    sizes = {}
+    for epoch in range(3, 16):
+        s.set_epoch(epoch)
+        s.reevaluation()
+        idx = list(s)
+        sizes[epoch] = len(idx)
+        if epoch >= 14:
+            assert sorted(idx) == list(range(n)) and np.all(s.weights(np.array(idx)) == 1.0)
+    assert all(sizes[e] < n for e in range(3, 14)) and not s.reevaluation()
+    with pytest.raises(ValueError, match="prune"):
+        _unbiased(10, prune=1.0)

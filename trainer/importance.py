@@ -11,9 +11,17 @@ epochs is split in two by KMeans (scikit-learn): the cluster of larger mean vari
    for training are not read and decoded a second time;
 2. every sample's importance is its last recorded loss (stable samples: from the
    training forward passes, as they happen);
-3. the `keep` share of highest importance (plus, optionally, an `explore` share of the
-   rest drawn at random, so no sample is starved forever) is shuffled, written to the
-   mount as the epoch's order with the importance values, and trained on.
+3. which samples are trained on, by `mode`:
+   - "unbiased" (InfoBatch's rule, ICLR 2024): each sample of importance below the mean
+     (well learned) is left out at random with probability `prune`; the well-learned ones
+     kept get the weight 1 / (1 - prune) (`sampler.weights(idx)`: multiply their losses by
+     it), so the epoch's gradient is the full epoch's in expectation; the last `anneal`
+     share of the `epochs` is full, unweighted training;
+   - "rank" (the first design, kept for comparison): the `keep` share of highest
+     importance (plus, optionally, an `explore` share of the rest drawn at random), which
+     biases the gradient toward hard samples;
+   the chosen samples are shuffled, written to the mount as the epoch's order with the
+   importance values, and trained on.
 
 Typical loop (the dataset must return the sample index too: wrap it in `WithIndex`):
 
@@ -29,8 +37,11 @@ Typical loop (the dataset must return the sample index too: wrap it in `WithInde
         for x, y, idx in sampler.batches(loader):
             losses = criterion(model(x), y)
             tracker.record(idx, losses)
-            losses.mean().backward(); ...
+            (losses * sampler.weights(idx)).mean().backward(); ...
         tracker.end_epoch()
+
+(with `ImportanceSampler(train_set, tracker, mode="unbiased", prune=0.5, epochs=epochs)`;
+in "rank" mode, and in full epochs, `weights` is all ones.)
 
 `sampler.batches(loader)` yields the re-evaluated samples chosen for training first (from
 memory, shuffled, `loader.batch_size` at a time: the loader's workers start on the rest
@@ -161,17 +172,30 @@ class ImportanceSampler(Sampler):
     matching orders to the fusefs mount that holds the dataset (`write=False`, or a
     dataset off any mount, only samples).
 
-    keep: share of samples trained on after the warm-up, a float or a function
-    epoch -> float. explore: share of the samples left out that is drawn at random and
-    added. warmup: epochs of full training (and of loss history) before the first split;
+    mode "unbiased": prune, the chance that a well-learned sample (importance below the
+    mean) is left out of an epoch; epochs (the run's), anneal: its last share trained on in
+    full (InfoBatch: an eighth). mode "rank": keep, share of samples trained on after the
+    warm-up, a float or a function epoch -> float; explore, share of the samples left out
+    that is drawn at random and added. warmup: epochs of full training (and of loss history) before the first split;
     every: epochs between splits. reuse_bytes: memory for the decoded batches of the
     re-evaluation (`reevaluate`), which `batches` hands to training (0: none kept).
     """
 
+    MODES = ("rank", "unbiased")
+
     def __init__(self, dataset, tracker: LossTracker, keep=0.7, explore: float = 0.0,
                  warmup: int | None = None, every: int = 1, seed: int = 0,
                  mount: str | None = None, write: bool = True, local_rank: int = 0,
-                 reuse_bytes: int = 512 << 20):
+                 reuse_bytes: int = 512 << 20, mode: str = "rank", prune: float = 0.5,
+                 epochs: int | None = None, anneal: float = 0.125):
+        if mode not in self.MODES:
+            raise ValueError(f"mode must be one of {', '.join(self.MODES)}, got {mode!r}")
+        if not 0.0 <= prune < 1.0:
+            raise ValueError(f"prune must lie in [0, 1), got {prune}")
+        if not 0.0 <= anneal <= 1.0:
+            raise ValueError(f"anneal must lie in [0, 1], got {anneal}")
+        self.mode, self.prune, self.epochs, self.anneal = mode, prune, epochs, anneal
+        self._weight: np.ndarray | None = None  # this epoch's loss weights (None: all 1)
         self.paths = dataset_paths(dataset)
         self.n = len(self.paths)
         if tracker.n != self.n:
@@ -216,7 +240,25 @@ class ImportanceSampler(Sampler):
 
     @property
     def importance_phase(self) -> bool:
-        return self.epoch >= self.warmup and self.tracker.epochs >= 2
+        return self.epoch >= self.warmup and self.tracker.epochs >= 2 and not self.annealing
+
+    @property
+    def annealing(self) -> bool:
+        """In the last `anneal` share of the `epochs` (unbiased mode): full epochs."""
+        if self.mode != "unbiased" or self.epochs is None:
+            return False
+        return self.epoch >= self.epochs - int(np.ceil(self.anneal * self.epochs))
+
+    def weights(self, idx):
+        """The loss weight of each index of idx (a tensor or array, as the loader yields
+        it) this epoch: 1 / (1 - prune) for a well-learned sample kept in unbiased mode,
+        else 1; a tensor for a tensor."""
+        arr = np.asarray(idx.cpu() if hasattr(idx, "cpu") else idx, dtype=np.int64)
+        w = np.ones(len(arr), dtype=np.float32) if self._weight is None else self._weight[arr]
+        if hasattr(idx, "cpu"):
+            import torch
+            return torch.from_numpy(np.ascontiguousarray(w)).to(idx.device)
+        return w
 
     def keep_fraction(self) -> float:
         k = self.keep(self.epoch) if callable(self.keep) else self.keep
@@ -291,8 +333,16 @@ class ImportanceSampler(Sampler):
         """This epoch's training indices, in their (shuffled) order, given every sample's
         importance (None: the warm-up, all samples)."""
         rng = np.random.default_rng((self.seed, self.epoch))
+        self._weight = None
         if imp is None:
             return rng.permutation(self.n)
+        if self.mode == "unbiased":
+            perm = rng.permutation(self.n)
+            known = np.isfinite(imp)
+            low = known & (imp < (imp[known].mean() if known.any() else np.inf))
+            kept = ~(low & (rng.random(self.n) < self.prune))
+            self._weight = np.where(low & kept, np.float32(1 / (1 - self.prune)), np.float32(1))
+            return perm[kept[perm]]
         # The shuffle: one random permutation of the epoch, kept to the chosen. (Uniform
         # over the chosen, and the same relative order for any chosen set: the provisional
         # order written with the re-evaluation and the final one agree on what comes
@@ -332,6 +382,8 @@ class ImportanceSampler(Sampler):
             return len(self._selected)
         if not self.importance_phase:
             return self.n
+        if self.mode == "unbiased":  # (the draw is the epoch's: the same select() makes)
+            return len(self.select(self.importance()))
         n_keep = self._n_keep()
         return n_keep + int(round(self.explore * (self.n - n_keep)))
 
