@@ -5,7 +5,7 @@ docs differ from what it would write, and say which table).
 
 Tables: mount (bench_mount: index, pack, random reads), order (bench_order: the settings
 on the GlusterFS test bed), clients (bench_clients: fio and tar), faults (faults.py), soak
-(soak.py), each from the benchmark's last run (its rows share `started`); gpu-node
+(soak.py), memory (bench_memory.py), each from the benchmark's last run (its rows share `started`); gpu-node
 (bench_node on the GPU node: loose files, fusefs and the minimal C daemon by loader and
 workers), gpu-hybrid (bench_hybrid's summaries) and gpu-swap (bench_swap's rows, or the exit
 status of its part where it did not finish).
@@ -222,7 +222,27 @@ def gpu_swap(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-TABLES = {"mount": (mount, "bench_mount.jsonl"), "order": (order, "bench_order.jsonl"),
+def memory(rows: list[dict]) -> str:
+    run = last_run(rows, "bench_memory")
+    if not run:
+        return not_measured("bench_memory")
+    mb = lambda x: f"{x / 1e6:,.0f} MB"
+    out = ["| part | figures | commit, date |", "| --- | --- | --- |"]
+    for r in run:
+        if r["part"] == "small":
+            out.append(f"| {r['files']:,} samples of 0.5-3 KB, cache {r['cache_size']} | RSS fresh {mb(r['rss_base'])} "
+                       f"(index {mb(r['index_bytes'])}), with the order {mb(r['rss_after_order'])}, after the epoch "
+                       f"{mb(r['rss_end'])}: {r['cache_samples']:,} entries holding {mb(r['cache_bytes'])}, "
+                       f"{r['per_entry_beyond_bytes']:,} B per entry beyond its bytes; {mb(r['over_budget'])} over "
+                       f"fresh + budget | {where(r)} |")
+        else:
+            out.append(f"| {r['handles']} handles held open by `{r['held_by']}`, read a byte at a time (O_DIRECT) "
+                       f"| RSS {mb(r['rss_before'])} before, {mb(r['rss_held'])} held, {mb(r['rss_after'])} after; "
+                       f"{mb(r['held_bytes'])} kept for the handles | {where(r)} |")
+    return "\n".join(out)
+
+
+TABLES = {"mount": (mount, "bench_mount.jsonl"), "memory": (memory, "bench_memory.jsonl"), "order": (order, "bench_order.jsonl"),
           "clients": (clients, "bench_clients.jsonl"), "faults": (faults, "faults.jsonl"),
           "soak": (soak, "soak.jsonl"), "gpu-node": (gpu_node, "gpu-node.jsonl"), "gpu-hybrid": (gpu_hybrid, "gpu-node.jsonl"),
           "gpu-swap": (gpu_swap, "gpu-node.jsonl")}
