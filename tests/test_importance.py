@@ -559,3 +559,22 @@ def test_unbiased_epochs_anneal_to_full_epochs_at_the_end():
     assert all(sizes[e] < n for e in range(3, 14)) and not s.reevaluation()
     with pytest.raises(ValueError, match="prune"):
         _unbiased(10, prune=1.0)
+
+
+def test_the_training_workload_runs_unbiased_epochs(tmp_path):
+    """train_importance.py --mode unbiased under Debian's Python: full warm-up epochs, then
+    shorter weighted epochs, then the annealed last epoch in full; it learns."""
+    import subprocess
+    from conftest import REPO
+    from testkit.synth import make_digits
+    make_digits(str(tmp_path / "digits"))
+    r = subprocess.run(["/usr/bin/python3", os.path.join(REPO, "scripts", "workloads", "train_importance.py"),
+                        str(tmp_path / "digits" / "train"), str(tmp_path / "digits" / "test"),
+                        "--mode", "unbiased", "--epochs", "6", "--prune", "0.5", "--workers", "0"],
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO), timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    n = rows[0]["trained"]
+    trained = [row["trained"] for row in rows]
+    assert trained[:3] == [n] * 3 and all(t < n for t in trained[3:5]) and trained[5] == n
+    assert rows[-1]["test_acc"] > 0.5

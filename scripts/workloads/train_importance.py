@@ -19,7 +19,7 @@ program code's too); --evict PATH (repeatable) only evicts the files under PATH 
 in this machine's page cache. ROOT may also be a plain folder (no mount): the same
 training without hints or mount statistics, to time the training side alone.
 
-usage: train_importance.py ROOT TEST --mode full|importance [--epochs 15] [--keep 0.7]
+usage: train_importance.py ROOT TEST --mode full|importance|unbiased [--epochs 15] [--keep 0.7] [--prune 0.5]
                            [--warmup 3] [--seed 0] [--workers 2] [--batch 64] [--drop-caches]
                            [--evict PATH ...]
                            [--order random|chunks|echo] [--group G] [--reuse-mb 512]
@@ -92,7 +92,10 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("root")
     p.add_argument("test")
-    p.add_argument("--mode", choices=("full", "importance"), required=True)
+    p.add_argument("--mode", choices=("full", "importance", "unbiased"), required=True,
+                   help="importance: ImportanceSampler's rank mode (--keep); unbiased: its "
+                        "InfoBatch mode (--prune, weighted losses, annealed last epochs)")
+    p.add_argument("--prune", type=float, default=0.5)
     p.add_argument("--epochs", type=int, default=15)
     p.add_argument("--keep", type=float, default=0.7)
     p.add_argument("--warmup", type=int, default=3)
@@ -122,11 +125,14 @@ def main():
                                 write=bool(stats_of(a.root)))
     else:
         sampler = ImportanceSampler(train, tracker, keep=a.keep, warmup=a.warmup, seed=a.seed,
-                                    reuse_bytes=int(a.reuse_mb * 2**20))
+                                    reuse_bytes=int(a.reuse_mb * 2**20),
+                                    mode="unbiased" if a.mode == "unbiased" else "rank",
+                                    prune=a.prune, epochs=a.epochs)
     indexed = WithIndex(train)
     loader = DataLoader(indexed, batch_size=a.batch, sampler=sampler, num_workers=a.workers,
                         persistent_workers=a.workers > 0)
-    if a.mode == "importance":  # one loader for every epoch's re-evaluation: no new workers
+    sampled = a.mode != "full"  # (importance or unbiased: re-evaluation, held batches)
+    if sampled:  # one loader for every epoch's re-evaluation: no new workers
         # small batches: a set of a few hundred samples in batches of 64 leaves one worker
         # idle for up to a batch at the end (the held ones are re-batched for training)
         reloader = DataLoader(indexed, batch_size=16, sampler=sampler.reevaluation_sampler,
@@ -143,19 +149,19 @@ def main():
         sampler.set_epoch(epoch)
         n_re = 0
         t_split = time.perf_counter()
-        if a.mode == "importance":
+        if sampled:
             n_re = sampler.reevaluate(model, reloader, criterion)
         t_re = time.perf_counter()
         s_mid = stats_of(a.root) if n_re else {}
         trained = 0
         t_first = None
-        for x, y, idx in (sampler.batches(loader) if a.mode == "importance" else loader):
+        for x, y, idx in (sampler.batches(loader) if sampled else loader):
             if t_first is None:
                 t_first = time.perf_counter()
             losses = criterion(model(x), y)
             tracker.record(idx, losses)
             opt.zero_grad()
-            losses.mean().backward()
+            (losses * sampler.weights(idx) if a.mode == "unbiased" else losses).mean().backward()
             opt.step()
             trained += len(idx)
         tracker.end_epoch()
@@ -183,7 +189,7 @@ def main():
         if s_mid:
             row["reeval_served"] = {k: s_mid[k] - s0[k] for k in ("hits", "read_waits", "misses", "backend_samples", "backend_reads")}
         row["first_batch_s"] = None if t_first is None else round(t_first - t_re, 3)
-        if a.mode == "importance":
+        if sampled:
             row["fluctuating"] = int(sampler.fluctuating.sum())
             row["reused"] = sampler.reused
         print(json.dumps(row), flush=True)
