@@ -15,6 +15,12 @@ path's thread answers reads from the entries it is told of, fastpath.py).
 Pinned entries (`set_pins`: the samples of highest importance, within the static share of
 the budget) are never evicted. Bytes reserved for fetches under way count against the
 budget too, so the budget is never exceeded.
+
+An entry costs the budget its sample's bytes and `entry_overhead` more (ENTRY_OVERHEAD by
+default): what an entry takes beyond its bytes (its Python objects, its place in the
+eviction heap, and the holes that evicted samples of other sizes leave in the heap), as
+scripts/bench/bench_memory.py measures it (about 1.1 KB per entry of 0.5-3 KB samples).
+Reservations are counted the same way (`reserve(size)`, `unreserve(size, count)`).
 """
 from __future__ import annotations
 
@@ -24,15 +30,18 @@ import math
 
 import numpy as np
 
+ENTRY_OVERHEAD = 1024  # bytes an entry costs beyond its sample's (bench_memory: ~1.1 KB)
+
 
 class SampleCache:
-    def __init__(self, budget: int, static: int = 0):
+    def __init__(self, budget: int, static: int = 0, entry_overhead: int = ENTRY_OVERHEAD):
         if budget < 0:
             raise ValueError("cache budget must be >= 0")
         if not 0 <= static <= budget:
             raise ValueError("the static (pinned) share must lie between 0 and the budget")
         self.budget = budget
         self.static = static
+        self.overhead = entry_overhead
         self.pin_set: set[int] = set()  # samples picked for pinning (cached or not yet)
         self.pinned_bytes = 0
         self.used = 0
@@ -61,6 +70,10 @@ class SampleCache:
     @property
     def pinned_samples(self) -> int:
         return sum(1 for s in self.pin_set if s in self._entries)
+
+    def cost(self, size: int) -> int:
+        """What an entry (or a reservation) of a sample of size bytes takes of the budget."""
+        return size + self.overhead
 
     @property
     def free(self) -> int:
@@ -111,7 +124,7 @@ class SampleCache:
             if not (-neg > key or -neg == math.inf):
                 break
             taken.append(heapq.heappop(heap))
-            freed += len(entries[sid])
+            freed += len(entries[sid]) + self.overhead
         if self.free + freed < nbytes:
             for item in taken:
                 heapq.heappush(heap, item)
@@ -120,39 +133,42 @@ class SampleCache:
         for _, _, sid in taken:
             data = entries.pop(sid)
             del current[sid]
-            self.used -= len(data)
+            self.used -= len(data) + self.overhead
             self.evictions += 1
             if mirror is not None:
                 mirror(sid, None)
         return True
 
-    def reserve(self, nbytes: int, key: float = math.inf) -> bool:
-        """Set nbytes aside for a fetch about to start of a sample needed at key (see
-        policy.Policy.key), evicting only entries needed later."""
-        if not self._make_room(nbytes, key):
+    def reserve(self, size: int, key: float = math.inf) -> bool:
+        """Set room aside for a fetch about to start of a sample of size bytes needed at
+        key (see policy.Policy.key), evicting only entries needed later."""
+        need = size + self.overhead
+        if not self._make_room(need, key):
             return False
-        self.reserved += nbytes
+        self.reserved += need
         self.peak = max(self.peak, self.used + self.reserved)
         return True
 
-    def unreserve(self, nbytes: int) -> None:
-        self.reserved -= nbytes
+    def unreserve(self, size: int, count: int = 1) -> None:
+        """Give back the reservations of count samples of size bytes in all."""
+        self.reserved -= size + count * self.overhead
 
     def put(self, sid: int, data: bytes, key: float = math.inf) -> bool:
         """Keep data if room can be made by evicting entries needed later than key (its
         next use, math.inf: none planned). Returns whether it was kept."""
         self.drop(sid)
-        if not self._make_room(len(data), key):
+        need = len(data) + self.overhead
+        if not self._make_room(need, key):
             return False
         self._entries[sid] = data
         self._key[sid] = key
         if self._mirror is not None:
             self._mirror(sid, data)
         if sid in self.pin_set:
-            self.pinned_bytes += len(data)
+            self.pinned_bytes += need
         else:
             heapq.heappush(self._heap, (-key, next(self._seq), sid))
-        self.used += len(data)
+        self.used += need
         self.peak = max(self.peak, self.used + self.reserved)
         if len(self._heap) > 4 * len(self._entries) + 1024:  # many stale items: compact
             self._rebuild_heap()
@@ -163,9 +179,9 @@ class SampleCache:
         if data is None:
             return False
         del self._key[sid]
-        self.used -= len(data)
+        self.used -= len(data) + self.overhead
         if sid in self.pin_set:
-            self.pinned_bytes -= len(data)
+            self.pinned_bytes -= len(data) + self.overhead
         if self._mirror is not None:
             self._mirror(sid, None)
         return True
@@ -179,8 +195,8 @@ class SampleCache:
             order = np.argsort(-np.asarray(importance, dtype=np.float64), kind="stable")
             ranked = ids[order]
             ranked = ranked[np.sort(np.unique(ranked, return_index=True)[1])]  # best occurrence
-            fits = np.cumsum(sizes[ranked], dtype=np.int64) <= self.static
+            fits = np.cumsum(sizes[ranked].astype(np.int64) + self.overhead) <= self.static
             pick = set(ranked[:int(np.argmin(fits)) if not fits.all() else len(ranked)].tolist())
         self.pin_set = pick
-        self.pinned_bytes = sum(len(self._entries[s]) for s in pick if s in self._entries)
+        self.pinned_bytes = sum(len(self._entries[s]) + self.overhead for s in pick if s in self._entries)
         self._rebuild_heap()

@@ -129,6 +129,15 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
         except OSError as e:
             raise MountError(f"metrics on {config.metrics_address}:{config.metrics_port}: {e}") from None
         log.info("metrics at http://%s:%d/metrics", config.metrics_address, server.server_port)
+    # From the mount on SIGINT and SIGTERM ask for the unmount and never end the process
+    # half way: this handler notes them from before the mount appears (a signal sent as
+    # soon as it shows in the mount table) until the loop runs, trio's receiver answers
+    # them while it runs, and this handler notes them again during the unmount (a second
+    # SIGTERM, e.g. a process group's and then the parent-death signal, killed a daemon in
+    # its unmount: a dead mount)
+    stops: list[int] = []
+    for s in STOP_SIGNALS:
+        signal.signal(s, lambda sig, _: stops.append(sig))
     try:
         pyfuse3.init(ops, mnt, fuse_options(list(options), store.root))
     except BaseException as e:
@@ -144,13 +153,6 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
     _tell_ready()
     log.info("mounted %s at %s: %d samples, %d chunks on %d node(s)", store.root, mnt, index.n_files,
              len(index.chunks), len(index.nodes))
-    # From here on SIGINT and SIGTERM ask for the unmount and never end the process half
-    # way: trio's receiver answers them while the loop runs, this handler notes them before
-    # it starts and during the unmount after it (a second SIGTERM, e.g. a process group's
-    # and then the parent-death signal, killed a daemon in its unmount: a dead mount)
-    stops: list[int] = []
-    for s in STOP_SIGNALS:
-        signal.signal(s, lambda sig, _: stops.append(sig))
     clean = False
     try:
         fast = _start_fast_path(core, ops) if config.fast_path else None

@@ -116,7 +116,7 @@ class Prefetcher:
         sizes = self.index.size
         for q in self.queues:
             if q:
-                self.cache.unreserve(int(sizes[q].sum()))
+                self.cache.unreserve(int(sizes[q].sum()), len(q))
                 q.clear()
         self.queued.clear()
         self.heads.clear()
@@ -258,7 +258,7 @@ class Prefetcher:
             del self.queued[sid]
             size = int(sizes[sid])
             self.cache.unreserve(size)
-            freed += size
+            freed += self.cache.cost(size)
         if freed:
             self.heads.clear()
         return freed

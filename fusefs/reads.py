@@ -244,5 +244,5 @@ class Reads:
         key = self.policy.key_after_use(sid) if missed else self.policy.key(sid)
         if not self.cache.put(sid, result, key) and key != float("inf"):
             # the budget is reserved for read-ahead needed later: take some back
-            if self.prefetcher.yield_room(len(result), key):
+            if self.prefetcher.yield_room(self.cache.cost(len(result)), key):
                 self.cache.put(sid, result, key)

@@ -47,6 +47,13 @@ def page_cache_holds(fd: int, size: int) -> bool:
         _libc.munmap(addr, size)
 
 
+def whole_set(index) -> int:
+    """A cache budget that holds every sample of index (each entry costs its bytes and the
+    cache's per-entry overhead)."""
+    from fusefs.cache import ENTRY_OVERHEAD
+    return index.total_bytes + index.n_files * ENTRY_OVERHEAD
+
+
 def make_core(dst, *, local=None, kernel=None, **config):
     """A filesystem core (no mount) over the packed folder dst."""
     from fusefs.config import MountConfig

@@ -309,7 +309,7 @@ def test_pinned_samples_survive_epochs_and_serve_the_next_one(three_nodes):
         pinned = sorted(core.cache.pin_set)
         # the pins are the highest-importance samples that fit in the static share
         ranked = np.argsort(-importance)
-        fit = np.cumsum(sizes[ranked]) <= core.cache.static
+        fit = np.cumsum(core.cache.cost(sizes[ranked].astype(np.int64))) <= core.cache.static
         assert pinned == sorted(ranked[:int(np.argmin(fit))].tolist())
         assert all(sid in core.cache for sid in pinned)  # kept after their last use
         assert s["pinned_bytes"] <= core.cache.static

@@ -10,7 +10,7 @@ from fusefs import order as orderfmt
 from fusefs.cache import SampleCache
 from fusefs.policy import Policy
 
-from conftest import make_core
+from conftest import make_core, whole_set
 from test_readahead import run_epoch
 
 
@@ -80,7 +80,7 @@ def test_the_whole_set_cached_reads_nothing_after_the_first_epoch(three_nodes):
     dst, _ = three_nodes
     probe = make_core(dst)
     n = probe.index.n_files
-    core = make_core(dst, cache_bytes=probe.index.total_bytes, batch=8)
+    core = make_core(dst, cache_bytes=whole_set(probe.index), batch=8)
     fetched = []
     for epoch in range(3):
         ids = np.random.default_rng(epoch).permutation(n)
@@ -99,7 +99,7 @@ def test_belady_min_reference_on_a_small_case():
 
 
 def test_cache_evicts_furthest_next_use_first_and_never_pins():
-    c = SampleCache(30, static=10)
+    c = SampleCache(30, static=10, entry_overhead=0)  # (sizes as the policy sees them)
     c.set_pins(np.array([9]), np.array([1.0]), np.full(10, 10))
     c.put(9, b"p" * 10, key=math.inf)      # pinned: never evicted, whatever its key
     c.put(1, b"a" * 10, key=5.0)

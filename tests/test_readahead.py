@@ -19,7 +19,7 @@ from fusefs.prefetch import default_readahead
 from fusefs.store import ChunkStore
 from fusefs.entries import FsError
 
-from conftest import make_core, read_whole
+from conftest import make_core, read_whole, whole_set
 
 
 async def run_epoch(core, ids, readers=3, jitter=8, seed=0, check=None, order_bytes=None):
@@ -80,7 +80,7 @@ def test_budget_never_exceeded_and_bytes_exact(three_nodes, data):
     assert all(core.next_use(i) is None for i in set(ids))
     cache = core.cache
     assert all(cache._key[s] == float("inf") for s in cache._entries)
-    assert cache.used == sum(len(v) for v in cache._entries.values())  # the running total
+    assert cache.used == sum(cache.cost(len(v)) for v in cache._entries.values())  # the running total
     assert cache.reserved == 0
 
 
@@ -166,7 +166,7 @@ def test_the_read_ahead_runs_ahead_of_the_furthest_reader(three_nodes):
     # the head stops at the first position with more than readahead bytes between the
     # furthest reader and it: 30..40 are within
     readahead = int(sizes[order[30:40]].sum())
-    core = make_core(dst, cache_bytes=probe.index.total_bytes, readahead=readahead)
+    core = make_core(dst, cache_bytes=whole_set(probe.index), readahead=readahead)
     core.set_order(0, orderfmt.encode(order))  # (no nursery: nothing is dispatched)
     plan = core.policy.plans[0]
     for pos in [*range(0, 5), *range(25, 30)]:  # one reader at position 5, one at 30
@@ -183,7 +183,7 @@ def test_batches_are_per_node_and_coalesced(three_nodes):
     probe = make_core(dst)
     # chunk order: neighbours in a chunk are read together
     ids = list(range(probe.index.n_files))
-    core = make_core(dst, cache_bytes=probe.index.total_bytes, batch=10)
+    core = make_core(dst, cache_bytes=whole_set(probe.index), batch=10)
     trio.run(run_epoch, core, ids)
     nodes = core.statistics()["nodes"]
     assert set(nodes) == {"node-0", "node-1", "node-2"}
@@ -254,7 +254,7 @@ def test_each_sample_reaches_its_reader_when_its_own_read_is_done(three_nodes, r
     dst, _ = three_nodes
     ix = Index.load(os.path.join(dst, INDEX_NAME))
     store = SlowStore(dst, ix)
-    core = Core(ix, store, MountConfig(cache_bytes=ix.total_bytes, per_node=1, batch=8))
+    core = Core(ix, store, MountConfig(cache_bytes=whole_set(ix), per_node=1, batch=8))
     if runs == 2:  # a first run with another order fetches a few samples
         first = np.random.default_rng(9).permutation(ix.n_files).tolist()[:4]
         read_ahead_all(core, first)
@@ -328,7 +328,7 @@ def test_a_node_with_all_the_work_borrows_the_idle_nodes_slots(three_nodes):
     ix = Index.load(os.path.join(dst, INDEX_NAME))
     for order_nodes, want in (({0}, 4), ({0, 1, 2}, None)):
         store = PeakStore(dst, ix, delay=0.02)
-        core = Core(ix, store, MountConfig(cache_bytes=ix.total_bytes, per_node=2, batch=2,
+        core = Core(ix, store, MountConfig(cache_bytes=whole_set(ix), per_node=2, batch=2,
                     readahead=ix.total_bytes))
         store.node_of_chunk = core.fetcher.chunk_node
         order = [s for s in np.random.default_rng(5).permutation(ix.n_files).tolist()
@@ -381,7 +381,7 @@ def test_a_miss_has_its_first_read_alone_and_the_read_ahead_does_not(three_nodes
     dst, _ = three_nodes
     ix = Index.load(os.path.join(dst, INDEX_NAME))
     store = FirstAloneStore(dst, ix)
-    core = Core(ix, store, MountConfig(cache_bytes=ix.total_bytes, batch=8, readahead=ix.total_bytes))
+    core = Core(ix, store, MountConfig(cache_bytes=whole_set(ix), batch=8, readahead=ix.total_bytes))
     order = np.random.default_rng(6).permutation(ix.n_files).tolist()
 
     async def main():
@@ -407,14 +407,14 @@ def test_an_order_start_is_dealt_over_the_free_slots(three_nodes):
     dst, _ = three_nodes
     ix = Index.load(os.path.join(dst, INDEX_NAME))
     store = PositionStore(dst, ix)
-    core = Core(ix, store, MountConfig(cache_bytes=ix.total_bytes, per_node=4, batch=16))
+    core = Core(ix, store, MountConfig(cache_bytes=whole_set(ix), per_node=4, batch=16))
     order = np.random.default_rng(7).permutation(ix.n_files).tolist()
     read_ahead_all(core, order)
     for node in range(3):
         head = [s for s in order if core.fetcher.node_of(s) == node][:16]
         assert all(store.position[s] <= i // 4 for i, s in enumerate(head)), [store.position[s] for s in head]
     store = PositionStore(dst, ix)
-    core = Core(ix, store, MountConfig(cache_bytes=ix.total_bytes, per_node=4, batch=16))
+    core = Core(ix, store, MountConfig(cache_bytes=whole_set(ix), per_node=4, batch=16))
     order = [s for s in order if core.fetcher.node_of(s) == 0][:8]
     read_ahead_all(core, order)
     assert core.statistics()["backend_samples"] == 8
@@ -429,8 +429,9 @@ def test_a_dispatched_sample_is_in_flight_before_its_batch_task_runs(three_nodes
     the batch's task has run waits for that fetch instead of missing (and fetching the
     sample again in a request of its own)."""
     dst, _ = three_nodes
-    total = make_core(dst).index.total_bytes
-    core = make_core(dst, cache_bytes=total, batch=8, readahead=total)
+    probe = make_core(dst)
+    total = probe.index.total_bytes
+    core = make_core(dst, cache_bytes=whole_set(probe.index), batch=8, readahead=total)
     order = np.random.default_rng(4).permutation(core.index.n_files).tolist()
 
     async def main():
@@ -449,7 +450,7 @@ def test_duplicates_survive_until_their_last_use(three_nodes):
     dst, files = three_nodes
     probe = make_core(dst)
     ids = [5, 6, 5, 7, 8, 9, 6]
-    core = make_core(dst, cache_bytes=probe.index.total_bytes)
+    core = make_core(dst, cache_bytes=whole_set(probe.index))
     trio.run(run_epoch, core, ids, 1, 1)
     s = core.statistics()
     assert s["misses"] + s["read_waits"] + s["hits"] == 7
