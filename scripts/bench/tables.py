@@ -233,7 +233,7 @@ def memory(rows: list[dict]) -> str:
             out.append(f"| {r['files']:,} samples of 0.5-3 KB, cache {r['cache_size']} | RSS fresh {mb(r['rss_base'])} "
                        f"(index {mb(r['index_bytes'])}), with the order {mb(r['rss_after_order'])}, after the epoch "
                        f"{mb(r['rss_end'])}: {r['cache_samples']:,} entries holding {mb(r['cache_bytes'])}, "
-                       f"{r['per_entry_beyond_bytes']:,} B per entry beyond its bytes; {mb(r['over_budget'])} over "
+                       f"{r['per_entry_beyond_bytes']:,} B per entry beyond what the cache counts; {mb(r['over_budget'])} over "
                        f"fresh + budget | {where(r)} |")
         else:
             out.append(f"| {r['handles']} handles held open by `{r['held_by']}`, read a byte at a time (O_DIRECT) "
