@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import stat
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -62,6 +64,20 @@ class ControlFile:
         raise NotImplementedError
 
 
+def throttled(make: Callable[[], object], every: float) -> Callable[..., object]:
+    """make, called at most every `every` seconds: get() returns its last result in between,
+    get(fresh=True) calls it anyway. Thread-safe (the metrics server's threads share one)."""
+    lock, last = threading.Lock(), {"at": -math.inf, "value": None}
+
+    def get(fresh: bool = False):
+        with lock:
+            now = time.monotonic()
+            if fresh or now - last["at"] >= every:
+                last["value"], last["at"] = make(), now
+            return last["value"]
+    return get
+
+
 class _Throttled(ControlFile):
     """A text rendered from the statistics at most every RENDER_EVERY seconds for users
     other than root and the daemon's (render(fresh=True): theirs): another user who opens
@@ -69,13 +85,10 @@ class _Throttled(ControlFile):
 
     def __init__(self, hooks: ControlHooks):
         self.hooks = hooks
-        self._text, self._at = b"", -RENDER_EVERY
+        self._get = throttled(lambda: self.text(self.hooks.statistics()), RENDER_EVERY)
 
     def render(self, fresh: bool = False) -> bytes:
-        now = time.monotonic()
-        if fresh or now - self._at >= RENDER_EVERY:
-            self._text, self._at = self.text(self.hooks.statistics()), now
-        return self._text
+        return self._get(fresh)
 
     def text(self, stats: dict) -> bytes:
         raise NotImplementedError

@@ -107,7 +107,8 @@ def merge_counters(out: dict, part: dict) -> dict:
 
 
 def resident_bytes() -> int:
-    """The daemon's resident memory (/proc/self/statm), 0 where it cannot be read."""
+    """The daemon's resident memory (/proc/self/statm: the kernel answers from memory, no
+    storage behind it, like getrusage), 0 where it cannot be read."""
     try:
         with open("/proc/self/statm", "rb") as f:
             return int(f.read().split()[1]) * PAGE_SIZE
@@ -156,8 +157,9 @@ class Core:
         self.control = ControlNamespace(ControlHooks(
             statistics=self.statistics, ids_table=self.ids_table,
             chunk_table=lambda: index.chunk.astype("<u4").tobytes(), set_order=self.set_order,
-            may_control=self.may_control, trusted=self.trusted, control_gid=config.control_gid, started=self.stats.started,
-            order_limit=orderfmt.size_limit(index.n_files)), self.ctrl_dir)
+            may_control=self.may_control, trusted=self.trusted, control_gid=config.control_gid,
+            started=self.stats.started, order_limit=orderfmt.size_limit(index.n_files)),
+            self.ctrl_dir)
         self._open = 0                       # data files open
         self._serial = 0
         # open file handle -> its sample's bytes, kept between its reads (a read that does not
@@ -357,7 +359,7 @@ class Core:
         data = self._held.get(fh)
         if data is None:  # an open file keeps its bytes, whatever the cache does meanwhile
             data = await self.reads.fetch(sid)
-            if off + size < end and self._held_bytes + len(data) <= self.held_cap and fh not in self._held:
+            if off + size < end and self._held_bytes + len(data) <= self.held_cap:
                 self._held[fh] = data
                 self._held_bytes += len(data)
         else:

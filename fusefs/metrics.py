@@ -8,10 +8,8 @@ CONNECTION_TIMEOUT seconds: a client past them is turned away, never given a thr
 """
 from __future__ import annotations
 
-import math
 import socketserver
 import threading
-import time
 from typing import Callable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -24,6 +22,7 @@ from prometheus_client.core import (
 )
 
 from . import __version__
+from .control import throttled
 
 # (stats key, metric name without the fusefs_ prefix, help): totals since the mount started
 COUNTERS = (
@@ -175,19 +174,6 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
-
-
-def throttled(snapshot: Callable[[], dict], every: float) -> Callable[[], dict]:
-    """snapshot, called at most every `every` seconds (its last result in between)."""
-    lock, last = threading.Lock(), {"at": -math.inf, "value": None}
-
-    def get() -> dict:
-        with lock:
-            now = time.monotonic()
-            if now - last["at"] >= every:
-                last["value"], last["at"] = snapshot(), now
-            return last["value"]
-    return get
 
 
 def serve_http(snapshot: Callable[[], dict], port: int, address: str = "127.0.0.1", every: float = 0.25):
