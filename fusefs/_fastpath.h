@@ -35,6 +35,13 @@
  * needs no answer: that of a dataset file is an event (`released` | `read` | sample), and
  * that of any other inode is dropped (fusefs keeps no lookup counts).
  *
+ * An interrupt (FUSE_INTERRUPT) is taken here and needs no answer. pyfuse3 never asks
+ * whether a request was interrupted, so an interrupt changes nothing for a request in
+ * the loop (the kernel goes on waiting for its answer, as it does when the answer ignores
+ * the interrupt); and libfuse, given the interrupt of a request answered here, which it
+ * never saw, would keep it on its list until the next request it handles: a reader that
+ * signals itself while every read is answered here would grow that list without bound.
+ *
  * The thread reads first and waits (poll) only when nothing is queued: under load a
  * request costs it a read and a writev, as in libfuse's own loop.
  *
@@ -110,7 +117,7 @@ static struct {
     const unsigned char *kernel_flags;
     uint64_t kernel_flags_n;
     fusefs_tree tree;  /* for lookups (fusefs_fast_tree; the caller keeps it alive) */
-    unsigned long long lookups, forgets;  /* (atomic) */
+    unsigned long long lookups, forgets, interrupts;  /* (atomic) */
     uint64_t ev_released, ev_read, ev_read_end, ev_read_lost;  /* the events' bits */
 } fusefs_fast = {0, -1, -1, -1, -1, 0, PTHREAD_MUTEX_INITIALIZER, .held_lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -334,6 +341,9 @@ static int fusefs_answer(const char *data, size_t len) {
         __atomic_add_fetch(&fusefs_fast.forgets, 1, __ATOMIC_RELAXED);
         return 1;
     }
+    case FUSE_INTERRUPT:  /* taken here, answered by nothing (see the top) */
+        __atomic_add_fetch(&fusefs_fast.interrupts, 1, __ATOMIC_RELAXED);
+        return 1;
     case FUSE_IOCTL:  /* as the ioctl patch answers it: ENOTTY (Python's open() asks isatty) */
         fusefs_reply(h->unique, ENOTTY, NULL, 0);
         __atomic_add_fetch(&fusefs_fast.ioctls, 1, __ATOMIC_RELAXED);
@@ -559,8 +569,8 @@ static int fusefs_fast_event_fd(void) {
 }
 
 /* The requests answered here since the start: opens, releases, ioctls, reads; the bytes
- * the reads answered; lookups, forgets. */
-static void fusefs_fast_counts(unsigned long long out[7]) {
+ * the reads answered; lookups, forgets, interrupts. */
+static void fusefs_fast_counts(unsigned long long out[8]) {
     out[0] = __atomic_load_n(&fusefs_fast.opens, __ATOMIC_RELAXED);
     out[1] = __atomic_load_n(&fusefs_fast.releases, __ATOMIC_RELAXED);
     out[2] = __atomic_load_n(&fusefs_fast.ioctls, __ATOMIC_RELAXED);
@@ -568,6 +578,7 @@ static void fusefs_fast_counts(unsigned long long out[7]) {
     out[4] = __atomic_load_n(&fusefs_fast.read_bytes, __ATOMIC_RELAXED);
     out[5] = __atomic_load_n(&fusefs_fast.lookups, __ATOMIC_RELAXED);
     out[6] = __atomic_load_n(&fusefs_fast.forgets, __ATOMIC_RELAXED);
+    out[7] = __atomic_load_n(&fusefs_fast.interrupts, __ATOMIC_RELAXED);
 }
 
 /* (with the GIL) Hold o, a bytes object, as sample sid's bytes (NULL: hold none); the

@@ -350,16 +350,16 @@ def fast_path_events():
 
 def fast_path_counts():
     """Requests the fast path's thread answered, by type (open, release, ioctl, read,
-    lookup, forget: a batch of forgets counts one)."""
-    cdef unsigned long long c[7]
+    lookup, forget: a batch of forgets counts one; interrupt: taken, not answered)."""
+    cdef unsigned long long c[8]
     fusefs_fast_counts(c)
     return {'open': c[0], 'release': c[1], 'ioctl': c[2], 'read': c[3], 'lookup': c[5],
-            'forget': c[6]}
+            'forget': c[6], 'interrupt': c[7]}
 
 
 def fast_path_read_bytes():
     """The bytes of the reads the fast path's thread answered."""
-    cdef unsigned long long c[7]
+    cdef unsigned long long c[8]
     fusefs_fast_counts(c)
     return c[4]
 

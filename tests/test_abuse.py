@@ -318,6 +318,18 @@ def test_a_background_log_is_neither_in_tmp_nor_reached_through_a_symlink(tmp_pa
 
 
 # ---- the metrics server ----------------------------------------------------------------------
+def scrape_once_a_slot_frees(url: str) -> bytes:
+    """The scrape's body, retried while every connection slot is taken (a slot frees as its
+    thread sees its client's close)."""
+    import urllib.request
+    for _ in range(200):
+        try:
+            return urllib.request.urlopen(url, timeout=30).read()
+        except OSError:
+            threading.Event().wait(0.05)
+    return b""
+
+
 def test_idle_connections_get_no_more_threads_than_the_bound_and_scrapes_go_on(tricky):
     import socket
     import urllib.request
@@ -336,14 +348,7 @@ def test_idle_connections_get_no_more_threads_than_the_bound_and_scrapes_go_on(t
         assert threading.active_count() - threads <= metrics.MAX_CONNECTIONS
         for s in idle:
             s.close()
-        body = b""
-        for _ in range(200):  # (a slot frees as its thread sees the close)
-            try:
-                body = urllib.request.urlopen(url, timeout=30).read()
-                break
-            except OSError:
-                threading.Event().wait(0.05)
-        assert b"fusefs_opens_total" in body
+        assert b"fusefs_opens_total" in scrape_once_a_slot_frees(url)
         assert len(calls) == 1  # (rendered once: every=3600)
     finally:
         server.shutdown()
@@ -501,3 +506,324 @@ def test_bytes_kept_for_open_handles_stay_within_their_cap(tricky):
                 core.release(fh)
             assert core._held_bytes == 0 and core._held == {}
     trio.run(go)
+
+
+# ---- the attacks as a second user of the node, through a mount with allow_other -----------
+# A user the test creates when it runs as root (as CI does), removed again afterwards: each
+# attack runs as that user in a process of theirs (/usr/bin/python3, which any user can run),
+# against a root daemon mounted with -o allow_other, as on a shared GPU node.
+ATTACKER, CONTROLLERS = "fusefs-attacker", "fusefs-control"
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="a second user needs root (CI runs as root)")
+
+
+def _run(*cmd):
+    import subprocess
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def attacker():
+    """(uid, gid, control_gid): a user with no rights on this node but their own, and a
+    group (CONTROLLERS) they are put in when a test says so; both made for this module."""
+    import grp
+    made = []
+    try:
+        try:
+            grp.getgrnam(CONTROLLERS)
+        except KeyError:
+            _run("groupadd", "--system", CONTROLLERS)
+            made.append(("groupdel", CONTROLLERS))
+        try:
+            pwd.getpwnam(ATTACKER)
+        except KeyError:
+            _run("useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", ATTACKER)
+            made.insert(0, ("userdel", ATTACKER))
+        user = pwd.getpwnam(ATTACKER)
+        yield user.pw_uid, user.pw_gid, grp.getgrnam(CONTROLLERS).gr_gid
+    finally:
+        for cmd in made:
+            _run(*cmd)
+
+
+def as_attacker(attacker, code: str, *args, controls=False, stdin=None):
+    """Run code (Python) as the attacker, in the control group if `controls`: the process."""
+    import subprocess
+    uid, gid, cgid = attacker
+    groups = [f"--groups={cgid}"] if controls else ["--clear-groups"]
+    return subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={gid}", *groups,
+                             "/usr/bin/python3", "-c", code, *map(str, args)],
+                            stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def attack(attacker, code, *args, controls=False) -> str:
+    """What code, run as the attacker, printed (it must exit 0)."""
+    p = as_attacker(attacker, code, *args, controls=controls)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    return out.strip()
+
+
+@pytest.fixture
+def shared_folder():
+    """A folder every user may reach (as /mnt or /data are), made under an unguessable name."""
+    import shutil
+    import tempfile
+    base = tempfile.mkdtemp(prefix="fusefs-shared-")
+    os.chmod(base, 0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def shared_mount(tricky, shared_folder, attacker):
+    """The tricky set mounted by root for every user (allow_other), CONTROLLERS may control:
+    (mount point, daemon process, files)."""
+    from testkit.mounts import running_mount
+    mnt = os.path.join(shared_folder, "mnt")
+    with running_mount(tricky[1], mnt, "--cache-size", "1MiB", "-o", "allow_other",
+                       "--control-group", CONTROLLERS) as (proc, _):
+        yield mnt, proc, tricky[2]
+
+
+def serves_on(mnt, files):
+    """The daemon still serves every file right (as root)."""
+    from conftest import read_tree
+    assert {k: v for k, v in read_tree(mnt).items() if v is not None} == {k: v for k, v in files.items() if v is not None}
+
+
+TRY = """
+import errno, os, sys
+def attempt(f, *a):
+    try:
+        f(*a)
+        return 'ok'
+    except OSError as e:
+        return errno.errorcode[e.errno]
+"""
+
+
+@as_root
+def test_another_user_reads_samples_and_stats_but_not_paths_orders_or_the_order_files(attacker, shared_mount):
+    mnt, _, files = shared_mount
+    ctl = os.path.join(mnt, ".fusefs")
+    code = TRY + """
+ctl = sys.argv[1]
+read = lambda name: open(os.path.join(ctl, name), 'rb').read()
+write = lambda name: open(os.path.join(ctl, name), 'wb').close()
+print(attempt(read, 'stats'), attempt(read, 'ids'), attempt(read, 'order'), attempt(write, 'order.1'),
+      attempt(lambda: open(os.path.join(sys.argv[2], 'cat', 'img 004.jpg'), 'rb').read()))
+"""
+    assert attack(attacker, code, ctl, mnt) == "ok EACCES EACCES EACCES ok"  # (ids: 0444 before)
+    # a member of the control group may read the paths and write orders
+    assert attack(attacker, code, ctl, mnt, controls=True) == "ok ok ok ok ok"
+    serves_on(mnt, files)
+
+
+ORDER_FLOOD = TRY + """
+fds = [os.open(os.path.join(sys.argv[1], '.fusefs', f'order.{rank}'), os.O_WRONLY) for rank in range(3)]
+print(*(attempt(os.pwrite, fd, b'x', (256 << 20) - 1) for fd in fds))
+"""
+
+
+@as_root
+def test_a_control_group_member_cannot_make_order_writes_cost_memory(attacker, shared_mount):
+    mnt, proc, files = shared_mount
+    before = _rss(proc.pid)
+    assert attack(attacker, ORDER_FLOOD, mnt, controls=True) == "EFBIG EFBIG EFBIG"
+    assert _rss(proc.pid) - before < 16 << 20  # (3 x 256 MiB before)
+    serves_on(mnt, files)
+
+
+HOLD = """
+import os, sys
+mnt = sys.argv[1]
+paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(mnt) for f in fs if os.path.getsize(os.path.join(d, f)) >= 70000)
+fds = [os.open(paths[k % len(paths)], os.O_RDONLY | os.O_DIRECT) for k in range(800)]
+for off in (0, 1):
+    for fd in fds:
+        os.pread(fd, 1, off)
+print('held', flush=True)
+sys.stdin.readline()
+"""
+
+
+@as_root
+def test_handles_another_user_holds_open_keep_the_daemon_within_its_cap(attacker, shared_mount):
+    """800 handles held open by another user, each read a byte at a time (O_DIRECT: each read
+    reaches the daemon): 240 MB of samples, before, kept for them beside a 1 MiB budget."""
+    import subprocess
+    from fusefs.client import mount_stats
+    from fusefs.core import HELD_MIN
+    mnt, proc, files = shared_mount
+    before = _rss(proc.pid)
+    p = as_attacker(attacker, HOLD, mnt, stdin=subprocess.PIPE)
+    try:
+        assert p.stdout.readline() == "held\n", p.stderr.read() if p.poll() is not None else ""
+        stats = mount_stats(mnt)
+        assert stats["open_handles"] >= 800 and 0 < stats["held_bytes"] <= HELD_MIN
+        assert _rss(proc.pid) - before < HELD_MIN + (24 << 20)
+    finally:
+        p.communicate("\n", timeout=60)
+    for _ in range(600):  # (the kernel sends the releases after the closes, in the background)
+        if mount_stats(mnt)["open_handles"] == 0:
+            break
+        threading.Event().wait(0.05)
+    assert mount_stats(mnt)["held_bytes"] == 0
+    serves_on(mnt, files)
+
+
+HAMMER = """
+import os, sys, time
+path = os.path.join(sys.argv[1], '.fusefs', 'stats')
+texts = set()
+t = time.monotonic()
+for _ in range(3000):
+    with open(path, 'rb') as f:
+        texts.add(f.read())
+print(len(texts), time.monotonic() - t)
+"""
+
+
+@as_root
+def test_another_user_opening_the_stats_in_a_loop_gets_them_rendered_at_most_every_quarter_second(
+        attacker, shared_mount):
+    from fusefs.control import RENDER_EVERY
+    mnt, _, files = shared_mount
+    texts, seconds = attack(attacker, HAMMER, mnt).split()
+    assert int(texts) <= float(seconds) / RENDER_EVERY + 2  # (3,000 renders on the loop before)
+    serves_on(mnt, files)
+
+
+@as_root
+def test_idle_metrics_connections_of_another_user_get_no_threads_past_the_bound(attacker, tricky, shared_folder):
+    import urllib.request
+    from fusefs import metrics
+    from testkit.mounts import running_mount
+    from test_metrics import free_port
+    port = free_port()
+    mnt = os.path.join(shared_folder, "mnt")
+    with running_mount(tricky[1], mnt, "-o", "allow_other", "--metrics-port", port) as (proc, _):
+        url = f"http://127.0.0.1:{port}/metrics"
+        urllib.request.urlopen(url, timeout=30).read()
+        threads = _threads(proc.pid)
+        code = """
+import socket, sys
+idle = [socket.create_connection(('127.0.0.1', int(sys.argv[1]))) for _ in range(300)]
+print('connected', flush=True)
+sys.stdin.readline()
+"""
+        import subprocess
+        p = as_attacker(attacker, code, port, stdin=subprocess.PIPE)
+        try:
+            assert p.stdout.readline() == "connected\n", p.stderr.read() if p.poll() is not None else ""
+            assert _threads(proc.pid) - threads <= metrics.MAX_CONNECTIONS  # (300 threads before)
+        finally:
+            p.communicate("\n", timeout=60)
+        assert b"fusefs_opens_total" in scrape_once_a_slot_frees(url)
+        serves_on(mnt, tricky[2])
+
+
+def _threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+
+
+SIGNALLED_READS = """
+import os, signal, sys
+signal.signal(signal.SIGALRM, lambda *a: None)
+signal.setitimer(signal.ITIMER_REAL, 0.00005, 0.00005)
+paths = [os.path.join(d, f) for d, _, fs in os.walk(sys.argv[1]) for f in fs]
+bad = 0
+for path in paths * int(sys.argv[2]):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        want = os.path.getsize(path)
+        got = bytearray()
+        while len(got) < want:
+            part = os.pread(fd, 1 << 16, len(got))
+            if not part:
+                break
+            got += part
+        bad += len(got) != want
+    finally:
+        os.close(fd)
+signal.setitimer(signal.ITIMER_REAL, 0)
+print(bad)
+"""
+
+
+@as_root
+def test_a_reader_that_signals_itself_costs_the_daemon_nothing(attacker, shared_mount):
+    """Interrupts of requests the fast path answered never reach libfuse, which would keep
+    them on a list until the next request the loop handles (issue 45, item 10)."""
+    from fusefs.client import mount_stats
+    mnt, proc, files = shared_mount
+    for _ in range(100):  # (an interrupt needs a signal while a request waits: a race)
+        assert attack(attacker, SIGNALLED_READS, mnt, 10) == "0"
+        if mount_stats(mnt)["fast_path_requests"]["interrupt"]:
+            break
+    assert mount_stats(mnt)["fast_path_requests"]["interrupt"] > 0
+    serves_on(mnt, files)
+
+
+# -- the local tier, where the other user may have made the folder (/dev/shm, /tmp)
+@as_root
+def test_a_local_cache_folder_another_user_made_is_refused_with_one_line(attacker, tricky, shared_folder):
+    from conftest import refused_mount
+    shared = os.path.join(shared_folder, "shm")
+    os.mkdir(shared)
+    os.chmod(shared, 0o1777)  # (as /dev/shm)
+    victim = os.path.join(shared_folder, "victim")
+    with open(victim, "w") as f:
+        f.write("root's file\n")
+    os.chmod(victim, 0o600)
+    theirs = os.path.join(shared, "cache")
+    code = "import os, sys\nos.mkdir(sys.argv[1])\nos.symlink(sys.argv[2], os.path.join(sys.argv[1], 'lock'))\nprint('made')"
+    assert attack(attacker, code, theirs, victim) == "made"
+    mnt = os.path.join(shared_folder, "mnt")
+    os.mkdir(mnt)
+    r = refused_mount(tricky[1], mnt, "--local-cache", theirs, "-o", "allow_other", mnt=mnt)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert theirs in r.stderr and "owned by uid" in r.stderr, r.stderr
+    assert open(victim).read() == "root's file\n"  # (truncated to the daemon's pid before)
+
+
+@as_root
+def test_another_user_cannot_read_the_local_cache(attacker, tricky, shared_folder):
+    from testkit.mounts import running_mount
+    mnt, cache = os.path.join(shared_folder, "mnt"), os.path.join(shared_folder, "cache")
+    with running_mount(tricky[1], mnt, "--local-cache", cache, "-o", "allow_other"):
+        serves_on(mnt, tricky[2])  # (fills the tier)
+    files = [os.path.join(d, f) for d, _, fs in os.walk(cache) for f in fs]
+    assert len(files) > 1
+    code = TRY + "print(*sorted({attempt(lambda p=p: open(p, 'rb').read()) for p in sys.argv[1:]}))"
+    assert attack(attacker, code, cache, *files) == "EACCES"  # (0644 in 0755 folders before)
+
+
+@as_root
+def test_a_symlink_another_user_plants_at_the_old_log_path_is_not_followed(attacker, tricky, shared_folder):
+    """The background log was /tmp/fusefs-<uid>-<name>.log, opened following symlinks."""
+    import subprocess
+    from conftest import fusefs_cmd
+    from testkit.mounts import stop_mount
+    victim = os.path.join(shared_folder, "victim")
+    with open(victim, "w") as f:
+        f.write("root's file\n")
+    os.chmod(victim, 0o600)
+    mnt = os.path.join(shared_folder, os.path.basename(shared_folder))  # (a name no run had)
+    os.mkdir(mnt)
+    planted = f"/tmp/fusefs-0-{os.path.basename(mnt)}.log"
+    code = "import os, sys\nos.symlink(sys.argv[2], sys.argv[1])\nprint('planted')"
+    assert attack(attacker, code, planted, victim) == "planted"
+    try:
+        r = subprocess.run(fusefs_cmd("mount", "--background", tricky[1], mnt, "-o", "bogus_option"),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0
+        r = subprocess.run(fusefs_cmd("mount", "--background", tricky[1], mnt), capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        serves_on(mnt, tricky[2])
+    finally:
+        stop_mount(mnt)
+        os.unlink(planted)
+    assert open(victim).read() == "root's file\n"

@@ -1,5 +1,5 @@
 """The fast path's C request handler without a mount: synthetic FUSE requests (lookup,
-open, read at several offsets and sizes, release, forget, batch forget, ioctl, and each with
+open, read at several offsets and sizes, release, forget, batch forget, ioctl, interrupt, and each with
 a malformed length) go into the handler (pyfuse3.fast_path_configure / fast_path_answer:
 the thread's own function, its replies written to a pipe), and each reply is checked byte
 for byte against what Core answers, each event against what Core expects."""
@@ -20,7 +20,8 @@ from fusefs.entries import BLKSIZE, DATA_TIMEOUT
 from fusefs.index import INDEX_NAME, Index
 from fusefs.store import ChunkStore
 
-LOOKUP, FORGET, OPEN, READ_OP, RELEASE, IOCTL, BATCH_FORGET = 1, 2, 14, 15, 18, 39, 42
+LOOKUP, FORGET, OPEN, READ_OP, RELEASE, INTERRUPT, IOCTL, BATCH_FORGET = 1, 2, 14, 15, 18, 36, 39, 42
+INT_REQ_BIT = 1 << 0  # (an interrupt's unique: the interrupted request's with this bit)
 IN_HEADER = struct.Struct("<IIQQIIII")   # len, opcode, unique, nodeid, uid, gid, pid, padding
 OUT_HEADER = struct.Struct("<IiQ")       # len, error, unique
 ENTRY_OUT = struct.Struct("<QQQQII" + "QQQQQQIIIIIIIIII")  # fuse_entry_out with its fuse_attr
@@ -173,3 +174,13 @@ def test_ioctl_is_enotty_and_malformed_lengths_go_to_the_loop(fast, tricky):
     assert events() == []
     # the event bits are the core's, handed over in the order the handler reads them
     assert EVENT_BITS == (RELEASED, READ, READ_END, READ_LOST)
+
+
+def test_interrupts_are_taken_by_the_thread_and_answered_by_nothing(fast, tricky):
+    """An interrupt, of a request the thread answered or of one in the loop, never reaches
+    libfuse, which would keep the first kind on its list (issue 45, item 10): pyfuse3 never
+    looks at interrupts, so the loop's requests are answered as they would be anyway."""
+    core, answer, events = fast
+    for unique in (8, 9, 10):
+        assert answer(request(INTERRUPT, 0, struct.pack("<Q", unique), unique=unique | INT_REQ_BIT)) == (True, b"")
+    assert pyfuse3.fast_path_counts()["interrupt"] == 3 and events() == []

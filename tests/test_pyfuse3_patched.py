@@ -261,7 +261,7 @@ def test_the_binding_has_the_fast_path():
         pyfuse3.fast_path_start(2, 10, 1 << 62, 32, 0, 1 << 29, os.O_WRONLY, fastpath.BATCH,
                                 fastpath.DELAY_US, core.EVENT_BITS)
     assert pyfuse3.fast_path_events() == b""
-    assert set(pyfuse3.fast_path_counts()) == {"open", "release", "ioctl", "read", "lookup", "forget"}
+    assert set(pyfuse3.fast_path_counts()) == {"open", "release", "ioctl", "read", "lookup", "forget", "interrupt"}
     assert pyfuse3.fast_path_read_bytes() == 0
 
 

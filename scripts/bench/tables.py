@@ -242,7 +242,21 @@ def memory(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-TABLES = {"mount": (mount, "bench_mount.jsonl"), "memory": (memory, "bench_memory.jsonl"), "order": (order, "bench_order.jsonl"),
+def hammer(rows: list[dict]) -> str:
+    run = last_run(rows, "bench_hammer")
+    if not run:
+        return not_measured("bench_hammer")
+    who = {"quiet": "no one", "other_user": "`nobody` (throttled)", "root": "root (rendered at every open)"}
+    out = ["| stats opened in a loop by | reads | p50 / p90 / p99, ms | p90 vs quiet | the hammer's opens/s, texts | commit, date |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    for r in run:
+        extra = f"{r['hammer_opens_per_s']:,}, {r['hammer_texts']:,}" if "hammer_opens_per_s" in r else "-"
+        out.append(f"| {who[r['setting']]} | {r['reads']:,} | {r['p50_ms']:.2f} / {r['p90_ms']:.2f} / {r['p99_ms']:.2f} "
+                   f"| {r['p90_vs_quiet']:.2f}x | {extra} | {where(r)} |")
+    return "\n".join(out)
+
+
+TABLES = {"mount": (mount, "bench_mount.jsonl"), "memory": (memory, "bench_memory.jsonl"), "hammer": (hammer, "bench_hammer.jsonl"), "order": (order, "bench_order.jsonl"),
           "clients": (clients, "bench_clients.jsonl"), "faults": (faults, "faults.jsonl"),
           "soak": (soak, "soak.jsonl"), "gpu-node": (gpu_node, "gpu-node.jsonl"), "gpu-hybrid": (gpu_hybrid, "gpu-node.jsonl"),
           "gpu-swap": (gpu_swap, "gpu-node.jsonl")}
