@@ -168,14 +168,40 @@ def test_an_order_committed_by_close_alone_takes_effect(tricky, tmp_path):
         assert plan["epoch"] == 5 and plan["length"] == 2 and plan["next_length"] == 3
 
 
+# reads every file under MNT over and over, a line after each pass
+READ_IN_A_LOOP = ("import os,sys\nwhile True:\n for d,_,fs in os.walk(sys.argv[1]):\n"
+                  "  for f in fs: open(os.path.join(d,f),'rb').read()\n print('pass', flush=True)\n")
+
+
+def passes(readers, n: int, bound: float = 120.0) -> None:
+    """Wait until each reader (READ_IN_A_LOOP, its stdout a pipe) finished n passes; fail if
+    one ends (a read failed) or they take longer than `bound` seconds (a read hangs)."""
+    import selectors
+    sel = selectors.DefaultSelector()
+    left = {}
+    for r in readers:
+        sel.register(r.stdout.fileno(), selectors.EVENT_READ, r)
+        left[r] = n
+    deadline = time.monotonic() + bound
+    try:
+        while any(left.values()):
+            ready = sel.select(timeout=max(0.0, deadline - time.monotonic()))
+            assert ready, f"readers still reading after {bound:.0f} s: a read hangs"
+            for key, _ in ready:
+                got = os.read(key.fd, 1 << 16)  # (one line per pass)
+                assert got, f"a reader ended: exit {key.data.wait()}"
+                left[key.data] = max(0, left[key.data] - got.count(b"\n"))
+    finally:
+        sel.close()
+
+
 def test_a_reader_killed_mid_read_leaves_the_daemon_serving(tricky, tmp_path):
     src, dst, files = tricky
     mnt = str(tmp_path / "mnt")
     with running_mount(dst, mnt) as (proc, _):
-        code = ("import os,sys\nwhile True:\n for d,_,fs in os.walk(sys.argv[1]):\n"
-                "  for f in fs: open(os.path.join(d,f),'rb').read()\n")
-        readers = [subprocess.Popen([sys.executable, "-c", code, mnt]) for _ in range(3)]
-        time.sleep(1.0)
+        readers = [subprocess.Popen([sys.executable, "-c", READ_IN_A_LOOP, mnt], stdout=subprocess.PIPE)
+                   for _ in range(3)]
+        passes(readers, 2)  # (each is in its third pass over the files when killed)
         for r in readers:
             r.send_signal(signal.SIGKILL)
             r.wait()
@@ -194,13 +220,11 @@ def test_readers_of_the_same_files_get_their_bytes_with_the_kernel_cache(tricky,
     after 8 s of this failed with EIO, and a test run hung.)"""
     src, dst, files = tricky
     mnt = str(tmp_path / "mnt")
-    code = ("import os,sys\nwhile True:\n for d,_,fs in os.walk(sys.argv[1]):\n"
-            "  for f in fs: open(os.path.join(d,f),'rb').read()\n")
     with running_mount(dst, mnt, "--kernel-cache") as (proc, _):
-        readers = [subprocess.Popen([sys.executable, "-c", code, mnt]) for _ in range(4)]
+        readers = [subprocess.Popen([sys.executable, "-c", READ_IN_A_LOOP, mnt], stdout=subprocess.PIPE)
+                   for _ in range(4)]
         try:
-            time.sleep(8)
-            assert all(r.poll() is None for r in readers)  # no reader hit an error
+            passes(readers, 20)  # (each reader read every file 20 times, and no read failed)
             got = subprocess.run(["timeout", "20", "cat", os.path.join(mnt, "root file.txt")],
                                  capture_output=True)
             assert got.returncode == 0 and got.stdout == files["root file.txt"], got.stderr
@@ -336,16 +360,21 @@ def test_inodes_the_kernel_forgets_are_no_longer_taken_to_hold_pages(tricky, tmp
         assert s["kernel_dropped"] == before["kernel_dropped"], s
 
 
-def _epoch(mnt, rels, files, ids, epoch, pause=0.01):
-    """Write an order of rels and read them in it (pausing between files, so that the
-    read-ahead keeps ahead of this one reader); the stats' changes over the epoch, with
-    the FUSE requests it cost by type."""
+def _epoch(mnt, rels, files, ids, epoch, ahead=True):
+    """Write an order of rels and read them in it; with `ahead`, each file is read once the
+    kernel holds its pages (the read-ahead pushed them: a reader that keeps behind the
+    read-ahead, as training does), or after 5 s (pages that will not come: the kernel
+    dropped them and the daemon has not found out yet). The stats' changes over the epoch,
+    with the FUSE requests it cost by type."""
+    from conftest import page_cache_holds
     write_order(mnt, [ids[os.fsencode(r)] for r in rels], epoch=epoch)
     before = mount_stats(mnt)
     for r in rels:
         with open(os.path.join(mnt, r), "rb") as f:
+            deadline = time.monotonic() + 5
+            while ahead and not page_cache_holds(f.fileno(), len(files[r])) and time.monotonic() < deadline:
+                time.sleep(0.001)
             assert f.read() == files[r], r
-        time.sleep(pause)
     after = mount_stats(mnt)
     delta = {k: after[k] - before[k] for k in ("pushed", "backend_samples", "kernel_dropped", "kernel_forgotten")}
     delta["requests"] = {k: v - before["requests"].get(k, 0) for k, v in after["requests"].items()
@@ -384,7 +413,7 @@ def test_samples_the_kernel_holds_are_not_fetched_again_until_it_drops_pages(tri
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
-        dropped, s = _epoch(mnt, rels, files, ids, 2)  # bytes still exact (checked in _epoch)
+        dropped, s = _epoch(mnt, rels, files, ids, 2, ahead=False)  # (the pages will not come)
         assert dropped["kernel_dropped"] >= MIN_DROPS and s["kernel_drops"], (dropped, s)
         # after the first MIN_DROPS misses the read-ahead fetches and pushes the rest
         assert dropped["pushed"] >= len(rels) - 2 * MIN_DROPS, dropped

@@ -482,11 +482,12 @@ def test_new_order_mid_epoch_replaces_the_old(three_nodes):
             for sid in range(20):
                 await read_whole(core, sid)
             core.set_order(0, orderfmt.encode(list(range(n - 1, -1, -1)), epoch=1))
-            await trio.sleep(0.5)
-            # the new plan's first samples are being read ahead; the old plan's are not kept
+            # the new plan's first samples are read ahead; the old plan's are not kept
             window = core.plans[0].window(core.cache.budget).tolist()
             assert window[0] == n - 1
-            assert (n - 1) in core.cache or (n - 1) in core.fetcher.inflight
+            with trio.fail_after(20):
+                while (n - 1) not in core.cache and (n - 1) not in core.fetcher.inflight:
+                    await trio.sleep(0.001)
             nursery.cancel_scope.cancel()
     trio.run(go)
     assert core.cache.peak <= core.cache.budget

@@ -262,7 +262,8 @@ class HybridTrainer:
     probe_windows, probe_batches: the on/off probe's windows (0 windows: no probe).
     snapshot_dir: where merged snapshots go (None: no snapshots); keep: how many stay;
     snapshot_every: the fewest seconds between two snapshots (a merge within them writes
-    none; close() always writes the last).
+    none; close() always writes the last). clock: what calibration and the probe time
+    with (seconds; tests give one that replicas advance).
 
     Threads: the caller's thread trains NG, takes NC's offers and never blocks on NC or
     on the device for a merge; the "hybrid-cpu" thread trains NC, offers its state and
@@ -275,7 +276,8 @@ class HybridTrainer:
                  cpu_threads: int | None = None, min_gain: float = 0.02,
                  probe_windows: int = 4, probe_batches: int | None = None,
                  snapshot_dir: str | None = None, keep: int = 3, snapshot_writer=None,
-                 snapshot_every: float = 30.0):
+                 snapshot_every: float = 30.0, clock=time.perf_counter):
+        self.clock = clock
         self.accel = torch.device(accel or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.cpu_threads = cpu_threads or default_cpu_threads(loader)
         torch.set_num_threads(self.cpu_threads)
@@ -294,7 +296,7 @@ class HybridTrainer:
         self.calibration_batches = calibration_batches
         self.min_gain = min_gain
         self.cpu_active = True  # until calibrate() or the probe finds the CPU does not help
-        self.probe = OnOffProbe(probe_windows, probe_batches or max(8, self.merge_every), min_gain)
+        self.probe = OnOffProbe(probe_windows, probe_batches or max(8, self.merge_every), min_gain, clock)
         if not probe_windows:
             self.probe.verdict = True
         self.tc = self.tg = self.gain = None
@@ -340,13 +342,13 @@ class HybridTrainer:
         times = []
         for x, y in batches:
             x, y = x.to(device), y.to(device)
-            t0 = time.perf_counter()
+            t0 = self.clock()
             opt.zero_grad()
             self.loss_fn(probe(x), y).backward()
             opt.step()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - t0)
+            times.append(self.clock() - t0)
         return sum(times[1:]) / max(1, len(times) - 1) if len(times) > 1 else times[0]
 
     def calibrate(self, batches=None) -> float:
