@@ -5,7 +5,7 @@ index's reserved name take their names from here.
 
     from fusefs import client
     ids = client.paths_to_ids(paths)             # the mount's sample ids of files under it
-    client.write_order(mnt, ids, epoch=3)        # the epoch's read order, committed by fsync
+    client.write_order(mnt, ids, epoch=3)        # the epoch's read order (the control socket)
     client.mount_stats(mnt)["hits"]
 """
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import socket
+import time
 
 import numpy as np
 
@@ -23,7 +25,8 @@ STATS = "stats"                # the daemon's counters, JSON
 METRICS = "metrics"            # the same in the Prometheus text exposition format
 IDS = "ids"                    # every sample's relative path, NUL-terminated; line k is id k
 CHUNKS = "chunks"              # the chunk of each sample, u32 little-endian per id
-ORDER = "order"                # order.<rank>; plain `order` is rank 0
+ORDER = "order"                # order.<rank>; plain `order` is rank 0: the order in force
+CONTROL_SOCKET = "control"     # a symbolic link to the daemon's control socket
 MAX_RANKS = 64                 # order.0 .. order.63
 
 
@@ -96,12 +99,13 @@ class OrderRefused(OSError):
 
 def write_order(mount: str, paths_or_ids, importance=None, epoch: int = 0, rank: int = 0,
                 next_ids=None, next_importance=None) -> None:
-    """Write an epoch's read order to `MNT/.fusefs/order.<rank>`.
+    """Hand the mount an epoch's read order for `rank` (over its control socket,
+    `MNT/.fusefs/control`; `MNT/.fusefs/order.<rank>` then shows it).
 
-    paths_or_ids: absolute paths under the mount, or the mount's sample ids. The mount
-    refuses a bad order (OSError EINVAL from the fsync that commits it; the previous order
-    stays in force). next_ids (and next_importance): the next epoch's order, written
-    with it (the cache then keeps what that epoch needs first across the boundary)."""
+    paths_or_ids: absolute paths under the mount, or the mount's sample ids. A bad order is
+    refused (OrderRefused, saying why; the previous one stays in force); a user who may not
+    set orders gets PermissionError. next_ids (and next_importance): the next epoch's order,
+    written with it (the cache then keeps what that epoch needs first across the boundary)."""
     items = list(paths_or_ids)
     if items and isinstance(items[0], (str, bytes, os.PathLike)):
         ids = paths_to_ids(items, mount)
@@ -112,6 +116,61 @@ def write_order(mount: str, paths_or_ids, importance=None, epoch: int = 0, rank:
     if next_ids is not None:
         data += orderfmt.encode(np.asarray(next_ids, dtype=np.int64), epoch=epoch + 1,
                                 importance=next_importance)
+    send_order(mount, data, rank)
+
+
+def send_order(mount: str, data: bytes, rank: int = 0, patience: float = 30.0) -> None:
+    """Hand the mount an encoded order (order.py's format) for rank over its control socket
+    (a daemon without one, older than the read-only mount: through its order file). A mount
+    that serves as many clients as it will at once is asked again for `patience` seconds."""
+    order_name(rank)  # (checks the rank)
+    try:
+        target = os.readlink(control_path(mount, CONTROL_SOCKET))
+    except OSError:
+        return _write_order_file(mount, data, rank)
+    wait, deadline = 0.01, time.monotonic() + patience
+    while True:
+        answer = _ask(target, b"order %d %d\n" % (rank, len(data)), data)
+        if answer != "busy" or time.monotonic() > deadline:
+            break
+        time.sleep(wait)
+        wait = min(2 * wait, 0.5)
+    if answer == "ok":
+        return
+    what = f"the mount at {mount} refused the order for rank {rank}"
+    if answer.startswith("refused "):
+        raise OrderRefused(errno.EINVAL, f"{what} (the previous one stays in force): {answer[8:]}")
+    if answer == "denied":
+        raise PermissionError(errno.EACCES, f"{what}: only root, the user who mounted and the "
+                              "members of its --control-group may set orders")
+    if answer == "too large":
+        raise OSError(errno.EFBIG, f"{what}: larger than any valid order for its dataset")
+    raise OSError(errno.EIO, f"{what}: the daemon answered {answer!r}")
+
+
+def _ask(path: str, header: bytes, data: bytes) -> str:
+    """One request to the control socket at path: its answer line."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(path)
+        try:
+            s.sendall(header)
+            s.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # (answered before it read everything: denied, too large, busy)
+        s.shutdown(socket.SHUT_WR)
+        answer = b""
+        while not answer.endswith(b"\n"):
+            try:
+                got = s.recv(4096)
+            except ConnectionResetError:
+                break
+            if not got:
+                break
+            answer += got
+    return answer.decode(errors="replace").strip() or "no answer"
+
+
+def _write_order_file(mount: str, data: bytes, rank: int) -> None:
     fd = os.open(control_path(mount, order_name(rank)), os.O_WRONLY | os.O_TRUNC)
     try:
         view = memoryview(data)
@@ -121,8 +180,6 @@ def write_order(mount: str, paths_or_ids, importance=None, epoch: int = 0, rank:
     except OSError as e:
         if e.errno != errno.EINVAL:
             raise
-        why = mount_stats(mount).get("order_refusals", {}).get(str(rank), "see the daemon's log")
-        raise OrderRefused(errno.EINVAL, f"the mount refused the order for rank {rank} (the "
-                           f"previous one stays in force): {why}") from None
+        raise OrderRefused(errno.EINVAL, f"the mount refused the order for rank {rank}") from None
     finally:
         os.close(fd)

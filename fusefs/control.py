@@ -1,19 +1,16 @@
 """The hidden control namespace `MNT/.fusefs/`.
 
 Lookups reach it by name; the root's listing never shows it (ImageFolder would make a
-class of it). Each control file renders its content when opened for reading; a
-writable one takes the bytes written and commits them on fsync(), where an invalid write
-fails the writer's fsync and changes nothing, or else when the writer's file is released
-(after close(); an invalid write is then refused in the log and the stats only). There is
-no flush: the daemon answers none, so the kernel stops sending one at every close of every
-dataset file (a round trip per sample saved).
+class of it). Each control file renders its content when opened for reading. Nothing in
+it is written: the mount is read-only for the kernel, and orders come over the control
+socket (control_socket.py), which `control` links to; `order.<rank>` shows the order in
+force. There is no flush: the daemon answers none, so the kernel stops sending one at every
+close of every dataset file (a round trip per sample saved).
 
-Limits: a write past the largest valid order for the dataset (order.size_limit) is EFBIG at
-once, and the bytes buffered by all write handles together are capped at two such orders
-(EFBIG too); for users other than root and the daemon's, the stats and metrics texts are
-rendered at most every RENDER_EVERY seconds, however often they are opened. Who may read what: the stats, metrics and chunk table are
-public; the ids (every sample's path) and the order files are readable by the daemon's user
-and the control group only, and the order files writable by them only.
+For users other than root and the daemon's, the stats and metrics texts are rendered at
+most every RENDER_EVERY seconds, however often they are opened. Who may read what: the
+stats, metrics and chunk table are public; the ids (every sample's path) and the order
+files are readable by the daemon's user and the control group only.
 """
 from __future__ import annotations
 
@@ -33,7 +30,7 @@ from .entries import Attr, FsError, OpenResult
 
 FH_BASE = 1 << 62  # control handles live far above every inode number
 RENDER_EVERY = 0.25  # seconds: the stats and metrics are rendered at most this often
-FILES = 4 + MAX_RANKS  # stats, metrics, ids, chunks and the order files: the inodes it takes
+FILES = 5 + MAX_RANKS  # stats, metrics, ids, chunks, control and the order files: the inodes it takes
 
 
 @dataclass(frozen=True)
@@ -43,25 +40,21 @@ class ControlHooks:
     ids_table: Callable[[], bytes]
     chunk_table: Callable[[], bytes]
     set_order: Callable[[int, bytes], None]   # raises FsError(EINVAL) for a bad order
-    may_control: Callable[[int | None], bool]  # may this uid write the control files
     trusted: Callable[[int | None], bool]      # is this uid root or the daemon's user
-    control_gid: int | None                    # the group that may, if any
+    control_gid: int | None                    # the group that may set orders too, if any
     started: float                             # the daemon's start (the files' mtime)
-    order_limit: int                           # the largest valid order file (order.size_limit)
+    socket_path: str | None = None             # the control socket (`control` links to it)
 
 
 class ControlFile:
     name: bytes = b""
-    writable = False
-    listed = True
+    listed = True   # shown by a listing of `.fusefs`
+    present = True  # reached by a lookup
     private = False  # readable by the daemon's user and the control group only
 
     def render(self, fresh: bool = False) -> bytes:
         """The file's content for a reader (fresh: a trusted one, see _Throttled)."""
         return b""
-
-    def commit(self, data: bytes) -> None:
-        raise NotImplementedError
 
 
 def throttled(make: Callable[[], object], every: float) -> Callable[..., object]:
@@ -140,11 +133,9 @@ class ChunksFile(ControlFile):
 
 
 class OrderFile(ControlFile):
-    """`.fusefs/order.<rank>` (`order` is rank 0): the epoch's read order, see order.py.
+    """`.fusefs/order.<rank>` (`order` is rank 0): the order in force (order.py's format),
+    as the last order accepted for the rank over the control socket."""
 
-    Written whole and committed on close; reading it back gives the order in force."""
-
-    writable = True
     private = True
 
     def __init__(self, hooks: ControlHooks, rank: int):
@@ -157,19 +148,23 @@ class OrderFile(ControlFile):
     def render(self, fresh: bool = False) -> bytes:
         return self.current
 
-    def commit(self, data: bytes) -> None:
-        self.hooks.set_order(self.rank, data)
-        self.current = data
+
+class ControlLink(ControlFile):
+    """`.fusefs/control`: a symbolic link to the control socket (control_socket.py)."""
+
+    name = client.CONTROL_SOCKET.encode()
+
+    def __init__(self, hooks: ControlHooks):
+        self.hooks = hooks
+        self.listed = self.present = hooks.socket_path is not None  # (none: a core without a mount)
 
 
 class _Handle:
-    __slots__ = ("file", "content", "written", "dirty")
+    __slots__ = ("file", "content")
 
-    def __init__(self, file: ControlFile, content: bytes, writing: bool):
+    def __init__(self, file: ControlFile, content: bytes):
         self.file = file
         self.content = content
-        self.written = bytearray() if writing else None
-        self.dirty = False
 
 
 class ControlNamespace:
@@ -177,20 +172,16 @@ class ControlNamespace:
         self.hooks = hooks
         self.base = base_ino
         self.files: list[ControlFile] = [StatsFile(hooks), MetricsFile(hooks), IdsFile(hooks),
-                                         ChunksFile(hooks)]
+                                         ChunksFile(hooks), ControlLink(hooks)]
         self.files += [OrderFile(hooks, rank) for rank in range(MAX_RANKS)]
         assert len(self.files) == FILES
-        self._slots = {f.name: slot for slot, f in enumerate(self.files)}
+        self._slots = {f.name: slot for slot, f in enumerate(self.files) if f.present}
         self._slots[client.ORDER.encode()] = self._slots[client.order_name(0).encode()]
         self._handles: dict[int, _Handle] = {}
         self._next_fh = FH_BASE
-        self._buffered = 0  # bytes held by all write handles together
 
     def owns(self, ino: int) -> bool:
         return self.base <= ino <= self.base + len(self.files)
-
-    def writable(self, ino: int) -> bool:
-        return ino != self.base and self.files[self._slot(ino)].writable
 
     # ---- metadata ----------------------------------------------------------------------
     def dir_attr(self):
@@ -199,10 +190,13 @@ class ControlNamespace:
 
     def _attr(self, slot: int):
         f = self.files[slot]
+        if isinstance(f, ControlLink):
+            return Attr(self.base + 1 + slot, stat.S_IFLNK | 0o777, len(os.fsencode(self.hooks.socket_path)),
+                        int(self.hooks.started * 1e9), timeout=0.0)
         group = self.hooks.control_gid
-        mode = 0o400 | (0o200 if f.writable else 0)  # (the daemon's user)
+        mode = 0o400  # (the daemon's user)
         if group is not None and f.private:
-            mode |= mode >> 3  # (the same for the control group)
+            mode |= 0o040  # (and the control group)
         if not f.private:
             mode |= 0o044
         return Attr(self.base + 1 + slot, stat.S_IFREG | mode, 0, int(self.hooks.started * 1e9),
@@ -210,7 +204,7 @@ class ControlNamespace:
 
     def _slot(self, ino: int) -> int:
         slot = ino - self.base - 1
-        if not 0 <= slot < len(self.files):
+        if not 0 <= slot < len(self.files) or not self.files[slot].present:
             raise FsError(errno.ENOENT)
         return slot
 
@@ -231,18 +225,24 @@ class ControlNamespace:
             name, slot = entries[pos]
             yield name, self._attr(slot), pos + 1
 
+    def readlink(self, ino: int) -> bytes:
+        f = self.files[self._slot(ino)]
+        if not isinstance(f, ControlLink) or not f.present:
+            raise FsError(errno.EINVAL)
+        return os.fsencode(self.hooks.socket_path)
+
     # ---- data --------------------------------------------------------------------------
     def open(self, ino: int, flags: int, uid: int | None = None):
         if ino == self.base:
             raise FsError(errno.EISDIR)
         f = self.files[self._slot(ino)]
-        writing = bool(flags & (os.O_WRONLY | os.O_RDWR))
-        if writing and not (f.writable and self.hooks.may_control(uid)):
-            raise FsError(errno.EACCES)
-        content = b"" if writing else f.render(fresh=self.hooks.trusted(uid))
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
+            raise FsError(errno.EROFS)  # (orders come over the control socket)
+        if isinstance(f, ControlLink):
+            raise FsError(errno.ELOOP)
         fh = self._next_fh
         self._next_fh += 1
-        self._handles[fh] = _Handle(f, content, writing)
+        self._handles[fh] = _Handle(f, f.render(fresh=self.hooks.trusted(uid)))
         return OpenResult(fh=fh, direct_io=True, keep_cache=False)
 
     def _handle(self, fh: int) -> _Handle:
@@ -254,42 +254,14 @@ class ControlNamespace:
     def read(self, fh: int, off: int, size: int) -> bytes:
         return self._handle(fh).content[off:off + size]
 
-    def write(self, fh: int, off: int, data: bytes) -> int:
-        h = self._handle(fh)
-        if h.written is None:
-            raise FsError(errno.EBADF)
-        end = off + len(data)
-        if end > self.hooks.order_limit:  # (no valid order is this long)
-            raise FsError(errno.EFBIG)
-        grow = max(0, end - len(h.written))
-        if self._buffered + grow > 2 * self.hooks.order_limit:  # (all handles together)
-            raise FsError(errno.EFBIG)
-        if off > len(h.written):
-            h.written.extend(bytes(off - len(h.written)))
-        h.written[off:end] = data
-        self._buffered += grow
-        h.dirty = True
-        return len(data)
-
-    def commit(self, fh: int) -> None:
-        """Commit what was written (fsync; the writer gets the error, if any)."""
-        h = self._handle(fh)
-        if h.dirty:
-            h.dirty = False
-            h.file.commit(bytes(h.written))
-
     def release(self, fh: int) -> None:
-        """The writer is gone: commit what it wrote and did not fsync (a refusal is logged
-        by the file's commit and counted; no one is left to tell)."""
-        h = self._handles.pop(fh, None)
-        if h is not None and h.written is not None:
-            self._buffered -= len(h.written)
-        if h is not None and h.dirty:
-            h.dirty = False
-            try:
-                h.file.commit(bytes(h.written))
-            except FsError:
-                pass
+        self._handles.pop(fh, None)
+
+    def set_order(self, rank: int, data: bytes) -> None:
+        """Set rank's order (from the control socket): FsError(EINVAL, why) if refused, and
+        the previous one stays in force; once accepted, `order.<rank>` shows it."""
+        self.hooks.set_order(rank, data)
+        self.files[self._slots[client.order_name(rank).encode()]].current = data
 
     @property
     def open_handles(self) -> int:

@@ -127,18 +127,20 @@ def cpu_seconds() -> float:
 
 class Core:
     def __init__(self, index: Index, store: ChunkStore, config: MountConfig = DEFAULTS, *,
-                 local=None, kernel=None, uid: int | None = None, gid: int | None = None):
+                 local=None, kernel=None, uid: int | None = None, gid: int | None = None,
+                 control_socket: str | None = None):
         """The dataset of index, its chunks read through store, with the mount's settings
         (config); local: the local cache tier (local.LocalTier) or None; kernel: the kernel
         page cache (fs.KernelCache, which fetched samples are pushed into as they arrive:
         docs/ARCHITECTURE.md, "Kernel page cache"), or None: every read is served by the
-        daemon; uid, gid: the files' owner (default: the daemon's)."""
+        daemon; uid, gid: the files' owner (default: the daemon's); control_socket: the
+        control socket's path, which `.fusefs/control` links to (None: no link)."""
         self.index = index
         self.store = store
         self.local = local
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
-        self.control_gid = config.control_gid  # a group that may write the control files too
+        self.control_gid = config.control_gid  # a group that may set orders too
         self.ctrl_dir = index.n_dirs + 1
         self.file_base = self.ctrl_dir + CTRL_SLOTS
         self.policy = Policy(index.size)
@@ -157,9 +159,9 @@ class Core:
         self.control = ControlNamespace(ControlHooks(
             statistics=self.statistics, ids_table=self.ids_table,
             chunk_table=lambda: index.chunk.astype("<u4").tobytes(), set_order=self.set_order,
-            may_control=self.may_control, trusted=self.trusted, control_gid=config.control_gid,
-            started=self.stats.started, order_limit=orderfmt.size_limit(index.n_files)),
-            self.ctrl_dir)
+            trusted=self.trusted, control_gid=config.control_gid, started=self.stats.started,
+            socket_path=control_socket), self.ctrl_dir)
+        self.order_limit = orderfmt.size_limit(index.n_files)  # (the largest valid order)
         self._open = 0                       # data files open
         self._serial = 0
         # open file handle -> its sample's bytes, kept between its reads (a read that does not
@@ -284,12 +286,10 @@ class Core:
         """Whether uid is root or the daemon's user (None: a request from within)."""
         return uid is None or uid in (0, self.uid)
 
-    def may_control(self, uid: int | None) -> bool:
-        """Whether the user uid may write the control files: root or the user who mounted
-        (None: a request from within). With a control group the files are group-writable and the
-        kernel (default_permissions, always on) has already checked the caller's groups,
-        supplementary ones included, before the request got here."""
-        return self.trusted(uid) or self.control_gid is not None
+    def may_control(self, uid: int, gids: set[int]) -> bool:
+        """Whether a process of user uid, in groups gids, may set orders: root, the user who
+        mounted, and members of the control group."""
+        return self.trusted(uid) or (self.control_gid is not None and self.control_gid in gids)
 
     def open(self, ino: int, flags: int, uid: int | None = None) -> OpenResult:
         """The hot path: no I/O, no thread, no table entry; the handle carries the sample."""
@@ -370,16 +370,6 @@ class Core:
             self.reads.read_through(sid)
         return out
 
-    def write(self, fh: int, off: int, data: bytes) -> int:
-        if fh < FH_BASE:
-            raise FsError(errno.EROFS)
-        return self.control.write(fh, off, data)
-
-    def fsync(self, fh: int) -> None:
-        """Commit what a writer wrote to a control file; a bad order fails the fsync."""
-        if fh >= FH_BASE:
-            self.control.commit(fh)
-
     def release(self, fh: int) -> None:
         if fh >= FH_BASE:
             self.control.release(fh)
@@ -392,15 +382,10 @@ class Core:
                 self._held_bytes -= len(data)
         self.use(fh & SID_MASK)
 
-    def setattr(self, ino: int, size: int | None, other: bool = False,
-                uid: int | None = None) -> Attr:
-        """Only truncating a writable control file (as `open(..., "w")` does) is allowed;
-        `other` is a change of mode, owner or times."""
-        if not other and size in (None, 0) and self.control.owns(ino) and self.control.writable(ino):
-            if not self.may_control(uid):
-                raise FsError(errno.EACCES)
-            return self.getattr(ino)  # (a writer's handle starts empty: nothing to truncate)
-        raise FsError(errno.EROFS)
+    def readlink(self, ino: int) -> bytes:
+        if not self.control.owns(ino):
+            raise FsError(errno.EINVAL)
+        return self.control.readlink(ino)
 
     @property
     def open_handles(self) -> int:
@@ -413,7 +398,7 @@ class Core:
             order = orderfmt.parse(data, self.index.n_files)
         except orderfmt.OrderError as e:
             self.stats.orders_refused += 1
-            self.refusals[rank] = str(e)  # (the writer reads it back: client.write_order)
+            self.refusals[rank] = str(e)  # (in the stats too)
             log.warning("order for rank %d refused, the previous one stays: %s", rank, e)
             raise FsError(errno.EINVAL, str(e)) from None
         self.policy.set_order(rank, order)

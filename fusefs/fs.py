@@ -98,11 +98,8 @@ class Operations(pyfuse3.Operations):
         return self._entry(self.core.getattr(inode))
 
     @_translate
-    async def setattr(self, inode, attr, fields, fh, ctx):
-        other = (fields.update_mode or fields.update_uid or fields.update_gid
-                 or fields.update_atime or fields.update_mtime)
-        size = attr.st_size if fields.update_size else None
-        return self._entry(self.core.setattr(inode, size, other, ctx.uid))
+    async def readlink(self, inode, ctx):
+        return self.core.readlink(inode)
 
     @_translate
     async def opendir(self, inode, ctx):
@@ -127,12 +124,9 @@ class Operations(pyfuse3.Operations):
     async def read(self, fh, off, size):
         return await self.core.read(fh, off, size)
 
-    @_translate
-    async def write(self, fh, off, buf):
-        return self.core.write(fh, off, buf)
-
-    # No flush: pyfuse3's default answers ENOSYS, and the kernel then sends no more flush
-    # requests at all (one round trip less per sample read); control files commit on fsync.
+    # No flush and no fsync: pyfuse3's default answers ENOSYS, and the kernel then sends no
+    # more of them at all (one round trip less per sample read). No write: the mount is
+    # read-only (orders come over the control socket).
 
     @_translate
     async def release(self, fh):
@@ -166,16 +160,12 @@ class Operations(pyfuse3.Operations):
             log.exception("unexpected error in forget")
 
     @_translate
-    async def fsync(self, fh, datasync):
-        self.core.fsync(fh)
-
-    @_translate
     async def fsyncdir(self, fh, datasync):
         pass
 
 
 # Every operation that would change the dataset is refused as on a read-only filesystem.
-for _name in ("create", "mknod", "mkdir", "unlink", "rmdir", "symlink", "rename",
+for _name in ("setattr", "create", "mknod", "mkdir", "unlink", "rmdir", "symlink", "rename",
               "link", "setxattr", "removexattr"):
     async def _erofs(self, *args, **kwargs):
         raise pyfuse3.FUSEError(errno.EROFS)

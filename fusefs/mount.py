@@ -17,6 +17,7 @@ import trio
 from . import fastpath, pyfuse3
 from .config import DEFAULTS, MountConfig
 from .control import RENDER_EVERY
+from .control_socket import ControlSocket
 from .core import Core
 from .errors import UserError
 from .fs import KernelCache, Operations
@@ -53,13 +54,12 @@ def open_dataset(dst: str, retries: int = DEFAULTS.retries,
 
 
 def fuse_options(extra: list[str], source: str = "fusefs") -> set[str]:
-    """The FUSE options: pyfuse3's defaults, the source (the packed folder: what findmnt and
-    /proc/mounts show, as sshfs and s3fs show what they mount) with the type fuse.fusefs,
-    and the user's. (The mount stays rw for the kernel: the order files are written
-    through it; the dataset itself is read-only, EROFS.)"""
+    """The FUSE options: pyfuse3's defaults, read-only (`ro`: orders come over the control
+    socket), the source (the packed folder: what findmnt and /proc/mounts show, as sshfs and
+    s3fs show what they mount) with the type fuse.fusefs, and the user's."""
     opts = set(pyfuse3.default_options)
     escaped = source.replace("\\", "\\\\").replace(",", "\\,")
-    opts.update({f"fsname={escaped}", "subtype=fusefs"})
+    opts.update({"ro", f"fsname={escaped}", "subtype=fusefs"})
     for item in extra:
         opts.update(o for o in item.split(",") if o)
     return opts
@@ -115,10 +115,25 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
             local = LocalTier(config.local_dir, config.local_bytes, index)
         except LocalTierError as e:
             raise MountError(str(e)) from None
-    core = Core(index, store, config, local=local, kernel=KernelCache() if config.kernel_cache else None)
+    sock_path = runtime_path(mnt, ".sock")
+    try:
+        own_folder(os.path.dirname(sock_path))
+    except MountError:
+        if local is not None:
+            local.close()
+        raise
+    core = Core(index, store, config, local=local, kernel=KernelCache() if config.kernel_cache else None,
+                control_socket=sock_path)
+    try:
+        control = ControlSocket(sock_path, core.control.set_order, core.may_control, core.order_limit)
+    except OSError as e:
+        if local is not None:
+            local.close()
+        raise MountError(f"control socket {sock_path}: {e.strerror or e}") from None
     ops = Operations(core)
     core.count(ops)
-    core.count(MountInfo(os.path.abspath(mnt), store.root))
+    core.count(control)
+    core.count(MountInfo(os.path.abspath(mnt), os.path.abspath(store.root)))
     loop = {}  # the event loop's token, for the metrics server's thread
     server = None
     if config.metrics_port is not None:
@@ -139,8 +154,9 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
     for s in STOP_SIGNALS:
         signal.signal(s, lambda sig, _: stops.append(sig))
     try:
-        pyfuse3.init(ops, mnt, fuse_options(list(options), store.root))
+        pyfuse3.init(ops, mnt, fuse_options(list(options), os.path.abspath(store.root)))
     except BaseException as e:
+        control.close()
         if local is not None:
             local.close()
         if server is not None:
@@ -157,9 +173,10 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
     try:
         fast = _start_fast_path(core, ops) if config.fast_path else None
         log.info("opens: %s", "answered in C (the fast path)" if fast else "answered by the daemon")
-        trio.run(_main, core, loop, fast, stops)
+        trio.run(_main, core, loop, fast, stops, control)
         clean = True
     finally:
+        control.close()
         if server is not None:
             server.shutdown()
             server.server_close()
@@ -197,11 +214,13 @@ def _start_fast_path(core: Core, ops: Operations) -> fastpath.FastPath:
     return fast
 
 
-async def _main(core: Core, loop: dict, fast: fastpath.FastPath | None, stops: list[int]):
+async def _main(core: Core, loop: dict, fast: fastpath.FastPath | None, stops: list[int],
+                control: ControlSocket):
     loop["token"] = trio.lowlevel.current_trio_token()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, stops)
         await nursery.start(core.run)
+        await nursery.start(control.serve)
         if fast is not None:
             nursery.start_soon(fast.run)
         await pyfuse3.main()
@@ -222,10 +241,11 @@ async def _watch_signals(stops: list[int]):
             stops.append(sig)
 
 
-def default_log_path(mnt: str) -> str:
-    """Where a background mount logs unless told (--log): one file per mount point, in a
-    folder of the user's own: /run/fusefs for root, else $XDG_RUNTIME_DIR/fusefs or
-    ~/.cache/fusefs; named by the mount point's base name and a hash of its whole path."""
+def runtime_path(mnt: str, suffix: str) -> str:
+    """A file of the mount at mnt in the user's runtime folder: /run/fusefs for root, else
+    $XDG_RUNTIME_DIR/fusefs or ~/.cache/fusefs; named by the mount point's base name and a
+    hash of its whole path, then suffix: `.log` (a background mount's log unless --log
+    says), `.sock` (the control socket)."""
     mnt = os.path.abspath(mnt)
     if os.geteuid() == 0:
         folder = "/run/fusefs"
@@ -234,19 +254,33 @@ def default_log_path(mnt: str) -> str:
     else:
         folder = os.path.join(os.path.expanduser("~"), ".cache", "fusefs")
     tag = hashlib.sha256(os.fsencode(mnt)).hexdigest()[:10]
-    return os.path.join(folder, f"{os.path.basename(mnt) or 'root'}-{tag}.log")
+    name = os.path.basename(mnt)[:40] or "root"  # (a socket's path has at most 107 bytes)
+    return os.path.join(folder, f"{name}-{tag}{suffix}")
 
 
-def open_log(path: str, own_folder: bool = False) -> int:
+def default_log_path(mnt: str) -> str:
+    return runtime_path(mnt, ".log")
+
+
+def own_folder(folder: str) -> None:
+    """Make folder if missing (0755: others reach the control sockets in it, each file is
+    protected by its own mode) and check that it is this user's, writable by no one else
+    and not a link; MountError if not."""
+    os.makedirs(folder, mode=0o755, exist_ok=True)
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise MountError(f"{folder}: the runtime folder must be your own, writable by no one else")
+    if st.st_mode & 0o055 != 0o055:  # (made 0700 by an older fusefs: others must reach the sockets)
+        os.chmod(folder, stat.S_IMODE(st.st_mode) | 0o055)
+
+
+def open_log(path: str, own: bool = False) -> int:
     """A descriptor of the log file at path, opened for appending without following a
-    symbolic link, made 0600; only a regular file is taken. own_folder: the folder is made
-    0700 if missing and must be this user's, writable by no one else."""
+    symbolic link, made 0600; only a regular file is taken. own: the folder is the user's
+    runtime folder (own_folder)."""
     folder = os.path.dirname(os.path.abspath(path))
-    if own_folder:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        st = os.lstat(folder)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            raise MountError(f"{folder}: the log folder must be your own, writable by no one else")
+    if own:
+        own_folder(folder)
     try:  # (non-blocking: a FIFO without a reader fails at once instead of waiting)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
                      | os.O_NONBLOCK, 0o600)
@@ -283,7 +317,7 @@ def start_background(argv: list[str], mnt: str, log_path: str | None, timeout: f
         raise MountError(f"{mnt}: something is already mounted there")
     own = log_path is None
     log_path = log_path or default_log_path(mnt)
-    fd = open_log(log_path, own_folder=own)
+    fd = open_log(log_path, own=own)
     start = os.lseek(fd, 0, os.SEEK_END)  # (what this run logs lies past here)
     ready_r, ready_w = os.pipe()
     try:

@@ -1,4 +1,5 @@
-"""The epoch order file written into `MNT/.fusefs/order` (or `order.<rank>`).
+"""The epoch order a training process hands the mount (client.write_order, over the control
+socket; `MNT/.fusefs/order.<rank>` shows the one in force).
 
 Binary, little-endian:
 

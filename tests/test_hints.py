@@ -86,48 +86,34 @@ def test_four_readers_with_the_order_set_get_every_byte(tricky, tmp_path):
         assert stats["open_handles"] == 0
 
 
-def _write_bytes(path, data, fsync=True):
-    """Write data to a control file as a writer would (truncating it), with fsync."""
-    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
-    try:
-        os.write(fd, data)
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def test_bad_order_fails_fsync_with_einval_and_the_old_one_stays(tricky, tmp_path):
-    """A bad order fails the writer's fsync with EINVAL, is named in the log, and the
-    previous order stays."""
+def test_a_bad_order_is_refused_with_its_reason_and_the_old_one_stays(tricky, tmp_path):
+    """A bad order is refused with the reason (OrderRefused, from the control socket), is
+    named in the log, and the previous order stays; the order files show the order in
+    force and take no writes (the mount is read-only)."""
+    from fusefs.client import OrderRefused, send_order
     mnt = str(tmp_path / "mnt")
     with running_mount(tricky[1], mnt) as (_, log):
         write_order(mnt, [0, 1, 2], epoch=3)
         path = os.path.join(mnt, ".fusefs", "order")
         for bad in (b"garbage", orderfmt.encode([0, 99999]), orderfmt.encode([0, 1])[:-1],
                     orderfmt.encode([0, 1]) + b"next", orderfmt.encode([0, 1], next_follows=True)):
-            with pytest.raises(OSError) as e:
-                _write_bytes(path, bad)
-            assert e.value.errno == errno.EINVAL, bad
-        with pytest.raises(OSError) as e:  # write_order commits with fsync: it raises too
+            with pytest.raises(OrderRefused) as e:
+                send_order(mnt, bad)
+            assert e.value.errno == errno.EINVAL and "previous one stays" in str(e.value), bad
+        with pytest.raises(OrderRefused, match="unknown sample id 99999"):
             write_order(mnt, [0, 99999])
-        assert e.value.errno == errno.EINVAL
-        # a writer that only closes: the order commits at release, refused in the log
-        _write_bytes(path, orderfmt.encode([7, 99998]), fsync=False)
-        deadline = time.monotonic() + 10
-        while "unknown sample id 99998" not in open(log).read() and time.monotonic() < deadline:
-            time.sleep(0.02)
         current = orderfmt.parse(open(path, "rb").read(), 10**6)
         assert current.ids.tolist() == [0, 1, 2] and current.epoch == 3
-        log_text = open(log).read()
-        assert "unknown sample id 99999" in log_text and "unknown sample id 99998" in log_text
-        # a good order without fsync takes effect too
-        _write_bytes(path, orderfmt.encode([2, 1], epoch=4), fsync=False)
-        deadline = time.monotonic() + 10
-        while mount_stats(mnt)["plans"]["0"]["epoch"] != 4 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert orderfmt.parse(open(path, "rb").read(), 10**6).ids.tolist() == [2, 1]
-        assert mount_stats(mnt)["orders_refused"] == 7
+        assert "unknown sample id 99999" in open(log).read()
+        for name in ("order", "order.5", "stats"):
+            with pytest.raises(OSError) as e:
+                open(os.path.join(mnt, ".fusefs", name), "wb")
+            assert e.value.errno == errno.EROFS
+        write_order(mnt, [2, 1], epoch=4, next_ids=[1, 2, 0], rank=5)
+        plan = mount_stats(mnt)["plans"]["5"]
+        assert plan["epoch"] == 4 and plan["length"] == 2 and plan["next_length"] == 3
+        assert orderfmt.parse(open(path + ".5", "rb").read(), 10**6).ids.tolist() == [2, 1]
+        assert mount_stats(mnt)["orders_refused"] == 6
         assert read_tree(mnt) == read_tree(tricky[0])  # still serving
 
 
@@ -153,19 +139,6 @@ def test_write_order_and_the_stats_need_no_torch(tricky, tmp_path):
         assert epoch == "7" and orderfmt.parse(open(os.path.join(mnt, ".fusefs", "order"), "rb").read(),
                                                10**6).ids.tolist() == eval(ids)
         assert out.stdout.splitlines()[1] == "no sampler without torch"
-
-
-def test_an_order_committed_by_close_alone_takes_effect(tricky, tmp_path):
-    """A plain writer (no fsync) commits at release, shortly after its close()."""
-    mnt = str(tmp_path / "mnt")
-    with running_mount(tricky[1], mnt):
-        with open(os.path.join(mnt, ".fusefs", "order"), "wb") as f:
-            f.write(orderfmt.encode([2, 1], epoch=5) + orderfmt.encode([1, 2, 0], epoch=6))
-        deadline = time.monotonic() + 10
-        while mount_stats(mnt)["orders_accepted"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        plan = mount_stats(mnt)["plans"]["0"]
-        assert plan["epoch"] == 5 and plan["length"] == 2 and plan["next_length"] == 3
 
 
 # reads every file under MNT over and over, a line after each pass
@@ -304,7 +277,7 @@ def test_read_ahead_bytes_pushed_to_the_kernel_page_cache(tricky, tmp_path, mode
                 # (the reads of dropped samples too: from the cache's bytes, held for it)
                 # (no lookup: the names were listed before; no forget)
                 assert in_c == ({"open": len(rels), "release": len(rels), "ioctl": ioctl, "read": reads,
-                                 "lookup": 0, "forget": 0} if mode == "daemon-opens" else None), in_c
+                                 "lookup": 0, "forget": 0, "interrupt": 0} if mode == "daemon-opens" else None), in_c
                 assert s["fast_path_requests"] is None or mode == "daemon-opens"
                 # (fewer drops than it takes to distrust every push: reads.MIN_DROPS)
                 assert len(dropped) < MIN_DROPS, dropped
@@ -313,7 +286,7 @@ def test_read_ahead_bytes_pushed_to_the_kernel_page_cache(tricky, tmp_path, mode
                 assert before["pushed"] == s["pushed"] == len(rels), s
             else:
                 assert asked["open"] == asked["release"] == len(rels) and "flush" not in asked, asked
-                assert asked["ioctl"] == ioctl and getattrs == (ioctl if epoch else 0), asked
+                assert asked["ioctl"] == ioctl and getattrs == 0, asked  # (read-only: no getattr at open)
                 assert s["pushed"] == 0
                 if epoch == 0:  # (then the kernel keeps what the reads brought: keep_cache)
                     assert reads >= len(rels), asked

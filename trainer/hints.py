@@ -11,8 +11,8 @@ Two-line change to a training script:
 
 The sampler yields exactly the indices torch's RandomSampler (seeded with seed + epoch)
 or DistributedSampler (same seed, epoch, shuffle, drop_last, padding) would, and before
-yielding them writes the matching mount ids to `MNT/.fusefs/order.<rank>` (through
-fusefs.client, which needs numpy only: no FUSE packages).
+yielding them hands the matching mount ids to the mount as rank's order (through
+fusefs.client.write_order, which needs numpy only: no FUSE packages).
 """
 from __future__ import annotations
 
@@ -84,8 +84,8 @@ class HintedSampler(Sampler):
     written at each __iter__ (call set_epoch before each epoch, as with
     DistributedSampler; without it every epoch repeats epoch 0's order).
 
-    The order goes to the mount's file `order.<local_rank>`: one mount per node serves the
-    training processes of that node, each with its own order file. local_rank defaults to
+    The order goes to the mount as rank local_rank's (`order.<local_rank>` shows it): one
+    mount per node serves the training processes of that node, each with its own order. local_rank defaults to
     the LOCAL_RANK environment variable (set by torchrun), else to rank.
 
     mode (see trainer/orders.py for the trade-offs):
@@ -97,7 +97,7 @@ class HintedSampler(Sampler):
     In these modes ranks take contiguous slices of the epoch's order (padded to equal
     length as DistributedSampler pads), so each keeps its chunks and echo pairs.
 
-    lookahead (default on): the order file also carries the next epoch's order (the same
+    lookahead (default on): the order also carries the next epoch's order (the same
     function of seed and epoch), so the mount's cache keeps across the epoch boundary what
     the next epoch needs first, and reads it ahead before the next epoch starts.
     """

@@ -71,7 +71,7 @@ import psutil
 
 from common import REPO, build_minimal_c, commit as common_commit, git, minimal_daemon
 
-from fusefs import order as orderfmt
+from fusefs import client, order as orderfmt
 from fusefs.pack import pack
 from testkit.gluster import drop_caches
 from testkit.mounts import running_mount
@@ -164,12 +164,8 @@ def minimal_peer(src: str, mnt: str, pool, rels, orders, readers: int, pace: flo
 
 
 def write_order(mnt: str, ids, epoch: int) -> None:
-    fd = os.open(os.path.join(mnt, ".fusefs", "order"), os.O_WRONLY | os.O_TRUNC)
-    try:
-        os.write(fd, orderfmt.encode(ids, epoch=epoch))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """(send_order also reaches a daemon of --against REF from before the control socket)"""
+    client.send_order(mnt, orderfmt.encode(ids, epoch=epoch))
 
 
 def thread_cpu(pid: int) -> dict:

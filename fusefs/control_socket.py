@@ -1,0 +1,208 @@
+"""The control socket: how a training process hands the daemon an order.
+
+The mount is read-only for the kernel (findmnt shows `ro`, and every write through it is
+EROFS, the order files' included), so orders come over a Unix socket of the daemon's,
+in its runtime folder (mount.runtime_path), which the control namespace shows as the
+symbolic link `MNT/.fusefs/control`. A client connects to the link's target
+(client.write_order), sends one request and reads one answer line:
+
+    order RANK SIZE\\n + SIZE bytes (an order, order.py's format)
+      -> ok | refused WHY | denied | too large | busy | bad request
+
+Trust: the kernel tells who connects (SO_PEERCRED, and SO_PEERGROUPS for the supplementary
+groups); root, the daemon's user and, with --control-group, that group's members may set
+orders, anyone else is `denied` at once, before the connection takes a slot. Limits: SIZE at most the largest valid order for the
+dataset (order.size_limit: `too large` before a byte of it is read), MAX_CONNECTIONS served
+at once (one more is answered `busy` and closed), each done within IDLE_S seconds of its
+accept or closed: together they bound what clients can make the daemon hold.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import stat
+import struct
+from typing import Callable
+
+import trio
+
+from .client import MAX_RANKS
+from .entries import FsError
+
+log = logging.getLogger("fusefs")
+
+MAX_CONNECTIONS = 4   # served at once
+IDLE_S = 30.0         # a connection's request and answer, from its accept
+HEADER_MAX = 64       # bytes of a request's first line
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
+_UCRED = struct.Struct("3i")  # pid, uid, gid
+
+
+class ControlSocketError(OSError):
+    """The socket cannot be made (its path is taken by something that is not ours)."""
+
+
+class ControlSocket:
+    """Serves orders on a Unix socket at `path` (made here; the folder is the caller's,
+    checked: its own, writable by no one else). commit(rank, data) sets an order or raises
+    FsError(EINVAL, why); may_control(uid, gids) says who may; limit: the largest order."""
+
+    def __init__(self, path: str, commit: Callable[[int, bytes], None],
+                 may_control: Callable[[int, set[int]], bool], limit: int):
+        self.path = path
+        self.commit = commit
+        self.may_control = may_control
+        self.limit = limit
+        self.active = 0
+        self.counts = {"accepted": 0, "denied": 0, "busy": 0, "refused": 0, "too_large": 0,
+                       "bad": 0, "timed_out": 0}
+        self.sock = self._bind()
+
+    def _bind(self) -> socket.socket:
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            pass
+        else:  # (a socket a daemon of ours left behind when it was killed: replaced)
+            if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
+                raise ControlSocketError(errno.EEXIST, f"control socket {self.path}: something "
+                                         "else is there (not a socket of this user's)")
+            os.unlink(self.path)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            s.bind(self.path)
+            os.chmod(self.path, 0o666)  # (who may is decided by the peer's credentials)
+            s.listen(16)
+        except OSError:
+            s.close()
+            raise
+        return s
+
+    def counters(self) -> dict:
+        return {"control_socket": dict(self.counts)}
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Accept and serve connections until cancelled."""
+        listener = trio.socket.from_stdlib_socket(self.sock)
+        task_status.started()
+        async with trio.open_nursery() as nursery:
+            while True:
+                conn, _ = await listener.accept()
+                refusal = None
+                try:
+                    if not self.may_control(*_peer(conn)):  # (before it takes a slot)
+                        refusal = "denied"
+                    elif self.active >= MAX_CONNECTIONS:
+                        refusal = "busy"
+                except OSError:
+                    refusal = "bad"
+                if refusal is None:
+                    self.active += 1
+                    nursery.start_soon(self._serve_one, conn)
+                    continue
+                self.counts[refusal] += 1
+                with conn, trio.move_on_after(1):  # (a line fits the empty buffer at once)
+                    try:
+                        await _send(conn, refusal.encode() + b"\n")
+                    except OSError:
+                        pass
+
+    async def _serve_one(self, conn) -> None:
+        try:
+            with conn:
+                with trio.move_on_after(IDLE_S) as scope:
+                    answer = await self._answer(conn)
+                    await _send(conn, answer + b"\n")
+                if scope.cancelled_caught:
+                    self.counts["timed_out"] += 1
+        except OSError:
+            pass  # (the client went away)
+        except Exception:  # (never let a client end the daemon's loop)
+            log.exception("control socket: unexpected error")
+        finally:
+            self.active -= 1
+
+    async def _answer(self, conn) -> bytes:
+        header, rest = await _line(conn)
+        try:
+            verb, rank, size = header.split(b" ")
+            rank, size = int(rank), int(size)
+            if verb != b"order" or not 0 <= rank < MAX_RANKS or size < 0:
+                raise ValueError
+        except ValueError:
+            self.counts["bad"] += 1
+            return b"bad request"
+        if size > self.limit:
+            self.counts["too_large"] += 1
+            return b"too large"
+        data = await _exactly(conn, rest, size)
+        if data is None:
+            self.counts["bad"] += 1
+            return b"bad request"
+        try:
+            self.commit(rank, data)
+        except FsError as e:
+            self.counts["refused"] += 1
+            return b"refused " + " ".join(str(e).split()).encode()
+        self.counts["accepted"] += 1
+        return b"ok"
+
+
+def _peer(conn) -> tuple[int, set[int]]:
+    """The connecting process's uid and groups (its gid and supplementary ones, as the
+    kernel had them when it connected)."""
+    pid, uid, gid = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    try:  # (Python takes at most 1024 bytes: 256 groups)
+        raw = conn.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 1024)
+        groups = set(struct.unpack(f"{len(raw) // 4}I", raw[:len(raw) // 4 * 4]))
+    except OSError:  # (more groups, or a kernel before 4.13: the process's, from procfs)
+        groups = _proc_groups(pid)
+    return uid, groups | {gid}
+
+
+def _proc_groups(pid: int) -> set[int]:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            line = next((x for x in f if x.startswith("Groups:")), "Groups:")
+        return {int(g) for g in line.split()[1:]}
+    except (OSError, ValueError):
+        return set()
+
+
+async def _line(conn) -> tuple[bytes, bytes]:
+    """The request's first line, without its newline (b"" if none within HEADER_MAX), and
+    what was read past it (the order's first bytes)."""
+    buf = b""
+    while b"\n" not in buf and len(buf) < HEADER_MAX:
+        got = await conn.recv(HEADER_MAX - len(buf))
+        if not got:
+            break
+        buf += got
+    line, sep, rest = buf.partition(b"\n")
+    return (line if sep else b""), rest
+
+
+async def _exactly(conn, start: bytes, size: int) -> bytes | None:
+    """size bytes of the request, the first of them `start` (None: the client stopped short)."""
+    buf = bytearray(start)
+    while len(buf) < size:
+        got = await conn.recv(min(1 << 20, size - len(buf)))
+        if not got:
+            return None
+        buf += got
+    return bytes(buf[:size])
+
+
+async def _send(conn, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[await conn.send(view):]

@@ -1,0 +1,153 @@
+"""The control socket without a mount: a ControlSocket served by trio in this process, asked
+by the client's own code (client._ask, in a thread) and by raw sockets that misbehave."""
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import stat
+
+import pytest
+import trio
+
+from fusefs import client, control_socket
+from fusefs.control_socket import MAX_CONNECTIONS, ControlSocket, ControlSocketError
+from fusefs.entries import FsError
+
+LIMIT = 1000
+
+
+def serving(path, test, may=lambda uid, gids: True, limit=LIMIT):
+    """Run test(server, ask) while a ControlSocket at path serves: ask(header, data) is the
+    client's request in a thread; commits are recorded in server.committed."""
+    committed = []
+
+    def commit(rank, data):
+        if data.startswith(b"bad"):
+            raise FsError(errno.EINVAL, "not an order\n(second line)")
+        committed.append((rank, data))
+
+    server = ControlSocket(str(path), commit, may, limit)
+    server.committed = committed
+
+    async def main():
+        async with trio.open_nursery() as n:
+            await n.start(server.serve)
+
+            async def ask(header: bytes, data: bytes = b"") -> str:
+                return await trio.to_thread.run_sync(client._ask, str(path), header, data)
+            await test(server, ask)
+            n.cancel_scope.cancel()
+    try:
+        trio.run(main)
+    finally:
+        server.close()
+    return server
+
+
+def test_orders_are_committed_refused_with_their_reason_or_denied(tmp_path):
+    async def test(server, ask):
+        assert await ask(b"order 3 5\n", b"12345") == "ok"
+        assert server.committed == [(3, b"12345")]
+        assert await ask(b"order 0 4\n", b"bad!") == "refused not an order (second line)"  # (one line)
+        assert await ask(b"order 64 1\n", b"x") == "bad request"  # (ranks 0..63)
+        assert await ask(b"order 0 5\n", b"123") == "bad request"  # (stopped short)
+        assert await ask(b"hello\n") == "bad request"
+        assert await ask(b"order 0 %d\n" % (LIMIT + 1), bytes(LIMIT + 1)) == "too large"
+        assert await ask(b"order 0 %d\n" % LIMIT, bytes(LIMIT)) == "ok"
+    server = serving(tmp_path / "s.sock", test)
+    assert server.counts == {"accepted": 2, "denied": 0, "busy": 0, "refused": 1, "too_large": 1,
+                             "bad": 3, "timed_out": 0}
+    assert not os.path.exists(tmp_path / "s.sock")  # (closed: removed)
+
+
+def test_who_may_is_decided_by_the_peers_credentials(tmp_path):
+    seen = []
+
+    def may(uid, gids):
+        seen.append((uid, gids))
+        return False
+
+    async def test(server, ask):
+        assert await ask(b"order 0 3\n", b"abc") == "denied"
+    server = serving(tmp_path / "s.sock", test, may=may)
+    assert seen == [(os.geteuid(), set(os.getgroups()) | {os.getegid()})]
+    assert server.committed == [] and server.counts["denied"] == 1
+
+
+def test_past_max_connections_a_client_is_told_busy_and_the_others_are_served(tmp_path):
+    path = str(tmp_path / "s.sock")
+
+    async def test(server, ask):
+        idle = []
+        for _ in range(MAX_CONNECTIONS):  # (each declares the largest order and sends none of it)
+            s = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            await s.connect(path)
+            await s.send(b"order 0 %d\n" % LIMIT)
+            idle.append(s)
+        while server.active < MAX_CONNECTIONS:
+            await trio.sleep(0.001)
+        assert await ask(b"order 1 3\n", b"abc") == "busy"
+        for s in idle:
+            s.close()
+        while server.active:
+            await trio.sleep(0.001)
+        assert await ask(b"order 1 3\n", b"abc") == "ok"
+    server = serving(tmp_path / "s.sock", test)
+    assert server.counts["busy"] == 1 and server.committed == [(1, b"abc")]
+
+
+def test_a_client_that_says_nothing_is_closed_after_the_idle_bound(tmp_path, monkeypatch):
+    monkeypatch.setattr(control_socket, "IDLE_S", 0.05)
+    path = str(tmp_path / "s.sock")
+
+    async def test(server, ask):
+        s = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        await s.connect(path)
+        with trio.fail_after(30):
+            assert await s.recv(100) == b""  # (closed by the daemon, no answer)
+        s.close()
+    server = serving(path, test)
+    assert server.counts["timed_out"] == 1
+
+
+def test_a_stale_socket_of_ours_is_replaced_and_anything_else_refused(tmp_path):
+    path = tmp_path / "s.sock"
+    old = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old.bind(str(path))
+    old.close()  # (left behind, as by a daemon killed with -9)
+    server = ControlSocket(str(path), None, None, LIMIT)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o666  # (who may: the credentials decide)
+    server.close()
+    path.write_text("someone's file")
+    with pytest.raises(ControlSocketError, match="something else is there"):
+        ControlSocket(str(path), None, None, LIMIT)
+    assert path.read_text() == "someone's file"
+
+
+def test_the_client_maps_each_answer_to_its_error(tmp_path, monkeypatch):
+    mnt = tmp_path / "mnt"
+    (mnt / ".fusefs").mkdir(parents=True)
+    os.symlink("/nonexistent.sock", mnt / ".fusefs" / "control")
+    for answer, error, code in (("refused bad ids", client.OrderRefused, errno.EINVAL),
+                                ("denied", PermissionError, errno.EACCES),
+                                ("too large", OSError, errno.EFBIG),
+                                ("no answer", OSError, errno.EIO)):
+        monkeypatch.setattr(client, "_ask", lambda path, header, data, a=answer: a)
+        with pytest.raises(error) as e:
+            client.send_order(str(mnt), b"x", rank=2)
+        assert e.value.errno == code and "rank 2" in str(e.value)
+    asked = []
+    monkeypatch.setattr(client, "_ask", lambda path, header, data: asked.append(header) or
+                        ("busy" if len(asked) < 3 else "ok"))
+    client.send_order(str(mnt), b"xyz", rank=2)  # (busy: asked again)
+    assert asked == [b"order 2 3\n"] * 3
+
+
+def test_a_mount_without_a_control_socket_gets_the_order_in_its_order_file(tmp_path):
+    """(A daemon of a fusefs from before the control socket, as bench_hotpath --against
+    measures: its mount is writable and takes orders in its order files.)"""
+    (tmp_path / ".fusefs").mkdir()
+    (tmp_path / ".fusefs" / "order.3").write_bytes(b"an older order")
+    client.send_order(str(tmp_path), b"the order", rank=3)
+    assert (tmp_path / ".fusefs" / "order.3").read_bytes() == b"the order"
