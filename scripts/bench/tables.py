@@ -256,7 +256,24 @@ def hammer(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-TABLES = {"mount": (mount, "bench_mount.jsonl"), "memory": (memory, "bench_memory.jsonl"), "hammer": (hammer, "bench_hammer.jsonl"), "order": (order, "bench_order.jsonl"),
+def unbiased(rows: list[dict]) -> str:
+    run = [r for r in last_run(rows, "bench_unbiased") if r["part"] == "summary"]
+    if not run:
+        return not_measured("bench_unbiased")
+    what = {"full": "full epochs (HintedSampler)", "importance": "by rank, keep 0.7",
+            "unbiased": "unbiased, prune 0.5"}
+    out = ["| epochs | final test accuracy, mean ± sd (min-max) | vs. full | samples trained | "
+           "training time | backend bytes | commit, date |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in run:
+        out.append(f"| {what.get(r['mode'], r['mode'])} | {r['acc_mean']:.2f}% ± {r['acc_std']:.2f} "
+                   f"({r['acc_min']:.2f}-{r['acc_max']:.2f}) | {r['acc_vs_full']:+.2f} pt | {r['trained']:,} "
+                   f"| {r['seconds']:,.0f} s ({r['time_vs_full']:.2f}x) | {r['backend_bytes'] / 1e6:,.0f} MB "
+                   f"({r['bytes_vs_full']:.2f}x) | {where(r)} |")
+    return "\n".join(out)
+
+
+TABLES = {"mount": (mount, "bench_mount.jsonl"), "unbiased": (unbiased, "bench_unbiased.jsonl"), "memory": (memory, "bench_memory.jsonl"), "hammer": (hammer, "bench_hammer.jsonl"), "order": (order, "bench_order.jsonl"),
           "clients": (clients, "bench_clients.jsonl"), "faults": (faults, "faults.jsonl"),
           "soak": (soak, "soak.jsonl"), "gpu-node": (gpu_node, "gpu-node.jsonl"), "gpu-hybrid": (gpu_hybrid, "gpu-node.jsonl"),
           "gpu-swap": (gpu_swap, "gpu-node.jsonl")}

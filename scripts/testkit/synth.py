@@ -77,3 +77,44 @@ def make_digits(root: str, seed: int = 0) -> None:
             os.makedirs(folder, exist_ok=True)
             img = Image.fromarray((d.images[i] * (255 / 16)).astype(np.uint8), "L")
             img.resize((32, 32), Image.BILINEAR).save(os.path.join(folder, f"{i:04d}.png"))
+
+
+def make_hardness(root: str, n_train: int, n_test: int, n_classes: int = 10, side: int = 32,
+                  label_noise: float = 0.04, seed: int = 0) -> dict:
+    """train/ and test/ ImageFolders of side x side grey PNGs that a small CNN can learn, with
+    a spread of hardness as real sets have: each class has a smooth prototype pattern; an
+    image is its class's prototype, shifted by up to 3 pixels, blended with another class's
+    and with noise, both by a hardness drawn per image (Beta(0.7, 1.6): mostly easy, a long
+    tail of hard ones); `label_noise` of the training images carry a wrong label (none of
+    the test images). Deterministic for a seed; written once (an existing test/ is kept)."""
+    from PIL import Image
+    if os.path.isdir(os.path.join(root, "test")):
+        return {"train": n_train, "test": n_test}
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:side, 0:side] / side
+    protos = []
+    for _ in range(n_classes):
+        p = np.zeros((side, side))
+        for _ in range(4):  # a few oriented waves and blobs: smooth, distinct per class
+            fx, fy, ph = rng.uniform(-3, 3), rng.uniform(-3, 3), rng.uniform(0, 2 * np.pi)
+            p += np.sin(2 * np.pi * (fx * xx + fy * yy) + ph)
+            cx, cy, r = rng.uniform(0.2, 0.8, 2).tolist() + [rng.uniform(0.08, 0.2)]
+            p += 2 * np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * r * r))
+        protos.append((p - p.mean()) / p.std())
+    common = sum(protos) / n_classes  # (classes share much of their pattern: not too easy)
+    protos = [(p - 0.8 * common) / (p - 0.8 * common).std() for p in protos]
+    for split, n, noise in (("train", n_train, label_noise), ("test", n_test, 0.0)):
+        labels = np.arange(n) % n_classes
+        hard = rng.beta(0.7, 1.6, n)
+        other = (labels + rng.integers(1, n_classes, n)) % n_classes
+        shown = np.where(rng.random(n) < noise, rng.integers(0, n_classes, n), labels)
+        for c in range(n_classes):
+            os.makedirs(os.path.join(root, split, f"class{c:02d}"), exist_ok=True)
+        for i in range(n):
+            dx, dy = rng.integers(-3, 4, 2)
+            x = np.roll(protos[labels[i]], (dy, dx), (0, 1))
+            x = (1 - 0.6 * hard[i]) * x + 0.6 * hard[i] * protos[other[i]]
+            x = x + rng.normal(0, 1.0 + 5.0 * hard[i], x.shape)
+            img = np.clip(128 + 40 * x, 0, 255).astype(np.uint8)
+            Image.fromarray(img, "L").save(os.path.join(root, split, f"class{shown[i]:02d}", f"{i:06d}.png"))
+    return {"train": n_train, "test": n_test}
