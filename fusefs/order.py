@@ -81,8 +81,8 @@ def entry_limit(n_samples: int) -> int:
 
 
 def size_limit(n_samples: int) -> int:
-    """The largest valid order file for a dataset of n_samples (two records of the most
-    entries, with importance): the mount refuses a write past it at once (EFBIG)."""
+    """The largest valid order for a dataset of n_samples (two records of the most entries,
+    with importance): the control socket refuses a larger one before reading it."""
     return 2 * _size(FLAG_IMPORTANCE, entry_limit(n_samples))
 
 
