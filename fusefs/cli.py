@@ -242,6 +242,25 @@ def cmd_stats(a) -> int:
     return 0
 
 
+def cmd_order(a) -> int:
+    """Hand the mount an order read from a file (or stdin): what `cat > MNT/.fusefs/order`
+    did before the mount was read-only."""
+    from .client import OrderRefused, find_mount, send_order
+    if a.file == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        with open(a.file, "rb") as f:
+            data = f.read()
+    try:
+        send_order(find_mount(a.mnt), data, a.rank)
+    except OrderRefused as e:
+        print(f"fusefs order: {e.strerror}", file=sys.stderr)
+        return UserError.exit_code
+    except (FileNotFoundError, ValueError) as e:  # (not a mount; a rank out of range)
+        raise UserError(str(e)) from None
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fusefs", description=__doc__.splitlines()[0])
     from . import __version__
@@ -351,10 +370,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-w", "--watch", action="store_true", help="print rates every interval until Ctrl-C")
     s.add_argument("--interval", type=float, default=1.0, help="seconds between --watch lines (default 1)")
     s.set_defaults(func=cmd_stats)
+
+    s = sub.add_parser("order", help="hand a mount an epoch's read order (docs/FORMAT.md) from a file")
+    s.add_argument("mnt", help="the mount point (or any path inside it)")
+    s.add_argument("file", nargs="?", default="-", help="the order, in fusefs's format (default: stdin)")
+    s.add_argument("--rank", type=int, default=0, help="the rank whose order it is (0..63, default 0)")
+    s.set_defaults(func=cmd_order)
     return p
 
 
-COMMANDS = ("pack", "mount", "umount", "info", "verify", "stats")
+COMMANDS = ("pack", "mount", "umount", "info", "verify", "stats", "order")
 
 
 def from_mount_helper(argv: list[str]) -> list[str]:

@@ -138,3 +138,26 @@ def test_sizes_print_in_iec_units_and_parse_in_both(tricky, tmp_path):
     assert re.search(r"files, [0-9.]+ (B|KiB|MiB) into .*\([0-9.]+ (B|KiB|MiB|GiB)/s\)", r.stdout), r.stdout
     assert not re.search(r"\d ?[kMG]B\b", r.stdout), r.stdout
     assert parse_size("2MiB") == 2 << 20 and parse_size("2MB") == 2_000_000 and parse_size("1.5GiB") == 3 << 29
+
+
+def test_fusefs_order_hands_a_mount_an_order_from_a_file_or_stdin(tricky, tmp_path):
+    """What `cat order > MNT/.fusefs/order` did before the mount was read-only."""
+    from fusefs import order as orderfmt
+    from fusefs.client import mount_stats
+    mnt = tmp_path / "mnt"
+    good = tmp_path / "good.order"
+    good.write_bytes(orderfmt.encode([2, 0, 1], epoch=5))
+    with running_mount(tricky[1], mnt):
+        r = _run("order", mnt, good, "--rank", "3")
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert mount_stats(str(mnt))["plans"]["3"]["epoch"] == 5
+        r = subprocess.run(fusefs_cmd("order", mnt / "cat"), input=orderfmt.encode([1], epoch=6),
+                           capture_output=True, timeout=60)  # (stdin; a path inside the mount)
+        assert r.returncode == 0 and mount_stats(str(mnt))["plans"]["0"]["epoch"] == 6, r.stderr
+        bad = tmp_path / "bad.order"
+        bad.write_bytes(orderfmt.encode([0, 99999]))
+        _one_error_line(_run("order", mnt, bad), EXIT_USER, "unknown sample id 99999", "previous one stays")
+        _one_error_line(_run("order", mnt, good, "--rank", "64"), EXIT_USER, "rank")
+        _one_error_line(_run("order", mnt, tmp_path / "missing"), EXIT_SYSTEM, "missing")
+        _one_error_line(_run("order", tmp_path, good), EXIT_USER, "not inside a fusefs mount")
+        assert mount_stats(str(mnt))["plans"]["3"]["epoch"] == 5  # (the refused ones changed nothing)
