@@ -26,7 +26,7 @@ from typing import Callable
 
 from . import client
 from .client import MAX_RANKS
-from .entries import Attr, FsError, OpenResult
+from .entries import WRITE_FLAGS, Attr, FsError, OpenResult
 
 FH_BASE = 1 << 62  # control handles live far above every inode number
 RENDER_EVERY = 0.25  # seconds: the stats and metrics are rendered at most this often
@@ -226,8 +226,7 @@ class ControlNamespace:
             yield name, self._attr(slot), pos + 1
 
     def readlink(self, ino: int) -> bytes:
-        f = self.files[self._slot(ino)]
-        if not isinstance(f, ControlLink) or not f.present:
+        if not isinstance(self.files[self._slot(ino)], ControlLink):  # (_slot: present ones)
             raise FsError(errno.EINVAL)
         return os.fsencode(self.hooks.socket_path)
 
@@ -236,7 +235,7 @@ class ControlNamespace:
         if ino == self.base:
             raise FsError(errno.EISDIR)
         f = self.files[self._slot(ino)]
-        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
+        if flags & WRITE_FLAGS:
             raise FsError(errno.EROFS)  # (orders come over the control socket)
         if isinstance(f, ControlLink):
             raise FsError(errno.ELOOP)

@@ -164,7 +164,8 @@ def _peer(conn) -> tuple[int, set[int]]:
     try:  # (Python takes at most 1024 bytes: 256 groups)
         raw = conn.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 1024)
         groups = set(struct.unpack(f"{len(raw) // 4}I", raw[:len(raw) // 4 * 4]))
-    except OSError:  # (more groups, or a kernel before 4.13: the process's, from procfs)
+    except OSError:  # (more groups, or a kernel before 4.13: the process's, from procfs,
+        # which the kernel answers from memory, like the daemon's own statm)
         groups = _proc_groups(pid)
     return uid, groups | {gid}
 

@@ -33,7 +33,7 @@ import trio
 from . import order as orderfmt
 from .cache import SampleCache
 from .control import FH_BASE, FILES, ControlHooks, ControlNamespace
-from .entries import BLKSIZE, DATA_TIMEOUT, Attr, FsError, OpenResult
+from .entries import BLKSIZE, DATA_TIMEOUT, WRITE_FLAGS, Attr, FsError, OpenResult
 from .config import DEFAULTS, MountConfig
 from .index import CONTROL_NAME, Index
 from .policy import Policy
@@ -61,7 +61,6 @@ READ_LOST = 1 << 60
 FORGOTTEN = RELEASED | READ  # (a released handle never has READ's bit)
 EVENT_BITS = (RELEASED, READ, READ_END, READ_LOST)  # handed to the fast path at its start
 assert SERIAL_WRAP << SID_BITS <= min(RELEASED, READ) and 1 << SID_BITS <= min(READ_END, READ_LOST)
-WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 HELD_MIN = 8 << 20  # bytes open handles may keep between reads, at least (else budget / 8)
 
 

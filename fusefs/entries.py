@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 DATA_TIMEOUT = 24 * 3600.0  # the dataset is immutable: let the kernel keep entries a day
 BLKSIZE = 131072  # every file's st_blksize, and the mount's statfs block size
+# open flags that would change a file: refused (EROFS) for the dataset's files and the control files
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
 
 class FsError(Exception):

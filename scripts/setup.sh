@@ -12,8 +12,9 @@ missing() {
     done
 }
 export DEBIAN_FRONTEND=noninteractive
+# (passwd and util-linux: useradd and setpriv, with which tests/test_abuse.py attacks as a second user)
 need_apt=($(missing fuse3 libfuse3-dev libxxhash-dev pkg-config gcc python3-dev python3-venv python3-torchvision \
-                    python3-pil glusterfs-server glusterfs-client attr procps))
+                    python3-pil glusterfs-server glusterfs-client attr procps passwd util-linux))
 # scikit-learn for trainer/ in the training runs by /usr/bin/python3, and fio, a reader of
 # the mount that no one here wrote (both without their recommended packages)
 need_slim=($(missing python3-sklearn fio))

@@ -734,9 +734,10 @@ print(bad)
 
 
 @as_root
-def test_a_reader_that_signals_itself_costs_the_daemon_nothing(attacker, shared_mount):
+def test_the_interrupts_of_a_reader_that_signals_itself_are_taken_by_the_fast_path(attacker, shared_mount):
     """Interrupts of requests the fast path answered never reach libfuse, which would keep
-    them on a list until the next request the loop handles (issue 45, item 10)."""
+    them on a list until the next request the loop handles (issue 45, item 10); the reads
+    stay right and the daemon serves on."""
     from fusefs.client import mount_stats
     mnt, proc, files = shared_mount
     for _ in range(100):  # (an interrupt needs a signal while a request waits: a race)
