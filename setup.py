@@ -1,7 +1,7 @@
 """fusefs's compiled parts, built by `pip install`:
 
 - fusefs.pyfuse3, its FUSE binding: pyfuse3 3.5.0's Cython sources with fusefs's changes
-  (fusefs/pyfuse3, written by scripts/pyfuse3_patched.py) and the fast path's C
+  (fusefs/pyfuse3: the pinned sdist with scripts/pyfuse3_patches/ applied) and the fast path's C
   (fusefs/_fastpath.h). Needs Cython (a build requirement), gcc, the Python headers and
   libfuse3's (pkg-config fuse3, or FUSE3_CFLAGS and FUSE3_LIBS where libfuse3 lies elsewhere).
 - fusefs._fetchio (fusefs/_fetchio.c): a fetch batch's reads and checksums without the GIL.

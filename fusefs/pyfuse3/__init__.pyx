@@ -1132,6 +1132,9 @@ def readdir_reply(ReaddirToken token, name, EntryAttributes attr, off_t next_id)
     token.buf = &token.buf[len_]
     return True
 
+# fusefs: the request loop takes a queued request without waiting for the fd
+REQUESTS_WITHOUT_WAIT = True
+
 
 def notify_store_many(items):
     '''notify_store(inode, 0, data) for each (inode, data) of items, one after the other
@@ -1170,9 +1173,6 @@ def notify_store_many(items):
         stdlib.free(rets)
         stdlib.free(inos)
         stdlib.free(bufs)
-
-# fusefs: the request loop takes a queued request without waiting for the fd
-REQUESTS_WITHOUT_WAIT = True
 
 # fusefs: notify_store_many pushes many samples to the page cache without the GIL
 STORE_MANY = True
