@@ -35,12 +35,14 @@
  * needs no answer: that of a dataset file is an event (`released` | `read` | sample), and
  * that of any other inode is dropped (fusefs keeps no lookup counts).
  *
- * An interrupt (FUSE_INTERRUPT) is taken here and needs no answer. pyfuse3 never asks
- * whether a request was interrupted, so an interrupt changes nothing for a request in
- * the loop (the kernel goes on waiting for its answer, as it does when the answer ignores
- * the interrupt); and libfuse, given the interrupt of a request answered here, which it
- * never saw, would keep it on its list until the next request it handles: a reader that
- * signals itself while every read is answered here would grow that list without bound.
+ * An interrupt (FUSE_INTERRUPT) needs no answer. That of a request answered here (the
+ * thread keeps the uniques of the last FUSEFS_ANSWERED it answered; the kernel sends an
+ * interrupt as the signal comes, so its request is among them) is taken here: libfuse,
+ * which never saw that request, would keep the interrupt on its list until the next
+ * request it handles, and a reader that signals itself while every read is answered here
+ * would grow that list without bound. Any other goes to the loop, where libfuse marks the
+ * request it names and the binding answers an interrupted read EINTR at once (a killed
+ * reader's request would otherwise be waited for until it is answered).
  *
  * The thread reads first and waits (poll) only when nothing is queued: under load a
  * request costs it a read and a writev, as in libfuse's own loop.
@@ -64,6 +66,7 @@
 #include <linux/fuse.h>
 
 #define FUSEFS_BUFSIZE (256 * 4096 + 4096) /* libfuse's: FUSE_MAX_MAX_PAGES pages + a header page */
+#define FUSEFS_ANSWERED 1024  /* the uniques of the requests answered last, for their interrupts */
 /* The events' bits are fusefs's (fusefs/core.py), given at the start: single, distinct
  * bits; `released` and `read` above every handle (serial_wrap << sid_bits), so that an open's
  * event (its handle) has neither and a release's never has `read`'s; `read_end` and
@@ -117,7 +120,9 @@ static struct {
     const unsigned char *kernel_flags;
     uint64_t kernel_flags_n;
     fusefs_tree tree;  /* for lookups (fusefs_fast_tree; the caller keeps it alive) */
-    unsigned long long lookups, forgets, interrupts;  /* (atomic) */
+    unsigned long long lookups, forgets, interrupts, interrupts_forwarded;  /* (atomic) */
+    uint64_t answered[FUSEFS_ANSWERED];  /* a ring of the uniques answered here (atomic) */
+    unsigned long long answered_n;
     uint64_t ev_released, ev_read, ev_read_end, ev_read_lost;  /* the events' bits */
 } fusefs_fast = {0, -1, -1, -1, -1, 0, PTHREAD_MUTEX_INITIALIZER, .held_lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -148,6 +153,16 @@ static void fusefs_reply(uint64_t unique, int err, const void *arg, size_t len) 
     /* (ENOENT: the request was interrupted and the kernel no longer waits for it) */
     ssize_t r = writev(fusefs_fast.fd, iov, len ? 2 : 1);
     (void) r;
+    unsigned long long i = __atomic_fetch_add(&fusefs_fast.answered_n, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&fusefs_fast.answered[i % FUSEFS_ANSWERED], unique, __ATOMIC_RELAXED);
+}
+
+/* whether the request `unique` was among those answered here last */
+static int fusefs_was_answered(uint64_t unique) {
+    for (int i = 0; i < FUSEFS_ANSWERED; i++)
+        if (__atomic_load_n(&fusefs_fast.answered[i], __ATOMIC_RELAXED) == unique)
+            return 1;
+    return 0;
 }
 
 static long fusefs_ns_since(const struct timespec *t) {
@@ -341,9 +356,15 @@ static int fusefs_answer(const char *data, size_t len) {
         __atomic_add_fetch(&fusefs_fast.forgets, 1, __ATOMIC_RELAXED);
         return 1;
     }
-    case FUSE_INTERRUPT:  /* taken here, answered by nothing (see the top) */
+    case FUSE_INTERRUPT: {  /* answered by nothing; to the loop unless its request was answered here */
+        const struct fuse_interrupt_in *in = (const struct fuse_interrupt_in *) (h + 1);
+        if (len < sizeof *h + sizeof *in || !fusefs_was_answered(in->unique)) {
+            __atomic_add_fetch(&fusefs_fast.interrupts_forwarded, 1, __ATOMIC_RELAXED);
+            return 0;
+        }
         __atomic_add_fetch(&fusefs_fast.interrupts, 1, __ATOMIC_RELAXED);
         return 1;
+    }
     case FUSE_IOCTL:  /* as the ioctl patch answers it: ENOTTY (Python's open() asks isatty) */
         fusefs_reply(h->unique, ENOTTY, NULL, 0);
         __atomic_add_fetch(&fusefs_fast.ioctls, 1, __ATOMIC_RELAXED);
@@ -447,7 +468,9 @@ static int fusefs_fast_configure(int fd, uint64_t file_base, uint64_t n_files, u
     fusefs_fast.ended = fusefs_fast.err = fusefs_fast.stop = 0;
     fusefs_fast.opens = fusefs_fast.releases = fusefs_fast.ioctls = 0;
     fusefs_fast.reads = fusefs_fast.read_bytes = 0;
-    fusefs_fast.lookups = fusefs_fast.forgets = 0;
+    fusefs_fast.lookups = fusefs_fast.forgets = fusefs_fast.interrupts = 0;
+    fusefs_fast.interrupts_forwarded = fusefs_fast.answered_n = 0;
+    memset(fusefs_fast.answered, 0, sizeof fusefs_fast.answered);
     fusefs_fast.held = (PyObject **) calloc(n_files ? n_files : 1, sizeof *fusefs_fast.held);
     return fusefs_fast.held == NULL ? ENOMEM : 0;
 }
@@ -569,8 +592,8 @@ static int fusefs_fast_event_fd(void) {
 }
 
 /* The requests answered here since the start: opens, releases, ioctls, reads; the bytes
- * the reads answered; lookups, forgets, interrupts. */
-static void fusefs_fast_counts(unsigned long long out[8]) {
+ * the reads answered; lookups, forgets, interrupts taken; interrupts handed to the loop. */
+static void fusefs_fast_counts(unsigned long long out[9]) {
     out[0] = __atomic_load_n(&fusefs_fast.opens, __ATOMIC_RELAXED);
     out[1] = __atomic_load_n(&fusefs_fast.releases, __ATOMIC_RELAXED);
     out[2] = __atomic_load_n(&fusefs_fast.ioctls, __ATOMIC_RELAXED);
@@ -579,6 +602,7 @@ static void fusefs_fast_counts(unsigned long long out[8]) {
     out[5] = __atomic_load_n(&fusefs_fast.lookups, __ATOMIC_RELAXED);
     out[6] = __atomic_load_n(&fusefs_fast.forgets, __ATOMIC_RELAXED);
     out[7] = __atomic_load_n(&fusefs_fast.interrupts, __ATOMIC_RELAXED);
+    out[8] = __atomic_load_n(&fusefs_fast.interrupts_forwarded, __ATOMIC_RELAXED);
 }
 
 /* (with the GIL) Hold o, a bytes object, as sample sid's bytes (NULL: hold none); the

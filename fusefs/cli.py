@@ -8,7 +8,7 @@ import os
 import re
 import sys
 
-from .config import CACHE_SIZE, DEFAULTS, ConfigError, MountConfig
+from .config import CACHE_SIZE, DEFAULTS, STOP_SIGNALS, ConfigError, MountConfig
 from .errors import UserError
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
@@ -42,9 +42,16 @@ def _human(n: float) -> str:
 
 def cmd_pack(a) -> int:
     from .pack import pack
+    mode = None
+    if a.mode is not None:
+        try:
+            mode = int(a.mode, 8)
+        except ValueError:
+            raise UserError(f"--mode {a.mode}: not an octal mode (e.g. 0640)") from None
     r = pack(a.src, a.dst, chunk_bytes=None if a.chunk_count else parse_size(a.chunk_size),
              chunk_count=a.chunk_count, nodes=a.nodes, workers=a.workers, strict=a.strict,
-             force=a.force, progress=False if a.quiet else None, mix_classes=a.mix_classes)
+             force=a.force, progress=False if a.quiet else None, mix_classes=a.mix_classes,
+             follow_symlinks=a.follow_symlinks, mode=mode)
     for path, why in r.skipped:
         print(f"skipped: {path}: {why}", file=sys.stderr)
     print(f"packed {r.files} files, {_human(r.bytes)} into {r.chunks} chunks in {r.seconds:.1f} s "
@@ -169,6 +176,7 @@ def mount_config(a, dataset_bytes: int) -> MountConfig:
                        kernel_cache=a.kernel_cache, willneed=a.willneed,
                        fast_path=a.fast_path,
                        control_gid=parse_group(a.control_group), local_dir=a.local_cache,
+                       order_bytes=None if a.order_memory is None else parse_size(a.order_memory, whole=cache),
                        local_bytes=local_bytes, metrics_port=a.metrics_port,
                        metrics_address=a.metrics_address)
 
@@ -279,6 +287,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "tree (default: class by class, in the tree's order)")
     s.add_argument("--workers", type=int, default=16, help="parallel source reads (default 16)")
     s.add_argument("--strict", action="store_true", help="stop at the first unreadable source entry")
+    s.add_argument("--follow-symlinks", action="store_true",
+                   help="pack the files that symbolic links point at (default: links are reported "
+                        "and skipped, and no link is followed on the way to a file)")
+    s.add_argument("--mode", metavar="OCTAL",
+                   help="the chunks' and the index's mode, e.g. 0644 (default: the most restrictive "
+                        "their files had in the source, folders above them included)")
     s.add_argument("--force", action="store_true", help="replace a packed dataset already in DST")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_pack)
@@ -318,6 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "budget (default 1/16 of the budget, at least a full batch per request slot of "
                         "every node, two up to 1/4 of the budget); "
                         "the rest of the budget keeps what the orders need again")
+    s.add_argument("--order-memory", metavar="SIZE",
+                   help="what the orders of all ranks may hold together: bytes or %% of the cache "
+                        "budget (default: a quarter of the budget, at least what orders covering the "
+                        "dataset for 8 ranks take); an order past it is refused with the figures")
     s.add_argument("--control-group", metavar="GROUP",
                    help="a group whose members may write the control files (the order) too; "
                         "by default only the user who mounted (and root) may")
@@ -380,6 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 COMMANDS = ("pack", "mount", "umount", "info", "verify", "stats", "order")
+# (the pid: a background mount's log may hold another daemon's lines too: mount.own_lines)
+LOG_FORMAT = "%(asctime)s [%(process)d] %(name)s %(levelname)s %(message)s"
 
 
 def from_mount_helper(argv: list[str]) -> list[str]:
@@ -393,10 +413,14 @@ def from_mount_helper(argv: list[str]) -> list[str]:
 
 def main(argv=None) -> int:
     argv = from_mount_helper(list(sys.argv[1:] if argv is None else argv))
+    if argv[:1] == ["mount"] and not {"--background", "-b"} & set(argv):
+        # before any thread (numpy's import starts OpenBLAS's): every thread of the daemon
+        # inherits the blocked stop signals, which one thread of its own takes (mount.Stops)
+        import signal
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     a = build_parser().parse_args(argv)
     a.argv = argv
-    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO, format=LOG_FORMAT)
     try:
         return a.func(a)
     except UserError as e:  # every error a user can fix, with its exit code (2)

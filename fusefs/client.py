@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from . import order as orderfmt
+from .mounts import mount_of
 
 CONTROL = ".fusefs"            # the hidden folder at the mount's root
 STATS = "stats"                # the daemon's counters, JSON
@@ -40,16 +41,16 @@ def control_path(mount: str, name: str) -> str:
     return os.path.join(mount, CONTROL, name)
 
 
+FSTYPE = "fuse.fusefs"          # what the mount table says of a fusefs mount
+
+
 def find_mount(path: str) -> str:
-    """The fusefs mount that holds path (the nearest folder upwards with `.fusefs/`)."""
-    p = os.path.abspath(path)
-    while True:
-        if os.path.isdir(os.path.join(p, CONTROL)):
-            return p
-        parent = os.path.dirname(p)
-        if parent == p:
-            raise FileNotFoundError(f"{path} is not inside a fusefs mount")
-        p = parent
+    """The mount point of the fusefs mount that holds path, as the system's mount table
+    says (a folder of a dataset that happens to be called `.fusefs` proves nothing)."""
+    point, kind = mount_of(path)
+    if kind != FSTYPE:
+        raise FileNotFoundError(f"{path} is not inside a fusefs mount")
+    return point
 
 
 _ID_TABLES: dict[str, dict[bytes, int]] = {}

@@ -2,11 +2,14 @@
 the defaults and their checks in one place."""
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 
 from .errors import UserError
 
 CACHE_SIZE = "256MiB"  # the --cache-size default, as the CLI shows it
+# the signals that stop a mount (each asks for the unmount: mount.Stops)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class ConfigError(UserError):
@@ -25,7 +28,8 @@ class MountConfig:
     kernel_cache: bool = True         # push fetched samples into the kernel page cache
     fast_path: bool = True            # opens and releases answered in C (needs the fast patch)
     willneed: bool = True             # posix_fadvise WILLNEED a request's reads at once
-    control_gid: int | None = None    # a group that may write the control files too
+    control_gid: int | None = None    # a group that may set orders too
+    order_bytes: int | None = None    # what every rank's orders may hold (None: orders.default_budget)
     local_dir: str | None = None      # the local cache tier's folder
     local_bytes: int = 0              # and its budget
     metrics_port: int | None = None   # serve Prometheus metrics over HTTP on this port
@@ -42,6 +46,8 @@ class MountConfig:
                               f"budget ({self.cache_bytes} bytes)")
         if not self.io_timeout >= 0:
             raise ConfigError(f"io-timeout must not be negative, got {self.io_timeout}")
+        if self.order_bytes is not None and self.order_bytes < 0:
+            raise ConfigError(f"order-memory must not be negative, got {self.order_bytes}")
         if self.readahead is not None and self.readahead < 0:
             raise ConfigError(f"readahead must not be negative, got {self.readahead}")
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:

@@ -39,7 +39,6 @@ class ControlHooks:
     statistics: Callable[[], dict]
     ids_table: Callable[[], bytes]
     chunk_table: Callable[[], bytes]
-    set_order: Callable[[int, bytes], None]   # raises FsError(EINVAL) for a bad order
     trusted: Callable[[int | None], bool]      # is this uid root or the daemon's user
     control_gid: int | None                    # the group that may set orders too, if any
     started: float                             # the daemon's start (the files' mtime)
@@ -256,10 +255,8 @@ class ControlNamespace:
     def release(self, fh: int) -> None:
         self._handles.pop(fh, None)
 
-    def set_order(self, rank: int, data: bytes) -> None:
-        """Set rank's order (from the control socket): FsError(EINVAL, why) if refused, and
-        the previous one stays in force; once accepted, `order.<rank>` shows it."""
-        self.hooks.set_order(rank, data)
+    def show_order(self, rank: int, data: bytes) -> None:
+        """rank's order in force is now data: `order.<rank>` shows it."""
         self.files[self._slots[client.order_name(rank).encode()]].current = data
 
     @property

@@ -11,10 +11,14 @@ symbolic link `MNT/.fusefs/control`. A client connects to the link's target
 
 Trust: the kernel tells who connects (SO_PEERCRED, and SO_PEERGROUPS for the supplementary
 groups); root, the daemon's user and, with --control-group, that group's members may set
-orders, anyone else is `denied` at once, before the connection takes a slot. Limits: SIZE at most the largest valid order for the
-dataset (order.size_limit: `too large` before a byte of it is read), MAX_CONNECTIONS served
-at once (one more is answered `busy` and closed), each done within IDLE_S seconds of its
-accept or closed: together they bound what clients can make the daemon hold.
+orders, anyone else is `denied` at once, before the connection takes a slot. Limits: SIZE at
+most the largest order that could be accepted (Core.order_limit: `too large` before a byte
+of it is read), MAX_CONNECTIONS served at once, of which one is kept for root and the
+daemon's user (a client past them is answered `busy` and closed; client.send_order asks
+again), and a request must arrive whole within REQUEST_S of its accept or the connection is
+dropped: together they bound what clients can make the daemon hold, and a client of the
+control group that holds connections open, or drips its request, never keeps the owner
+from setting an order. The commit itself (Core.commit_order) runs off the event loop.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ import os
 import socket
 import stat
 import struct
-from typing import Callable
+from typing import Awaitable, Callable
 
 import trio
 
@@ -33,8 +37,9 @@ from .entries import FsError
 
 log = logging.getLogger("fusefs")
 
-MAX_CONNECTIONS = 4   # served at once
-IDLE_S = 30.0         # a connection's request and answer, from its accept
+MAX_CONNECTIONS = 4   # served at once (the last one only for root and the daemon's user)
+REQUEST_S = 5.0       # a request's header and order arrive within this, from the accept
+ANSWER_S = 5.0        # and its answer line is taken within this
 HEADER_MAX = 64       # bytes of a request's first line
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
 _UCRED = struct.Struct("3i")  # pid, uid, gid
@@ -46,14 +51,17 @@ class ControlSocketError(OSError):
 
 class ControlSocket:
     """Serves orders on a Unix socket at `path` (made here; the folder is the caller's,
-    checked: its own, writable by no one else). commit(rank, data) sets an order or raises
-    FsError(EINVAL, why); may_control(uid, gids) says who may; limit: the largest order."""
+    checked: its own, writable by no one else). `await commit(rank, data)` sets an order or
+    raises FsError(EINVAL, why); may_control(uid, gids) says who may, trusted(uid) who is
+    root or the daemon's user (the last slot is theirs); limit: the largest order."""
 
-    def __init__(self, path: str, commit: Callable[[int, bytes], None],
-                 may_control: Callable[[int, set[int]], bool], limit: int):
+    def __init__(self, path: str, commit: Callable[[int, bytes], Awaitable[None]],
+                 may_control: Callable[[int, set[int]], bool], limit: int,
+                 trusted: Callable[[int], bool] = lambda uid: uid in (0, os.geteuid())):
         self.path = path
         self.commit = commit
         self.may_control = may_control
+        self.trusted = trusted
         self.limit = limit
         self.active = 0
         self.counts = {"accepted": 0, "denied": 0, "busy": 0, "refused": 0, "too_large": 0,
@@ -99,9 +107,10 @@ class ControlSocket:
                 conn, _ = await listener.accept()
                 refusal = None
                 try:
-                    if not self.may_control(*_peer(conn)):  # (before it takes a slot)
+                    uid, groups = _peer(conn)
+                    if not self.may_control(uid, groups):  # (before it takes a slot)
                         refusal = "denied"
-                    elif self.active >= MAX_CONNECTIONS:
+                    elif self.active >= MAX_CONNECTIONS - (0 if self.trusted(uid) else 1):
                         refusal = "busy"
                 except OSError:
                     refusal = "bad"
@@ -119,11 +128,14 @@ class ControlSocket:
     async def _serve_one(self, conn) -> None:
         try:
             with conn:
-                with trio.move_on_after(IDLE_S) as scope:
-                    answer = await self._answer(conn)
-                    await _send(conn, answer + b"\n")
-                if scope.cancelled_caught:
+                with trio.move_on_after(REQUEST_S) as scope:
+                    request = await self._request(conn)
+                if scope.cancelled_caught:  # (dropped: no answer)
                     self.counts["timed_out"] += 1
+                    return
+                answer = request if isinstance(request, bytes) else await self._commit(*request)
+                with trio.move_on_after(ANSWER_S):
+                    await _send(conn, answer + b"\n")
         except OSError:
             pass  # (the client went away)
         except Exception:  # (never let a client end the daemon's loop)
@@ -131,7 +143,8 @@ class ControlSocket:
         finally:
             self.active -= 1
 
-    async def _answer(self, conn) -> bytes:
+    async def _request(self, conn) -> tuple[int, bytes] | bytes:
+        """(rank, order) of the request, or the answer that refuses it."""
         header, rest = await _line(conn)
         try:
             verb, rank, size = header.split(b" ")
@@ -148,8 +161,11 @@ class ControlSocket:
         if data is None:
             self.counts["bad"] += 1
             return b"bad request"
+        return rank, data
+
+    async def _commit(self, rank: int, data: bytes) -> bytes:
         try:
-            self.commit(rank, data)
+            await self.commit(rank, data)
         except FsError as e:
             self.counts["refused"] += 1
             return b"refused " + " ".join(str(e).split()).encode()

@@ -30,12 +30,12 @@ import time
 import numpy as np
 import trio
 
-from . import order as orderfmt
 from .cache import SampleCache
 from .control import FH_BASE, FILES, ControlHooks, ControlNamespace
 from .entries import BLKSIZE, DATA_TIMEOUT, WRITE_FLAGS, Attr, FsError, OpenResult
 from .config import DEFAULTS, MountConfig
 from .index import CONTROL_NAME, Index
+from .orders import Orders, default_budget
 from .policy import Policy
 from .fetch import Fetcher
 from .histogram import Histogram
@@ -70,7 +70,7 @@ class Stats:
 
     FIELDS = ("opens", "opens_pushed", "releases", "reads", "bytes_served", "hits", "pushed",
               "push_skipped", "kernel_dropped", "kernel_forgotten",
-              "misses", "read_waits", "eio", "orders_accepted", "orders_refused")
+              "misses", "read_waits", "eio", "eio_at_once", "orders_accepted", "orders_refused")
 
     def __init__(self):
         for f in self.FIELDS:
@@ -151,16 +151,18 @@ class Core:
                            local=local, kernel=kernel, ino_base=self.file_base,
                            readahead=config.readahead)
         self.prefetcher = self.reads.prefetcher
+        budget = config.order_bytes if config.order_bytes is not None else \
+            default_budget(config.cache_bytes, index.n_files)
+        self.orders = Orders(index, self.policy, self.cache, self.reads, self.prefetcher, self.stats,
+                             budget, local=local)
         # the parts whose counters() make the statistics (count() adds the FUSE adapter's)
-        self.refusals: dict[int, str] = {}  # rank -> why its last refused order was refused
         self.counted = [self.stats, self.cache, self.fetcher, self.prefetcher, self.reads,
-                        *([local] if local is not None else [])]
+                        self.orders, *([local] if local is not None else [])]
         self.control = ControlNamespace(ControlHooks(
             statistics=self.statistics, ids_table=self.ids_table,
-            chunk_table=lambda: index.chunk.astype("<u4").tobytes(), set_order=self.set_order,
+            chunk_table=lambda: index.chunk.astype("<u4").tobytes(),
             trusted=self.trusted, control_gid=config.control_gid, started=self.stats.started,
             socket_path=control_socket), self.ctrl_dir)
-        self.order_limit = orderfmt.size_limit(index.n_files)  # (the largest valid order)
         self._open = 0                       # data files open
         self._serial = 0
         # open file handle -> its sample's bytes, kept between its reads (a read that does not
@@ -170,6 +172,7 @@ class Core:
         self._held_bytes = 0
         self.held_cap = max(HELD_MIN, config.cache_bytes // 8)
         self._ids_table: bytes | None = None
+        self._scope = trio.CancelScope()  # run()'s
         # reads.in_kernel: pushed to the kernel and not forgotten since (the kernel drops an
         # inode's pages when it forgets the inode)
         self.in_kernel = self.reads.in_kernel
@@ -187,13 +190,20 @@ class Core:
         batches of samples readers missed) run as tasks of a nursery opened here, until
         cancelled. Start it in the mount's nursery (`await nursery.start(core.run)`) before
         the first read; tests do the same (conftest.serving)."""
+        self._scope = trio.CancelScope()
         try:
-            async with trio.open_nursery() as nursery:
-                self.reads.nursery = nursery
-                await nursery.start(self.prefetcher.run, nursery)
-                task_status.started()
+            with self._scope:
+                async with trio.open_nursery() as nursery:
+                    self.reads.nursery = nursery
+                    await nursery.start(self.prefetcher.run, nursery)
+                    task_status.started()
         finally:
             self.reads.nursery = None
+
+    def stop(self) -> None:
+        """End run(): the read-ahead and every fetch (their readers get EIO), as the mount
+        goes (from the event loop)."""
+        self._scope.cancel()
 
     # ---- inodes ----------------------------------------------------------------------
     def sid_of(self, ino: int) -> int | None:
@@ -358,7 +368,8 @@ class Core:
         data = self._held.get(fh)
         if data is None:  # an open file keeps its bytes, whatever the cache does meanwhile
             data = await self.reads.fetch(sid)
-            if off + size < end and self._held_bytes + len(data) <= self.held_cap:
+            # (another read of this handle may have kept them while this one waited: once)
+            if off + size < end and fh not in self._held and self._held_bytes + len(data) <= self.held_cap:
                 self._held[fh] = data
                 self._held_bytes += len(data)
         else:
@@ -392,27 +403,21 @@ class Core:
 
     # ---- the order -------------------------------------------------------------------
     def set_order(self, rank: int, data: bytes) -> None:
-        """Replace rank's order with the one encoded in data, or refuse it (EINVAL)."""
-        try:
-            order = orderfmt.parse(data, self.index.n_files)
-        except orderfmt.OrderError as e:
-            self.stats.orders_refused += 1
-            self.refusals[rank] = str(e)  # (in the stats too)
-            log.warning("order for rank %d refused, the previous one stays: %s", rank, e)
-            raise FsError(errno.EINVAL, str(e)) from None
-        self.policy.set_order(rank, order)
-        self.reads.new_order()
-        self.prefetcher.reset()
-        self.stats.orders_accepted += 1
-        if self.cache.static:
-            self.cache.set_pins(*self.policy.pin_candidates(), self.index.size)
-        if self.local is not None:
-            self.local.set_priorities(self.policy.tier_priorities())
-        self.cache.rekey_all(self.policy.keys)
-        log.info("rank %d: order of %d samples for epoch %d%s", rank, len(order), order.epoch,
-                 f" (and {len(order.next)} of the next)" if order.next is not None else "")
-        # the order's first samples are in flight before any reader can ask for them
-        self.prefetcher.schedule_now()
+        """Replace rank's order with the one encoded in data, or refuse it (FsError EINVAL,
+        why): at once, on the caller's thread (a core without a mount; tests)."""
+        self.orders.set(rank, data)
+        self.control.show_order(rank, data)
+
+    async def commit_order(self, rank: int, data: bytes) -> None:
+        """set_order from the control socket: the order is prepared in a worker thread
+        (orders.Orders.commit), so the loop serves everything else meanwhile."""
+        await self.orders.commit(rank, data)
+        self.control.show_order(rank, data)
+
+    @property
+    def order_limit(self) -> int:
+        """The largest order the control socket reads (orders.Orders.limit)."""
+        return self.orders.limit()
 
     def next_use(self, sid: int) -> int | None:
         """How many positions ahead of its plan's cursor sid is needed next (None: never)."""
@@ -467,5 +472,4 @@ class Core:
                                 "ready_in_a_row": cached.index(False) if False in cached else len(cached),
                                 "importance": plan.importance is not None}
         out["plans"] = plans
-        out["order_refusals"] = {str(rank): why for rank, why in self.refusals.items()}
         return out

@@ -81,7 +81,8 @@ class FastPath:
         carried (for Core.statistics)."""
         counts = pyfuse3.fast_path_counts()
         return {"requests": counts, "fast_path_requests": counts,
-                "bytes_served": pyfuse3.fast_path_read_bytes()}
+                "bytes_served": pyfuse3.fast_path_read_bytes(),
+                "interrupts_to_loop": pyfuse3.fast_path_interrupts_forwarded()}
 
     @staticmethod
     def hold(sid: int, data) -> None:

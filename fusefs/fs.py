@@ -64,13 +64,15 @@ class Operations(pyfuse3.Operations):
         self.core = core
         self.requests: dict[str, int] = {}  # requests answered here, by type
         self._ioctls = pyfuse3.ioctl_requests()  # (answered by the binding in C, from here on)
+        self._interrupted = pyfuse3.reads_interrupted()  # (reads answered EINTR by the binding)
         self.catch_up = None  # () -> None: the fast path's events applied (mount.py sets it)
 
     def counters(self) -> dict:
         """The requests answered, by type (this adapter's, and the binding's ioctls), and
         the tasks pyfuse3's request loop started (for Core.statistics)."""
         return {"requests": {**self.requests, "ioctl": pyfuse3.ioctl_requests() - self._ioctls},
-                "loop_tasks": pyfuse3.loop_tasks_started()}
+                "loop_tasks": pyfuse3.loop_tasks_started(),
+                "reads_interrupted": pyfuse3.reads_interrupted() - self._interrupted}
 
     def _entry(self, a: Attr) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()

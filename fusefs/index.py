@@ -20,9 +20,11 @@ Names are raw bytes (any byte but '/' and NUL), so any name on the source round-
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import stat
 import struct
 import time
 from dataclasses import dataclass
@@ -30,6 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
+from . import beneath
+from . import chunk as chunkfmt
 from .client import CONTROL
 from .errors import UserError
 
@@ -82,6 +86,9 @@ class Index:
         self.n_files = len(self.size)
         self.n_dirs = len(self.dir_parent)
         self._check()
+        # served as permission bits only: a setuid, setgid or sticky bit of the source (or of
+        # a crafted index) never reaches the mount (which is nosuid, nodev as well)
+        self.mode, self.dir_mode = self.mode & 0o777, self.dir_mode & 0o777
         # a sample's size and chunk as Python ints, for the per-sample paths (indexing a
         # memoryview is 2-4 times faster than a numpy scalar and its arithmetic)
         self.size_v, self.chunk_v = memoryview(self.size), memoryview(self.chunk)
@@ -122,21 +129,45 @@ class Index:
         if not _runs_partition(self.dir_first_file, self.dir_nfiles, self.file_dir, 0, n):
             raise IndexFormatError("the folders' runs of files do not match the files' folders")
         for c in self.chunks:
+            try:
+                beneath.components(c.path)
+            except ValueError:
+                raise IndexFormatError(f"chunk path {c.path!r} is not a plain path inside the "
+                                       "packed folder") from None
             if not (0 <= c.size <= MAX_CHUNK_BYTES and 0 <= c.count <= MAX_CHUNK_BYTES):
                 raise IndexFormatError(f"chunk {c.path} has a size or count out of range")
-        if n:
-            if np.any(self.chunk >= len(self.chunks)):
-                raise IndexFormatError("a sample names a chunk that does not exist")
-            ends = np.array([c.size for c in self.chunks], dtype=np.uint64)[self.chunk]
-            # (size first: offset + size could wrap around)
-            if np.any(self.size > ends) or np.any(self.offset > ends - self.size):
-                raise IndexFormatError("a sample lies outside its chunk")
-        self._check_names()
-        for c in self.chunks:
             if not (0 <= c.node < len(self.nodes)):
                 raise IndexFormatError(f"chunk {c.path} names node {c.node}, which does not exist")
-            if os.path.isabs(c.path) or ".." in c.path.split("/"):
-                raise IndexFormatError(f"chunk path {c.path!r} leaves the packed folder")
+        if len({c.path for c in self.chunks}) != len(self.chunks):
+            raise IndexFormatError("two chunks have the same path")
+        self._check_samples()
+        self._check_names()
+
+    def _check_samples(self):
+        """Every sample within the data of its chunk (past the chunk's header and tables),
+        and no two samples of a chunk overlapping: a sample's bytes are its own, as the
+        chunk's header lists them (store.ChunkStore.check compares the two). Keeps the
+        samples by chunk and offset (`by_chunk`, chunk k's run from `chunk_start[k]`)."""
+        n, nc = self.n_files, len(self.chunks)
+        self.by_chunk = np.zeros(0, np.int64)
+        self.chunk_start = np.zeros(nc + 1, np.int64)
+        if not n:
+            return
+        if np.any(self.chunk >= nc):
+            raise IndexFormatError("a sample names a chunk that does not exist")
+        ends = np.array([c.size for c in self.chunks], dtype=np.uint64)[self.chunk]
+        starts = np.array([chunkfmt.data_start(c.count) for c in self.chunks],
+                          dtype=np.uint64)[self.chunk]
+        # (size first: offset + size could wrap around)
+        if np.any(self.size > ends) or np.any(self.offset > ends - self.size) or np.any(self.offset < starts):
+            raise IndexFormatError("a sample lies outside its chunk's data")
+        order = np.lexsort((self.offset, self.chunk))
+        chunk, offset, size = self.chunk[order], self.offset[order], self.size[order]
+        same = chunk[1:] == chunk[:-1]
+        if np.any(same & (offset[1:] < offset[:-1] + size[:-1])):
+            raise IndexFormatError("two samples of a chunk overlap")
+        self.by_chunk = order
+        self.chunk_start = np.searchsorted(chunk, np.arange(nc + 1)).astype(np.int64)
 
     def _check_names(self):
         """Every name a safe path component (not empty, `.` or `..`, no `/` or NUL), the
@@ -213,8 +244,10 @@ class Index:
         return counts
 
     # ---- file I/O ------------------------------------------------------------------
-    def save(self, path: str) -> None:
-        """Write the index to path atomically (a temporary file, fsync, then rename)."""
+    def save(self, path: str, mode: int = 0o644, group: int | None = None) -> None:
+        """Write the index to path atomically (a temporary file, fsync, then rename), made
+        with mode (less what the umask takes) and never through a link; group: the file's
+        group (where that cannot be set, the mode's group bits are dropped)."""
         arrays = {k: np.ascontiguousarray(getattr(self, k), dtype=dt)
                   for k, dt in {**FILE_ARRAYS, **DIR_ARRAYS}.items()}
         arrays["names"] = np.frombuffer(self.names, dtype=np.uint8)
@@ -232,7 +265,13 @@ class Index:
         meta["base"] = base
         blob = json.dumps(meta, sort_keys=True).encode().ljust(base - _HEAD.size)
         tmp = f"{path}.tmp.{os.getpid()}"
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        if group is not None and group != os.getegid():
+            try:
+                os.fchown(fd, -1, group)
+            except PermissionError:
+                os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) & ~0o070)
+        with open(fd, "wb") as f:
             f.write(_HEAD.pack(MAGIC, VERSION, 0, len(blob), xxhash.xxh3_64_intdigest(blob)))
             f.write(blob)
             for key, arr in arrays.items():
@@ -250,12 +289,15 @@ class Index:
         `max_wait`."""
         for attempt in range(retries + 1):
             try:
-                with open(path, "rb") as f:
-                    data = f.read()
+                data = _read_file(path)
                 break
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):
                 raise IndexFormatError(f"{path}: no index (not a packed dataset, or the pack did not finish)") from None
+            except beneath.NotRegular:
+                raise IndexFormatError(f"{path}: not a regular file") from None
             except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise IndexFormatError(f"{path}: a symbolic link (not followed)") from None
                 if attempt == retries:
                     raise IndexFormatError(f"{path}: cannot read index ({retries} retries): {e.strerror}") from None
                 log.warning("%s: read failed (%s), retry %d of %d", path, e.strerror, attempt + 1, retries)
@@ -280,7 +322,7 @@ class Index:
         if xxhash.xxh3_64_intdigest(blob) != meta_sum:
             raise IndexFormatError("metadata fails its checksum")
         try:
-            meta = json.loads(blob)
+            meta = json.loads(blob)  # (nesting too deep for Python: RecursionError, below)
             if not isinstance(meta, dict) or not isinstance(meta.get("arrays"), dict):
                 raise IndexFormatError("malformed metadata (not an object with arrays)")
             for key in ("chunks", "classes", "nodes"):
@@ -313,8 +355,20 @@ class Index:
                        [str(n) for n in meta["nodes"]])
         except IndexFormatError:
             raise
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError) as e:
             raise IndexFormatError(f"malformed metadata ({type(e).__name__}: {e})") from None
+
+
+def _read_file(path: str) -> bytes:
+    """The bytes of the regular file at path, whose last component is not followed if a
+    link (the folder is the one the user named)."""
+    folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = beneath.open_file(folder, os.path.basename(path))
+    finally:
+        os.close(folder)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
 
 
 def _runs_partition(first, count, parent_of, lo: int, hi: int) -> bool:

@@ -49,6 +49,7 @@ from .errors import UserError
 log = logging.getLogger("fusefs.local")
 
 NEVER = -np.inf  # the priority of a sample nothing needs
+WARN_EVERY = 60.0  # seconds between two log lines of failed writes
 
 
 class LocalTierError(UserError):
@@ -169,6 +170,7 @@ class LocalTier:
         self.used = 0
         self.hits = self.hit_bytes = self.writes = self.write_bytes = 0
         self.dropped = self.rejected = self.evicted = self.corrupt = self.write_errors = 0
+        self._logged_at, self._unlogged = -WARN_EVERY, 0  # (failed writes: _write_failed)
         self._mutex = threading.Lock()
         self._writing: set[int] = set()
         self._queue: queue.Queue = queue.Queue()
@@ -366,13 +368,25 @@ class LocalTier:
                 self._writing.discard(sid)
                 self.used -= size
             self.write_errors += 1
-            log.warning("local cache: cannot write %s: %s", path, getattr(e, "strerror", None) or e)
+            self._write_failed(path, e)
             return
         with self._mutex:
             self._writing.discard(sid)
             self.held[sid] = size
         self.writes += 1
         self.write_bytes += size
+
+    def _write_failed(self, path: str, e: Exception) -> None:
+        """Log a failed write, at most one line every WARN_EVERY seconds (a full disk fails
+        every write): the lines in between are counted in the next one."""
+        now = time.monotonic()
+        self._unlogged += 1
+        if now - self._logged_at < WARN_EVERY:
+            return
+        more = self._unlogged - 1
+        log.warning("local cache: cannot write %s: %s%s", path, getattr(e, "strerror", None) or e,
+                    f" ({more} more writes failed since the last such line)" if more else "")
+        self._logged_at, self._unlogged = now, 0
 
     def _make_room(self, need: int, priority: float) -> bool:
         """Remove held samples of priority strictly below `priority`, lowest first, until

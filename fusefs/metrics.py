@@ -3,13 +3,19 @@
 default). Both render one `Core.statistics()` snapshot; the HTTP server's thread asks the
 event loop for it (`trio.from_thread`), never reading the core's state itself, and at most
 every `every` seconds however often it is scraped. The server serves at most
-MAX_CONNECTIONS connections at a time, each a thread, and closes one that is idle for
-CONNECTION_TIMEOUT seconds: a client past them is turned away, never given a thread.
+MAX_CONNECTIONS connections at a time, each a thread, and a connection must have sent its
+request and taken its answer within REQUEST_S seconds of its accept, or a watchdog closes
+it (a client that drips its headers holds a thread that long at most); a client past the
+connections makes the oldest one go instead (it dawdles: a scrape takes milliseconds), so
+drips cannot starve a scraper; one that finds no slot even then is turned away, never given
+a thread.
 """
 from __future__ import annotations
 
+import socket
 import socketserver
 import threading
+import time
 from typing import Callable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -141,12 +147,23 @@ def exposition(stats: dict) -> bytes:
     return generate_latest(registry(lambda: stats))
 
 
-MAX_CONNECTIONS = 8        # connections served at a time (a thread each)
-CONNECTION_TIMEOUT = 10.0  # seconds a connection may stay idle
+MAX_CONNECTIONS = 8    # connections served at a time (a thread each)
+REQUEST_S = 5.0        # a connection's request and answer, from its accept
+
+
+EVICT_WAIT_S = 0.5     # a new connection's wait for the slot of one it made go
+
+
+def _close(conn) -> None:
+    """End a connection's reads and writes (its thread then finishes and frees its slot)."""
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 class _Handler(WSGIRequestHandler):
-    timeout = CONNECTION_TIMEOUT
+    timeout = REQUEST_S  # (each read and write; the watchdog bounds them together)
 
     def log_message(self, *args) -> None:  # (no line per scrape)
         pass
@@ -157,23 +174,61 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
 
     def __init__(self, *args, **kwargs):
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._deadlines: dict = {}  # connection -> when the watchdog closes it
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
         super().__init__(*args, **kwargs)
+        threading.Thread(target=self._watch, name="fusefs-metrics-watch", daemon=True).start()
 
     def process_request(self, request, client_address) -> None:
-        if not self._slots.acquire(blocking=False):  # (all busy: turned away, no thread)
-            self.shutdown_request(request)
-            return
+        if not self._slots.acquire(blocking=False):
+            # every slot taken: the oldest connection goes (a scrape takes milliseconds, so
+            # the oldest is one that dawdles), and this one waits a moment for its slot, or
+            # is turned away without a thread
+            with self._lock:
+                oldest = min(self._deadlines, key=self._deadlines.get, default=None)
+            if oldest is not None:
+                _close(oldest)
+            if not self._slots.acquire(timeout=EVICT_WAIT_S):
+                self.shutdown_request(request)
+                return
+        with self._lock:
+            self._deadlines[request] = time.monotonic() + REQUEST_S
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._done(request)
             raise
 
     def process_request_thread(self, request, client_address) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._done(request)
+
+    def _done(self, request) -> None:
+        with self._lock:
+            self._deadlines.pop(request, None)
+        self._slots.release()
+
+    def _watch(self) -> None:
+        """Close each connection still open REQUEST_S after its accept (its thread's read
+        or write then ends), until the server closes."""
+        while True:
+            now = time.monotonic()
+            with self._lock:
+                late = [c for c, at in self._deadlines.items() if at <= now]
+                for c in late:
+                    del self._deadlines[c]
+                wake = min(self._deadlines.values(), default=now + REQUEST_S)
+            for c in late:
+                _close(c)
+            if self._closed.wait(max(0.01, wake - now)):
+                return
+
+    def server_close(self) -> None:
+        self._closed.set()
+        super().server_close()
 
 
 def serve_http(snapshot: Callable[[], dict], port: int, address: str = "127.0.0.1", every: float = 0.25):

@@ -1,21 +1,24 @@
 """Mount lifecycle: check the packed folder, mount, serve, unmount cleanly."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import hashlib
 import logging
 import os
+import re
 import select
 import signal
 import stat
 import subprocess
 import sys
+import threading
 
 import trio
 
 from . import fastpath, pyfuse3
-from .config import DEFAULTS, MountConfig
+from .config import DEFAULTS, STOP_SIGNALS, MountConfig
 from .control import RENDER_EVERY
 from .control_socket import ControlSocket
 from .core import Core
@@ -27,14 +30,14 @@ from .mounts import fusermount
 from .store import NATIVE as store_native_built, ChunkStore, StoreError
 
 log = logging.getLogger("fusefs")
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # each asks for the unmount
 
 
 class MountError(UserError):
     """The mount cannot start; the message names the file or the reason."""
 
 
-# The index is read once, at start, and nothing can be served without it: its read is retried
+# The index (and the chunks' headers, checked against it) is read once, at start, and nothing
+# can be served without it: its read is retried
 # at least this often (waits of 0.1 s doubling up to 2 s, about 25 s in all), whatever the
 # per-sample `retries`. Seen on GlusterFS with error-gen failing half the brick reads: one
 # index read in 20 failed 5 times in a row, and the longest run of failures was 10, in 800.
@@ -47,21 +50,31 @@ def open_dataset(dst: str, retries: int = DEFAULTS.retries,
     try:
         index = Index.load(os.path.join(dst, INDEX_NAME), retries=max(retries, INDEX_RETRIES))
         store = ChunkStore(dst, index, willneed=willneed)
-        store.check()
+        store.check(retries=max(retries, INDEX_RETRIES))
     except (IndexFormatError, StoreError) as e:
         raise MountError(str(e)) from None
     return index, store
 
 
+# what -o may not turn on: a packed folder is data, whoever wrote it (a crafted index's modes
+# are masked to permission bits too: index.py)
+FORCED = {"suid": "nosuid", "dev": "nodev"}
+
+
 def fuse_options(extra: list[str], source: str = "fusefs") -> set[str]:
     """The FUSE options: pyfuse3's defaults, read-only (`ro`: orders come over the control
-    socket), the source (the packed folder: what findmnt and /proc/mounts show, as sshfs and
-    s3fs show what they mount) with the type fuse.fusefs, and the user's."""
+    socket), nosuid and nodev whatever the user's say (a `suid` or `dev` among them is
+    dropped, with a warning), the source (the packed folder: what findmnt and /proc/mounts
+    show, as sshfs and s3fs show what they mount) with the type fuse.fusefs, and the user's."""
     opts = set(pyfuse3.default_options)
     escaped = source.replace("\\", "\\\\").replace(",", "\\,")
-    opts.update({"ro", f"fsname={escaped}", "subtype=fusefs"})
+    opts.update({"ro", f"fsname={escaped}", "subtype=fusefs", *FORCED.values()})
     for item in extra:
-        opts.update(o for o in item.split(",") if o)
+        for o in filter(None, item.split(",")):
+            if o in FORCED:
+                log.warning("-o %s ignored: a fusefs mount is always %s", o, FORCED[o])
+                continue
+            opts.add(o)
     return opts
 
 
@@ -96,99 +109,122 @@ class MountInfo:
 
 def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAULTS, *,
           options: list[str] = (), nonempty: bool = False) -> None:
-    """Mount the dataset at mnt and serve until unmounted or SIGINT/SIGTERM (foreground);
+    """Mount the dataset at mnt and serve until unmounted or a stop signal (foreground);
     a dead mount left at mnt is cleared first. A mount point that holds files is refused
-    unless nonempty."""
-    if clear_dead_mount(mnt):
-        log.warning("%s was a dead mount (its daemon had died): cleared it", mnt)
-    if not os.path.isdir(mnt):
-        raise MountError(f"{mnt}: mount point is not a folder")
-    if os.path.ismount(mnt):
-        raise MountError(f"{mnt}: something is already mounted there")
-    if not nonempty and os.listdir(mnt):
-        raise MountError(f"{mnt}: the mount point is not empty (its files would be hidden; "
-                         "-o nonempty mounts over them)")
-    tune_malloc()
-    local = None
-    if config.local_dir is not None:
-        try:
-            local = LocalTier(config.local_dir, config.local_bytes, index)
-        except LocalTierError as e:
-            raise MountError(str(e)) from None
-    sock_path = runtime_path(mnt, ".sock")
-    try:
+    unless nonempty. Call it before starting any thread: it blocks the stop signals for the
+    daemon's every thread (Stops). Closes store when it returns."""
+    stops = Stops()
+    with contextlib.ExitStack() as stack:
+        stack.callback(store.close)
+        if clear_dead_mount(mnt):
+            log.warning("%s was a dead mount (its daemon had died): cleared it", mnt)
+        if not os.path.isdir(mnt):
+            raise MountError(f"{mnt}: mount point is not a folder")
+        if os.path.ismount(mnt):
+            raise MountError(f"{mnt}: something is already mounted there")
+        if not nonempty and os.listdir(mnt):
+            raise MountError(f"{mnt}: the mount point is not empty (its files would be hidden; "
+                             "-o nonempty mounts over them)")
+        tune_malloc()
+        local = None
+        if config.local_dir is not None:
+            try:
+                local = LocalTier(config.local_dir, config.local_bytes, index)
+            except LocalTierError as e:
+                raise MountError(str(e)) from None
+            stack.callback(local.close)
+        sock_path = runtime_path(mnt, ".sock")
         own_folder(os.path.dirname(sock_path))
-    except MountError:
-        if local is not None:
-            local.close()
-        raise
-    core = Core(index, store, config, local=local, kernel=KernelCache() if config.kernel_cache else None,
-                control_socket=sock_path)
-    try:
-        control = ControlSocket(sock_path, core.control.set_order, core.may_control, core.order_limit)
-    except OSError as e:
-        if local is not None:
-            local.close()
-        raise MountError(f"control socket {sock_path}: {e.strerror or e}") from None
-    ops = Operations(core)
-    core.count(ops)
-    core.count(control)
-    core.count(MountInfo(os.path.abspath(mnt), os.path.abspath(store.root)))
-    loop = {}  # the event loop's token, for the metrics server's thread
-    server = None
-    if config.metrics_port is not None:
-        from .metrics import serve_http
+        core = Core(index, store, config, local=local, kernel=KernelCache() if config.kernel_cache else None,
+                    control_socket=sock_path)
         try:
-            server = serve_http(lambda: trio.from_thread.run_sync(core.statistics, trio_token=loop["token"]),
-                                config.metrics_port, config.metrics_address, every=RENDER_EVERY)
+            control = ControlSocket(sock_path, core.commit_order, core.may_control, core.order_limit,
+                                    core.trusted)
         except OSError as e:
-            raise MountError(f"metrics on {config.metrics_address}:{config.metrics_port}: {e}") from None
-        log.info("metrics at http://%s:%d/metrics", config.metrics_address, server.server_port)
-    # From the mount on SIGINT and SIGTERM ask for the unmount and never end the process
-    # half way: this handler notes them from before the mount appears (a signal sent as
-    # soon as it shows in the mount table) until the loop runs, trio's receiver answers
-    # them while it runs, and this handler notes them again during the unmount (a second
-    # SIGTERM, e.g. a process group's and then the parent-death signal, killed a daemon in
-    # its unmount: a dead mount)
-    stops: list[int] = []
-    for s in STOP_SIGNALS:
-        signal.signal(s, lambda sig, _: stops.append(sig))
-    try:
-        pyfuse3.init(ops, mnt, fuse_options(list(options), os.path.abspath(store.root)))
-    except BaseException as e:
-        control.close()
-        if local is not None:
-            local.close()
-        if server is not None:
-            server.shutdown()
-        if isinstance(e, RuntimeError):  # (libfuse refused an option: it names it on stderr)
+            raise MountError(f"control socket {sock_path}: {e.strerror or e}") from None
+        stack.callback(control.close)
+        ops = Operations(core)
+        core.count(ops)
+        core.count(control)
+        core.count(MountInfo(os.path.abspath(mnt), os.path.abspath(store.root)))
+        loop = {}  # the event loop's token, for the metrics server's thread
+        if config.metrics_port is not None:
+            from .metrics import serve_http
+            try:
+                server = serve_http(lambda: trio.from_thread.run_sync(core.statistics, trio_token=loop["token"]),
+                                    config.metrics_port, config.metrics_address, every=RENDER_EVERY)
+            except OSError as e:
+                raise MountError(f"metrics on {config.metrics_address}:{config.metrics_port}: {e}") from None
+            stack.callback(server.server_close)
+            stack.callback(server.shutdown)
+            log.info("metrics at http://%s:%d/metrics", config.metrics_address, server.server_port)
+        try:
+            pyfuse3.init(ops, mnt, fuse_options(list(options), os.path.abspath(store.root)))
+        except RuntimeError:  # (libfuse refused an option: it names it on stderr)
             raise MountError(f"FUSE refused to mount {mnt} with -o {','.join(options) or '(none)'}: "
                              "an option unknown to fusefs and to FUSE? (fusefs mount --help lists "
                              "fusefs's own)") from None
-        raise
-    _tell_ready()
-    log.info("mounted %s at %s: %d samples, %d chunks on %d node(s)", store.root, mnt, index.n_files,
-             len(index.chunks), len(index.nodes))
-    clean = False
-    try:
+        clean = []
+
+        def unmount() -> None:
+            pyfuse3.close(unmount=bool(clean))
+            if not clean:  # an unexpected error: do not leave a dead mount behind
+                fusermount(mnt, lazy=True)
+            log.info("unmounted %s%s", mnt, f" ({stops.later} more stop signals meanwhile)"
+                     if stops.later else "")
+        stack.callback(unmount)
+        _tell_ready()
+        log.info("mounted %s at %s: %d samples, %d chunks on %d node(s)", store.root, mnt,
+                 index.n_files, len(index.chunks), len(index.nodes))
         fast = _start_fast_path(core, ops) if config.fast_path else None
         log.info("opens: %s", "answered in C (the fast path)" if fast else "answered by the daemon")
         trio.run(_main, core, loop, fast, stops, control)
-        clean = True
-    finally:
-        control.close()
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        pyfuse3.close(unmount=clean)
-        store.close()
-        if local is not None:
-            local.close()
-        if not clean:  # an unexpected error: do not leave a dead mount behind
-            fusermount(mnt, lazy=True)
-        log.info("unmounted %s", mnt)
-        for s in STOP_SIGNALS:  # (the mount is gone: while the process ends, a stop changes nothing;
-            signal.signal(s, signal.SIG_IGN)  # Python's own handlers would go back to SIG_DFL at exit)
+        clean.append(True)
+
+
+class Stops:
+    """The stop signals (config.STOP_SIGNALS: SIGINT, SIGTERM, SIGHUP): blocked in every
+    thread of the daemon from its start (`fusefs mount` blocks them before any thread is
+    made, so every thread inherits the mask; Stops blocks them in the thread that makes it,
+    for the threads made after) and taken by a thread of their own with sigwait, so no
+    handler ever runs: a storm of them at any moment, in the unmount too, can neither kill
+    the daemon nor re-enter Python. The first asks for the unmount (`arm`: on the event
+    loop; one that came before the loop runs is acted on when it arms), the rest are
+    counted (`later`)."""
+
+    SIGNALS = STOP_SIGNALS
+
+    def __init__(self):
+        signal.pthread_sigmask(signal.SIG_BLOCK, self.SIGNALS)
+        self.first: int | None = None
+        self.later = 0
+        self._lock = threading.Lock()
+        self._target = None  # (trio token, what stops the mount) once the loop runs
+        threading.Thread(target=self._take, name="fusefs-signals", daemon=True).start()
+
+    def _take(self) -> None:
+        while True:
+            sig = signal.sigwait(self.SIGNALS)
+            with self._lock:
+                if self.first is not None:
+                    self.later += 1
+                    continue
+                self.first, target = sig, self._target
+            log.info("%s: unmounting", signal.Signals(sig).name)
+            if target is not None:
+                token, stop = target
+                try:
+                    token.run_sync_soon(stop)
+                except trio.RunFinishedError:
+                    pass
+
+    def arm(self, stop) -> None:
+        """From the event loop: stop() once a stop signal comes (at once, if one came)."""
+        with self._lock:
+            self._target = (trio.lowlevel.current_trio_token(), stop)
+            came = self.first is not None
+        if came:
+            stop()
 
 
 def missing_native() -> list[str]:
@@ -214,31 +250,21 @@ def _start_fast_path(core: Core, ops: Operations) -> fastpath.FastPath:
     return fast
 
 
-async def _main(core: Core, loop: dict, fast: fastpath.FastPath | None, stops: list[int],
+async def _main(core: Core, loop: dict, fast: fastpath.FastPath | None, stops: Stops,
                 control: ControlSocket):
     loop["token"] = trio.lowlevel.current_trio_token()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_watch_signals, stops)
         await nursery.start(core.run)
         await nursery.start(control.serve)
         if fast is not None:
             nursery.start_soon(fast.run)
+
+        def stop() -> None:  # (the unmount: no new requests, and what waits ends: fetches)
+            pyfuse3.terminate()
+            core.stop()
+        stops.arm(stop)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
-
-
-async def _watch_signals(stops: list[int]):
-    """Unmount at the first SIGINT or SIGTERM (`stops`: those that came before the loop
-    ran); later ones are noted, as the unmount is under way."""
-    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
-        if stops:
-            log.info("%s: unmounting", signal.Signals(stops[0]).name)
-            pyfuse3.terminate()
-        async for sig in signals:
-            log.info("%s: %s", signal.Signals(sig).name, "unmounting" if not stops else "unmounting already")
-            if not stops:
-                pyfuse3.terminate()
-            stops.append(sig)
 
 
 def runtime_path(mnt: str, suffix: str) -> str:
@@ -276,8 +302,8 @@ def own_folder(folder: str) -> None:
 
 def open_log(path: str, own: bool = False) -> int:
     """A descriptor of the log file at path, opened for appending without following a
-    symbolic link, made 0600; only a regular file is taken. own: the folder is the user's
-    runtime folder (own_folder)."""
+    symbolic link, made 0600; only a regular file of this user's with no other name is
+    taken. own: the folder is the user's runtime folder (own_folder)."""
     folder = os.path.dirname(os.path.abspath(path))
     if own:
         own_folder(folder)
@@ -287,9 +313,13 @@ def open_log(path: str, own: bool = False) -> int:
     except OSError as e:
         why = {errno.ELOOP: "a symbolic link", errno.ENXIO: "not a regular file"}.get(e.errno, e.strerror)
         raise MountError(f"log file {path}: {why}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    why = ("not a regular file" if not stat.S_ISREG(st.st_mode)
+           else f"owned by uid {st.st_uid}, not by this user ({os.geteuid()})" if st.st_uid != os.geteuid()
+           else "it has other names (hard links)" if st.st_nlink > 1 else None)
+    if why is not None:
         os.close(fd)
-        raise MountError(f"log file {path}: not a regular file")
+        raise MountError(f"log file {path}: {why}; give a log file of your own")
     os.set_blocking(fd, True)
     return fd
 
@@ -306,6 +336,25 @@ def _tell_ready() -> None:
             os.close(int(fd))
         except (OSError, ValueError):
             pass
+
+
+LOG_TAIL = 16000  # bytes of a failed background mount's log read back for its lines
+_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ \[(\d+)\] ")
+
+
+def own_lines(text: str, pid: int) -> str:
+    """The lines of a log that the process pid wrote (cli.LOG_FORMAT carries the pid; a
+    line without it, a traceback's, goes with the line before it, and the command's own
+    error line, `fusefs mount: ...`, is kept): another daemon may log into the same file
+    meanwhile."""
+    out, mine = [], True
+    for line in text.splitlines(keepends=True):
+        m = _LOG_LINE.match(line)
+        if m is not None:
+            mine = int(m.group(1)) == pid
+        if mine or line.startswith("fusefs "):
+            out.append(line)
+    return "".join(out)
 
 
 def start_background(argv: list[str], mnt: str, log_path: str | None, timeout: float = 60.0) -> int:
@@ -345,10 +394,10 @@ def start_background(argv: list[str], mnt: str, log_path: str | None, timeout: f
     rfd = os.open(log_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         size = os.fstat(rfd).st_size
-        tail = os.pread(rfd, min(4000, max(0, size - start)), max(start, size - 4000))
+        tail = os.pread(rfd, min(LOG_TAIL, max(0, size - start)), max(start, size - LOG_TAIL))
     finally:
         os.close(rfd)
-    print(tail.decode(errors="replace"), end="", file=sys.stderr)
+    print(own_lines(tail.decode(errors="replace"), proc.pid), end="", file=sys.stderr)
     if not ready:
         print(f"fusefs: {mnt} was not mounted within {timeout:.0f} s; see {log_path}", file=sys.stderr)
     return rc or 1

@@ -34,14 +34,20 @@ def is_mounted(mnt: str) -> bool:
     return any(point == mnt for point, _ in table())
 
 
-def fs_type(path: str) -> str:
-    """The filesystem type of the mount holding path ("unknown" if none is found)."""
+def mount_of(path: str) -> tuple[str, str]:
+    """(mount point, filesystem type) of the mount holding path (("", "unknown") if none is
+    found); the last of those mounted on one point, as the kernel shows it."""
     path = os.path.realpath(path)
     best, best_type = "", "unknown"
     for point, kind in table():
         if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
             best, best_type = point, kind
-    return best_type
+    return best, best_type
+
+
+def fs_type(path: str) -> str:
+    """The filesystem type of the mount holding path ("unknown" if none is found)."""
+    return mount_of(path)[1]
 
 
 def fusermount(mnt: str, lazy: bool = False) -> subprocess.CompletedProcess:

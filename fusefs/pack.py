@@ -2,14 +2,26 @@
 
 Streaming: the tree's metadata is scanned into compact arrays, then chunk after chunk is
 read (files in parallel on a thread pool) and handed to a writer thread, so at most
-three chunks' bytes are in memory whatever the dataset's size. The output depends only
-on the input (same tree, byte-identical chunks and index). The index is written last
-and atomically: a pack that is interrupted leaves no index, and `fusefs mount` refuses a
-folder without one.
+three chunks' bytes are in memory whatever the dataset's size; a file larger than
+STREAM_BYTES is not read into memory at all but copied by the writer in blocks, so no file
+makes pack hold more. The output depends only on the input (same tree, byte-identical
+chunks and index). The index is written last and atomically: a pack that is interrupted
+leaves no index, and `fusefs mount` refuses a folder without one.
+
+What it reads (pack often runs as root over a tree other users wrote): every folder and file
+is opened beneath the source folder without following a symbolic link (beneath.py; links
+are reported and skipped unless `follow_symlinks`), files O_NONBLOCK and only if regular (a
+FIFO swapped in never blocks it). What it writes is never more open than what it read: a
+chunk file's mode gives a group or others read access only if every file in it was
+readable by them in the source (its mode, and search access on every folder above it, up
+to /), the index's only if every chunk's is and every folder was listable by them; or
+`mode`, if the user gives one.
 """
 from __future__ import annotations
 
+import functools
 import logging
+import operator
 import os
 import queue
 import shutil
@@ -21,8 +33,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
+import xxhash
 from tqdm import tqdm
 
+from . import beneath
 from . import chunk as chunkfmt
 from . import nodes as nodesmod
 from .errors import UserError
@@ -60,8 +74,10 @@ class _Tree:
         self.d_mtime = array("q"); self.d_mode = array("I"); self.d_class = array("i")
         self.d_first_sub = array("I"); self.d_nsubs = array("I")
         self.d_first_file = array("Q"); self.d_nfiles = array("Q")
+        self.d_gid = array("q"); self.d_reach = array("q")  # (see Access)
         self.f_name = array("Q"); self.f_len = array("I"); self.f_dir = array("I")
         self.f_size = array("Q"); self.f_mtime = array("q"); self.f_mode = array("I")
+        self.f_gid = array("q")
         self.paths: list[bytes] = []  # dir paths, for reading
         self.classes: list[bytes] = []
 
@@ -76,43 +92,110 @@ class _Tree:
         return os.path.join(self.paths[d], name) if self.paths[d] else name
 
 
-def scan(src: bytes, skipped: list) -> _Tree:
-    """Walk src breadth-first, sorted by name; unrepresentable entries go to skipped."""
+class Access:
+    """Who could read what in the source tree, for the modes of what pack writes (never more
+    open than the sources). A folder's `reach` says which users, beside its owner, can get
+    into it, folders above it included: EVERYONE (every folder up to / searchable by
+    others), NOBODY, or a group id (every folder searchable by others or by that group)."""
+
+    EVERYONE, NOBODY = -1, -2
+
+    @classmethod
+    def reach(cls, above: int, st) -> int:
+        """The reach of a folder with stat st, under a folder whose reach is `above`."""
+        if above == cls.NOBODY:
+            return cls.NOBODY
+        if st.st_mode & 0o001:
+            return above
+        if st.st_mode & 0o010 and above in (cls.EVERYONE, st.st_gid):
+            return st.st_gid
+        return cls.NOBODY
+
+    @classmethod
+    def of_path(cls, path: bytes) -> int:
+        """The reach of the folder at path (every folder from / down to it)."""
+        reach, here = cls.EVERYONE, b"/"
+        for part in [b""] + [p for p in path.split(b"/") if p]:
+            here = os.path.join(here, part)
+            reach = cls.reach(reach, os.stat(here))
+        return reach
+
+    @classmethod
+    def mode(cls, modes, gids, reaches) -> tuple[int, int | None]:
+        """(mode, group) for a file holding entries of these modes, groups and reaches (their
+        folder's): owner read-write; others read if every entry was readable by others;
+        group read (and that group) if every entry was readable by one group."""
+        modes, gids, reaches = (np.asarray(x, dtype=np.int64) for x in (modes, gids, reaches))
+        mode = 0o600
+        if len(modes) and np.all((modes & 0o004) > 0) and np.all(reaches == cls.EVERYONE):
+            mode |= 0o004
+        group = int(gids[0]) if len(gids) else None
+        if group is not None and np.all(gids == group) and np.all((modes & 0o040) > 0) and \
+                np.all((reaches == cls.EVERYONE) | (reaches == group)):
+            mode |= 0o040
+        return mode, (group if mode & 0o040 else None)
+
+
+class Source:
+    """The tree being packed: its folder's descriptor, and how its files are opened (beneath
+    it without following links, or following them with follow_symlinks)."""
+
+    def __init__(self, src: str, follow_symlinks: bool = False):
+        self.path = os.fsencode(os.path.abspath(src))
+        self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.follow = follow_symlinks
+
+    def open_dir(self, rel: bytes) -> int:
+        return os.dup(self.fd) if not rel else beneath.open_dir(self.fd, rel)
+
+    def open_file(self, rel: bytes) -> int:
+        """A descriptor of the regular file rel (NotRegular for anything else; ELOOP for a
+        link on the way unless following them)."""
+        if not self.follow:
+            return beneath.open_file(self.fd, rel)
+        fd = os.open(os.path.join(self.path, rel), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise beneath.NotRegular(os.fsdecode(rel), beneath.kind(mode))
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def scan(source: Source, skipped: list) -> _Tree:
+    """Walk the source breadth-first, sorted by name; unrepresentable entries go to skipped.
+    Each folder is listed from a descriptor opened beneath the source without following a
+    link; a link is skipped (reported) unless the source follows them (files only)."""
     t = _Tree()
-    st = os.stat(src)
+    st = os.fstat(source.fd)
     t.d_name.append(0); t.d_len.append(0); t.d_parent.append(-1)
     t.d_mtime.append(st.st_mtime_ns); t.d_mode.append(stat.S_IMODE(st.st_mode))
     t.d_class.append(-1); t.paths.append(b"")
+    t.d_gid.append(st.st_gid); t.d_reach.append(Access.of_path(source.path))
     d = 0
     while d < len(t.paths):
         rel = t.paths[d]
-        try:
-            with os.scandir(os.path.join(src, rel) if rel else src) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError as e:
-            skipped.append((os.fsdecode(rel), f"cannot list: {e.strerror}"))
-            entries = []
         subs, files = [], []
-        for e in entries:
-            path = os.path.join(rel, e.name) if rel else e.name
-            if d == 0 and e.name == CONTROL_NAME:
-                skipped.append((os.fsdecode(path), "reserved name: the mount shows its hidden "
-                                "control folder there"))
-                continue
+        try:
+            fd = source.open_dir(rel)
+        except OSError as e:
+            skipped.append((os.fsdecode(rel), f"cannot list: {beneath.why(e)}"))
+        else:
             try:
-                if e.is_dir(follow_symlinks=False):
-                    subs.append((e.name, e.stat(follow_symlinks=False)))
-                elif e.is_file(follow_symlinks=True):
-                    files.append((e.name, e.stat(follow_symlinks=True)))
-                else:
-                    kind = "symbolic link" if e.is_symlink() else "special file"
-                    skipped.append((os.fsdecode(path), f"{kind}, not packed"))
-            except OSError as err:
-                skipped.append((os.fsdecode(path), f"cannot stat: {err.strerror}"))
+                _list(fd, rel, d == 0, source.follow, subs, files, skipped)
+            finally:
+                os.close(fd)
         t.d_first_sub.append(len(t.paths)); t.d_nsubs.append(len(subs))
         for name, s in subs:
             t.d_name.append(t.add_name(name)); t.d_len.append(len(name)); t.d_parent.append(d)
             t.d_mtime.append(s.st_mtime_ns); t.d_mode.append(stat.S_IMODE(s.st_mode))
+            t.d_gid.append(s.st_gid); t.d_reach.append(Access.reach(t.d_reach[d], s))
             if d == 0:
                 t.d_class.append(len(t.classes)); t.classes.append(name)
             else:
@@ -122,9 +205,38 @@ def scan(src: bytes, skipped: list) -> _Tree:
         for name, s in files:
             t.f_name.append(t.add_name(name)); t.f_len.append(len(name)); t.f_dir.append(d)
             t.f_size.append(s.st_size); t.f_mtime.append(s.st_mtime_ns)
-            t.f_mode.append(stat.S_IMODE(s.st_mode))
+            t.f_mode.append(stat.S_IMODE(s.st_mode)); t.f_gid.append(s.st_gid)
         d += 1
     return t
+
+
+def _list(fd: int, rel: bytes, top: bool, follow: bool, subs: list, files: list, skipped: list) -> None:
+    """The folder open as fd (rel in the tree), sorted by name, into subs and files
+    [(name, stat)]; what is not packed into skipped."""
+    try:
+        with os.scandir(fd) as it:
+            entries = sorted(((os.fsencode(e.name), e) for e in it), key=lambda x: x[0])
+    except OSError as e:
+        skipped.append((os.fsdecode(rel), f"cannot list: {e.strerror}"))
+        return
+    for name, e in entries:
+        path = os.path.join(rel, name) if rel else name
+        if top and name == CONTROL_NAME:
+            skipped.append((os.fsdecode(path), "reserved name: the mount shows its hidden "
+                            "control folder there"))
+            continue
+        try:
+            if e.is_dir(follow_symlinks=False):
+                subs.append((name, e.stat(follow_symlinks=False)))
+            elif e.is_file(follow_symlinks=follow):
+                files.append((name, e.stat(follow_symlinks=follow)))
+            else:
+                kind = "symbolic link" if e.is_symlink() else "special file"
+                hint = " (--follow-symlinks packs what links to files point at)" \
+                    if kind == "symbolic link" and not follow else ""
+                skipped.append((os.fsdecode(path), f"{kind}, not packed{hint}"))
+        except OSError as err:
+            skipped.append((os.fsdecode(path), f"cannot stat: {err.strerror}"))
 
 
 def mixed_order(labels) -> np.ndarray:
@@ -169,9 +281,9 @@ def _prepare_dst(dst: str, force: bool) -> None:
         os.unlink(os.path.join(dst, INDEX_NAME))
     for e in ours:
         p = os.path.join(dst, e)
-        if os.path.isdir(p):
+        if os.path.isdir(p) and not os.path.islink(p):
             shutil.rmtree(p)
-        elif os.path.exists(p):
+        elif os.path.lexists(p):
             os.unlink(p)
     others = sorted(set(existing) - set(ours))
     if others:
@@ -179,33 +291,121 @@ def _prepare_dst(dst: str, force: bool) -> None:
                     ", ".join(others[:5]))
 
 
-def _read_file(path: bytes) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+STREAM_BYTES = 8 << 20  # a file larger than this is copied by the writer in blocks, never held whole
+BLOCK = 1 << 20         # the writer's block
+
+
+class _Streamed:
+    """A file too large to hold: the writer copies it in blocks (its descriptor, open)."""
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+
+def _read_file(source: Source, rel: bytes):
+    """The bytes of source file rel, or a _Streamed for one larger than STREAM_BYTES (by
+    its size, or by what it holds when read: a file that grows is never held whole)."""
+    fd = source.open_file(rel)
+    try:
+        parts, got = [], 0
+        while os.fstat(fd).st_size <= STREAM_BYTES and got <= STREAM_BYTES:
+            part = os.read(fd, STREAM_BYTES + 1 - got)
+            if not part:
+                return b"".join(parts)
+            parts.append(part)
+            got += len(part)
+        streamed, fd = _Streamed(fd), -1
+        return streamed
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+class _MemberFailed(Exception):
+    def __init__(self, pos: int, error: OSError):
+        self.pos, self.error = pos, error
+
+
+def _write_chunk(fd: int, members: list, labels, progress) -> chunkfmt.ChunkHeader:
+    """Write members [(file id, bytes or _Streamed)] as one chunk to the empty file fd: the
+    samples from the end of the header's room on (a streamed one in blocks, its checksum
+    made as it goes), then the header. _MemberFailed names a streamed member whose read
+    failed (the chunk is then written again without it)."""
+    start = chunkfmt.data_start(len(members))
+    os.lseek(fd, start, os.SEEK_SET)
+    sizes, sums = [], []
+    for pos, (i, data) in enumerate(members):
+        if isinstance(data, _Streamed):
+            h, size = xxhash.xxh3_64(), 0
+            os.lseek(data.fd, 0, os.SEEK_SET)
+            while True:
+                try:
+                    block = os.read(data.fd, BLOCK)
+                except OSError as e:
+                    raise _MemberFailed(pos, e) from None
+                if not block:
+                    break
+                h.update(block)
+                _write_all(fd, block)
+                size += len(block)
+                progress(len(block))
+            sizes.append(size)
+            sums.append(h.intdigest())
+        else:
+            _write_all(fd, data)
+            sizes.append(len(data))
+            sums.append(chunkfmt.checksum(data))
+    head = chunkfmt.encode_header(sizes, [int(labels[i]) for i, _ in members], sums)
+    os.pwrite(fd, head, 0)
+    return chunkfmt.parse_header(head, file_size=start + sum(sizes))
+
+
+def _write_all(fd: int, data) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def pack(src: str, dst: str, *, chunk_bytes: int | None = DEFAULT_CHUNK_BYTES,
          chunk_count: int | None = None, nodes: int | None = None, workers: int = 16,
          strict: bool = False, force: bool = False, progress: bool | None = None,
-         mix_classes: bool = False) -> PackResult:
+         mix_classes: bool = False, follow_symlinks: bool = False,
+         mode: int | None = None) -> PackResult:
     """Pack the tree at src into dst. See the module docstring. Files go into chunks in
-    the tree's order (class by class), or with mix_classes in `mixed_order`."""
+    the tree's order (class by class), or with mix_classes in `mixed_order`. mode: the
+    chunks' and the index's (default: the most restrictive their contents had)."""
     if not os.path.isdir(src):
         raise PackError(f"{src} is not a folder")
     if nodes is not None and nodes < 1:
         raise PackError("--nodes must be at least 1")
     if not chunk_bytes and not chunk_count:
         raise PackError("give a chunk size in bytes or a sample count")
+    if mode is not None and not 0 <= mode <= 0o777:
+        raise PackError(f"--mode must be permission bits (0 to 0777), got {mode:o}")
     t0 = time.perf_counter()
     skipped: list = []
-    srcb = os.fsencode(os.path.abspath(src))
-    tree = scan(srcb, skipped)
+    source = Source(src, follow_symlinks)
+    umask = os.umask(0o022)  # (read once, before any thread: what the user's umask takes)
+    os.umask(umask)
+    try:
+        return _pack(source, dst, chunk_bytes, chunk_count, nodes, workers, strict, force, progress,
+                     mix_classes, mode, umask, skipped, t0)
+    finally:
+        source.close()
+
+
+def _pack(source, dst, chunk_bytes, chunk_count, nodes, workers, strict, force, progress,
+          mix_classes, mode, umask, skipped, t0) -> PackResult:
+    tree = scan(source, skipped)
     if strict and skipped:
         raise PackError(f"{skipped[0][0]}: {skipped[0][1]} (--strict)")
     _prepare_dst(dst, force)
 
-    labels_all = np.asarray(tree.d_class, dtype=np.int32)[np.asarray(tree.f_dir, dtype=np.int64)] \
-        if len(tree.f_dir) else np.zeros(0, np.int32)
+    f_dir = np.asarray(tree.f_dir, dtype=np.int64)
+    labels_all = np.asarray(tree.d_class, dtype=np.int32)[f_dir] if len(f_dir) else np.zeros(0, np.int32)
+    f_mode, f_gid = np.asarray(tree.f_mode, np.int64), np.asarray(tree.f_gid, np.int64)
+    f_reach = np.asarray(tree.d_reach, np.int64)[f_dir] if len(f_dir) else np.zeros(0, np.int64)
     order = mixed_order(labels_all) if mix_classes else np.arange(len(tree.f_size))
     runs = plan_chunks(np.asarray(tree.f_size, dtype=np.uint64)[order].tolist(), chunk_bytes, chunk_count)
     total = sum(tree.f_size)
@@ -216,75 +416,108 @@ def pack(src: str, dst: str, *, chunk_bytes: int | None = DEFAULT_CHUNK_BYTES,
     offsets = np.zeros(len(tree.f_size), dtype=np.uint64)
     chunk_paths: list[str] = []
     chunk_meta: list[tuple[int, int]] = []  # (size, count)
+    chunk_modes: list[int] = []
 
-    # Writer thread: takes (chunk number, [(file id, bytes)]) and writes the chunk file.
+    bar = tqdm(total=total, unit="iB", unit_scale=True, unit_divisor=1024, desc="pack",
+               disable=(None if progress is None else not progress), dynamic_ncols=True)
+    # Writer thread: takes a chunk's [(file id, bytes or _Streamed)] and writes it.
     work: queue.Queue = queue.Queue(maxsize=1)
     failure: list[BaseException] = []
+
+    def drop(i: int, error: OSError) -> None:
+        rel = os.fsdecode(tree.file_path(i))
+        if strict:
+            raise PackError(f"{rel}: cannot read: {beneath.why(error)} (--strict)")
+        skipped.append((rel, f"cannot read: {beneath.why(error)}"))
+        kept[i] = False
+
+    def write(members: list) -> None:
+        k = len(chunk_paths)  # (chunks numbered as written: one whose every file failed is none)
+        rel = (f"node-{k % nodes}/chunk-{k:06d}.fck" if nodes else f"{CHUNKS_DIR}/chunk-{k:06d}.fck")
+        path = os.path.join(dst, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        while members:
+            ids = [i for i, _ in members]
+            want, group = (mode, None) if mode is not None else Access.mode(f_mode[ids], f_gid[ids], f_reach[ids])
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, want)
+            try:
+                if mode is not None:
+                    os.fchmod(fd, mode)  # (exactly what the user gave)
+                elif group is not None and group != os.getegid():
+                    try:
+                        os.fchown(fd, -1, group)
+                    except PermissionError:  # (not ours to give: no group access, then)
+                        want &= ~0o040
+                        os.fchmod(fd, want & ~umask)
+                head = _write_chunk(fd, members, labels_all, bar.update)
+                os.fsync(fd)
+            except _MemberFailed as e:
+                os.close(fd)
+                os.unlink(path)
+                i, data = members.pop(e.pos)
+                os.close(data.fd)
+                drop(i, e.error)
+                continue
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+            sizes[ids], sums[ids], offsets[ids] = head.sizes, head.checksums, head.offsets
+            chunk_of[ids] = k
+            chunk_paths.append(rel)
+            chunk_meta.append((head.file_size, head.n))
+            chunk_modes.append(want)
+            return
 
     def writer():
         while True:
             item = work.get()
             if item is None:
                 return
-            if failure:
-                continue
-            k, members = item
+            members = item
             try:
-                rel = (f"node-{k % nodes}/chunk-{k:06d}.fck" if nodes
-                       else f"{CHUNKS_DIR}/chunk-{k:06d}.fck")
-                path = os.path.join(dst, rel)
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                with open(path, "wb") as f:
-                    head = chunkfmt.write_chunk(f, [(data, int(labels_all[i])) for i, data in members])
-                    f.flush()
-                    os.fsync(f.fileno())
-                ids = [i for i, _ in members]
-                sizes[ids], sums[ids], offsets[ids] = head.sizes, head.checksums, head.offsets
-                chunk_of[ids] = k
-                chunk_paths.append(rel)
-                chunk_meta.append((head.file_size, head.n))
+                if not failure:
+                    write(members)
             except BaseException as e:  # reported by the main thread
                 failure.append(e)
+            finally:
+                for _, data in members:
+                    if isinstance(data, _Streamed):
+                        os.close(data.fd)
 
     wt = threading.Thread(target=writer, name="fusefs-pack-writer", daemon=True)
     wt.start()
-    bar = tqdm(total=total, unit="iB", unit_scale=True, unit_divisor=1024, desc="pack", disable=(None if progress is None else not progress),
-               dynamic_ncols=True)
     nfiles = len(tree.f_size)
     done_files = 0
-    k = 0
     try:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fusefs-pack") as pool:
             for start, end in runs:
                 ids = order[start:end].tolist()
-                paths = [os.path.join(srcb, tree.file_path(i)) for i in ids]
-                futures = [pool.submit(_read_file, p) for p in paths]
+                futures = [pool.submit(_read_file, source, tree.file_path(i)) for i in ids]
                 members = []
                 for i, fut in zip(ids, futures):
                     try:
                         data = fut.result()
                     except OSError as e:
-                        rel = os.fsdecode(tree.file_path(i))
-                        if strict:
-                            raise PackError(f"{rel}: cannot read: {e.strerror} (--strict)") from None
-                        skipped.append((rel, f"cannot read: {e.strerror}"))
-                        kept[i] = False
+                        drop(i, e)
                         continue
                     members.append((i, data))
-                    bar.update(len(data))
+                    if not isinstance(data, _Streamed):
+                        bar.update(len(data))
                 done_files += end - start
                 bar.set_postfix_str(f"{done_files}/{nfiles} files", refresh=False)
                 if not members:
                     continue
                 if failure:
                     break
-                work.put((k, members))
-                k += 1
+                work.put(members)
     finally:
         work.put(None)
         wt.join()
         bar.close()
     if failure:
+        if isinstance(failure[0], PackError):
+            raise failure[0]
         raise PackError(f"writing chunks to {dst} failed: {failure[0]}") from failure[0]
 
     chunk_files = [os.path.join(dst, p) for p in chunk_paths]
@@ -304,7 +537,14 @@ def pack(src: str, dst: str, *, chunk_bytes: int | None = DEFAULT_CHUNK_BYTES,
                         len(chunk_files), ", ".join(node_names), ", ".join(left_out))
     chunks = [ChunkInfo(p, n, s, c) for p, n, (s, c) in zip(chunk_paths, node_of, chunk_meta)]
     index = _build_index(tree, kept, chunk_of, offsets, sizes, sums, labels_all, chunks, node_names)
-    index.save(os.path.join(dst, INDEX_NAME))
+    if mode is None:  # (what the files kept and every folder were: their names are in it)
+        d_mode, d_gid, d_reach = (np.asarray(a, np.int64) for a in (tree.d_mode, tree.d_gid, tree.d_reach))
+        mode_index, group = Access.mode(np.concatenate([f_mode[kept], d_mode]),
+                                        np.concatenate([f_gid[kept], d_gid]),
+                                        np.concatenate([f_reach[kept], d_reach]))
+        mode_index = functools.reduce(operator.and_, chunk_modes, mode_index)  # (nor than a chunk)
+    index.save(os.path.join(dst, INDEX_NAME), mode=mode if mode is not None else mode_index,
+               group=None if mode is not None else group)
     _fsync_dir(dst)
     for rel, why in skipped:
         log.warning("skipped %s: %s", rel, why)

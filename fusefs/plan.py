@@ -24,6 +24,10 @@ INF = float("inf")
 
 
 class Plan:
+    """Memory: Plan.cost(...) bytes, for n_files samples and orders of n and m entries: 25
+    bytes an entry of this order, 16 of the next, 16 a sample of the dataset (positions are
+    int32: an order has at most order.entry_limit entries)."""
+
     def __init__(self, order: Order, sizes: np.ndarray, skip_window: int = 4096):
         n_files = len(sizes)
         self.ids = np.ascontiguousarray(order.ids, dtype=np.int64)
@@ -31,9 +35,10 @@ class Plan:
         self.importance = order.importance
         self.sizes = sizes
         self.skip_window = skip_window
-        self._by_sample = np.argsort(self.ids, kind="stable")  # positions grouped by sample
-        self._first = np.searchsorted(self.ids[self._by_sample], np.arange(n_files + 1))
-        self.total = np.diff(self._first).astype(np.int32)  # occurrences per sample
+        # positions grouped by sample, and where each sample's run starts
+        self._by_sample = np.argsort(self.ids, kind="stable").astype(np.int32)
+        self._first = np.searchsorted(self.ids[self._by_sample], np.arange(n_files + 1)).astype(np.int32)
+        self.total = np.diff(self._first)  # occurrences per sample
         self.uses = np.zeros(n_files, dtype=np.int32)
         self.consumed = np.zeros(len(self.ids), dtype=bool)
         self.cursor = 0
@@ -43,8 +48,8 @@ class Plan:
         self.next_ids = (np.zeros(0, np.int64) if nxt is None
                          else np.ascontiguousarray(nxt.ids, dtype=np.int64))
         # the first position of each sample in the next order (-1: not in it)
-        self.next_first = np.full(n_files, -1, dtype=np.int64)
-        self.next_first[self.next_ids[::-1]] = np.arange(len(self.next_ids))[::-1]
+        self.next_first = np.full(n_files, -1, dtype=np.int32)
+        self.next_first[self.next_ids[::-1]] = np.arange(len(self.next_ids), dtype=np.int32)[::-1]
         # bytes of the positions before each position, through this order and the next
         self._cum = np.concatenate([[0], np.cumsum(sizes[np.concatenate([self.ids, self.next_ids])],
                                                    dtype=np.int64)])
@@ -59,6 +64,19 @@ class Plan:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @staticmethod
+    def cost(n_files: int, n: int, m: int) -> int:
+        """The bytes a plan holds for n_files samples, an order of n entries and a next one
+        of m (what `nbytes` is once built): ids, by sample, consumed, cumulative sizes; the
+        next order's ids and cumulative sizes; per sample its first position, occurrences,
+        uses and first position in the next order."""
+        return (8 + 4 + 1) * n + 8 * m + 8 * (n + m + 1) + 4 * (n_files + 1) + 12 * n_files
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.ids, self._by_sample, self.consumed, self._cum, self.next_ids,
+                                      self._first, self.total, self.uses, self.next_first))
 
     @property
     def done(self) -> bool:
@@ -86,8 +104,8 @@ class Plan:
         here = uses < self.total[sids]
         out = np.full(len(sids), np.inf)
         at = self._first[sids[here]] + uses[here]
-        out[here] = self._by_sample[at] - self.cursor
-        nxt = self.next_first[sids[~here]]
+        out[here] = self._by_sample[at].astype(np.int64) - self.cursor
+        nxt = self.next_first[sids[~here]].astype(np.int64)
         later = np.where(nxt >= 0, (len(self.ids) - self.cursor) + nxt, np.inf)
         out[~here] = later
         return out

@@ -35,8 +35,14 @@ class Policy:
         return sum(p.cursor for p in plans.values()) / len(plans)
 
     def set_order(self, rank: int, order: Order) -> Plan:
-        plan = self.plans[rank] = Plan(order, self.sizes)
+        """rank's plan for order, put in force (what orders.Orders does in two steps)."""
+        plan = Plan(order, self.sizes)
+        self.put(rank, plan)
         return plan
+
+    def put(self, rank: int, plan: Plan) -> None:
+        """Put rank's plan in force (in place of its last one)."""
+        self.plans[rank] = plan
 
     # ---- next uses -------------------------------------------------------------------
     def key(self, sid: int) -> float:
@@ -89,23 +95,24 @@ class Policy:
         return None
 
     # ---- importance: pins and the local tier ---------------------------------------------
-    def importance_plans(self) -> list[Plan]:
-        return [p for p in self.plans.values() if p.importance is not None]
+    def importance_plans(self, plans: dict | None = None) -> list[Plan]:
+        return [p for p in (self.plans if plans is None else plans).values() if p.importance is not None]
 
-    def pin_candidates(self) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, importance) over all ranks' orders that carry importance values."""
-        plans = self.importance_plans()
+    def pin_candidates(self, plans: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, importance) over all ranks' orders that carry importance values (plans:
+        these instead of the plans in force; their ids and importance are only read)."""
+        plans = self.importance_plans(plans)
         if not plans:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
         return (np.concatenate([p.ids for p in plans]),
                 np.concatenate([p.importance for p in plans]))
 
-    def tier_priorities(self) -> np.ndarray:
+    def tier_priorities(self, plans: dict | None = None) -> np.ndarray:
         """What the local tier keeps when full (higher stays): the orders' importance values
         where some order carries them, else how soon the orders need a sample (minus its
-        position); -inf for samples no such order names."""
+        position); -inf for samples no such order names (plans: as pin_candidates)."""
         prio = np.full(self.n_files, -np.inf)
-        plans = self.importance_plans() or list(self.plans.values())
+        plans = self.importance_plans(plans) or list((self.plans if plans is None else plans).values())
         for plan in plans:
             val = (plan.importance.astype(np.float64) if plan.importance is not None
                    else -np.arange(len(plan.ids), dtype=np.float64))

@@ -11,6 +11,11 @@ import trio
 
 log = logging.getLogger("fusefs")
 
+# The read-ahead looks at most this many order positions in one turn of the event loop (a new
+# order's plan of tens of thousands of tiny samples would hold the loop for tens of ms):
+# it goes on at its task's next turn, and the loop answers requests in between.
+ADVANCE_STEP = 512
+
 
 def default_readahead(budget: int, samples: int, mean_size: float) -> int:
     """A sixteenth of the cache budget, at least `samples` (a full batch for every request
@@ -81,6 +86,7 @@ class Prefetcher:
         self.low_water = int(max(1, min(cache.budget // 4, self.readahead // 2, refill)))
         self._used = 0        # bytes used by readers since the heads last moved
         self._fresh = False   # a new order since the heads last moved
+        self._advancing = False  # the heads stopped after ADVANCE_STEP positions: go on
 
     def counters(self) -> dict:
         return {"prefetch_batches": self.batches, "readahead_bytes": self.readahead}
@@ -140,18 +146,22 @@ class Prefetcher:
     def schedule(self) -> None:
         if self.nursery is None:
             return
-        if self._fresh or self._used >= self.low_water or self.cache.free >= self.low_water:
+        if self._advancing or self._fresh or self._used >= self.low_water or self.cache.free >= self.low_water:
             self._fresh, self._used = False, 0
-            self.advance()
+            self._advancing = self.advance(ADVANCE_STEP)
+            if self._advancing:  # (the rest at the task's next turn: the loop serves meanwhile)
+                self._wake.set()
         self.dispatch()
 
-    def advance(self) -> None:
+    def advance(self, step: int | None = None) -> bool:
         """Move the plans' heads forward (through each order, then its next one), queueing
         what is neither cached nor in flight, until the budget holds nothing needed later
-        than the head's sample or every plan is fully covered (round robin over ranks)."""
+        than the head's sample or every plan is fully covered (round robin over ranks), or
+        `step` positions were looked at: then True (the heads keep where they got to)."""
         cache, inflight, queued = self.cache, self.fetcher.inflight, self.queued
         sizes, node_of, key = self.index.size_v, self.fetcher.node_of, self.policy.key
         kernel_holds = self.kernel_holds
+        looked = 0  # positions looked at
         active = [(rank, plan) for rank, plan in self.policy.plans.items()
                   if self.heads.get(rank, 0) < len(plan.ids) + len(plan.next_ids)]
         while active:
@@ -160,6 +170,7 @@ class Prefetcher:
                 ids, consumed, n = plan.ids_v, plan.consumed_v, len(plan.ids)
                 nxt, end = plan.next_ids_v, n + len(plan.next_ids)
                 pos = max(self.heads.get(rank, 0), plan.cursor)
+                start = pos
                 while pos < end:
                     if pos < n:
                         sid = ids[pos]
@@ -177,11 +188,15 @@ class Prefetcher:
                     active.remove(item)  # covered, or as far ahead as it may look
                     continue
                 if not cache.reserve(sizes[sid], key(sid)):
-                    return  # the budget holds nothing needed later than this
+                    return False  # the budget holds nothing needed later than this
                 node = node_of(sid)
                 self.queues[node].append(sid)
                 queued[sid] = node
                 self.heads[rank] = pos + 1
+                looked += pos + 1 - start
+                if step is not None and looked >= step:
+                    return True
+        return False
 
     def dispatch(self) -> None:
         """Start queued batches on every node with free slots. A node's queue is spread over

@@ -34,6 +34,13 @@ log = logging.getLogger("fusefs")
 # an order were found dropped (and at least MIN_DROPS of them): see Reads.lost.
 DROP_SHARE = 0.1
 MIN_DROPS = 16
+# A sample whose fetch gave up (its node did not answer within --io-timeout; not with
+# --io-timeout 0, where a read tries once) is answered EIO at once for GAVE_UP_S while its
+# node is still down: the kernel tries a read-ahead that failed again at once, as a read of
+# its own, which would otherwise wait as long again. At most GAVE_UP_MAX samples are
+# remembered (the oldest go first).
+GAVE_UP_S = 5.0
+GAVE_UP_MAX = 4096
 
 
 class Reads:
@@ -63,6 +70,7 @@ class Reads:
         self._drops = 0              # pushed samples found dropped since the last order
         self._opens_at_order = 0     # stats.opens_pushed when the last order came
         self.corrupt: dict[int, str] = {}  # samples whose stored bytes fail their checksum
+        self.gave_up: collections.OrderedDict[int, float] = collections.OrderedDict()  # sid -> when
         self._recent = collections.deque(maxlen=32)  # recently read samples (scan detection)
         self.nursery: trio.Nursery | None = None  # where fetches of missed samples run (Core.run)
 
@@ -153,6 +161,8 @@ class Reads:
         if sid in self.corrupt:  # known bad: do not read it again
             self.stats.eio += 1
             raise FsError(errno.EIO, self.corrupt[sid])
+        if self.gave_up and sid in self.gave_up:
+            self._gave_up_lately(sid)
         data = self.cache.get(sid)
         if data is None:
             data = self.fetcher.pushing.get(sid)  # (arrived, not kept, still being pushed)
@@ -175,6 +185,16 @@ class Reads:
             self.stats.eio += 1
             raise FsError(errno.EIO, str(result))
         return result
+
+    def _gave_up_lately(self, sid: int) -> None:
+        """FsError(EIO) if sample sid's fetch gave up within GAVE_UP_S and its node is still
+        down; else it is forgotten."""
+        waited = time.monotonic() - self.gave_up[sid]
+        if waited < GAVE_UP_S and self.fetcher.is_down(self.fetcher.node_of(sid)):
+            self.stats.eio += 1
+            self.stats.eio_at_once += 1
+            raise FsError(errno.EIO, f"its fetch gave up {waited:.1f} s ago, and its node is still down")
+        del self.gave_up[sid]
 
     async def _fetch_missed(self, sid: int):
         """Fetch a sample no one is fetching, with companions: the next samples queued for
@@ -230,13 +250,19 @@ class Reads:
                 if sid not in self.corrupt:
                     self.corrupt[sid] = str(result)
                     log.error("EIO: %s", result)
-            elif not self.fetcher.is_down(self.fetcher.node_of(sid)):
-                # (a node that is down: its failed samples are counted, and told in one line
-                # when it answers again: Fetcher._set_down)
-                chunk = int(self.index.chunk[sid])
-                log.error("EIO: node %s: %s: sample %s: backend read failed: %s",
-                          self.fetcher.node_names[self.fetcher.node_of(sid)],
-                          self.store.chunk_path(chunk), os.fsdecode(self.index.file_path(sid)), result)
+            else:
+                if self.fetcher.io_timeout > 0:  # (it waited for the node: not again at once)
+                    self.gave_up[sid] = time.monotonic()
+                    self.gave_up.move_to_end(sid)
+                    if len(self.gave_up) > GAVE_UP_MAX:
+                        self.gave_up.popitem(last=False)
+                if not self.fetcher.is_down(self.fetcher.node_of(sid)):
+                    # (a node that is down: its failed samples are counted, and told in one
+                    # line when it answers again: Fetcher._set_down)
+                    chunk = int(self.index.chunk[sid])
+                    log.error("EIO: node %s: %s: sample %s: backend read failed: %s",
+                              self.fetcher.node_names[self.fetcher.node_of(sid)], self.store.chunk_path(chunk),
+                              os.fsdecode(self.index.file_path(sid)), result)
             return
         if self.local is not None and sid not in self.local:  # (cheap test first)
             self.local.offer(sid, result, float(self.local.priority[sid])

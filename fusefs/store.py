@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import errno
+import io
 import os
 import resource
 import threading
@@ -14,6 +15,7 @@ import time
 
 import numpy as np
 
+from . import beneath
 from . import chunk as chunkfmt
 from .errors import UserError
 from .index import Index
@@ -26,6 +28,7 @@ NATIVE = _fetchio is not None
 
 log = logging.getLogger("fusefs.store")
 
+PAGE = os.sysconf("SC_PAGE_SIZE")
 # A group of a batch's reads (ChunkStore.read_batch) goes on past its least reads while it
 # has taken less than this: fast reads then come in one or two groups a batch.
 GROUP_S = 0.001
@@ -62,8 +65,14 @@ class ChunkStore:
 
     def __init__(self, root: str, index: Index, *, willneed: bool = True,
                  native: bool | None = None):
-        """native: read with fusefs._fetchio (None: where it is built)."""
+        """root: the packed folder (opened here, and every chunk beneath its descriptor, no
+        link followed: beneath.py); native: read with fusefs._fetchio (None: where it is
+        built)."""
         self.root = root
+        try:
+            self.root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            raise StoreError(f"{root}: cannot open the packed folder: {e.strerror}") from None
         self.index = index
         self.willneed = willneed
         if native and _fetchio is None:
@@ -76,19 +85,66 @@ class ChunkStore:
     def chunk_path(self, k: int) -> str:
         return os.path.join(self.root, self.index.chunks[k].path)
 
-    def check(self) -> None:
-        """Refuse a packed folder whose chunks are missing or not of the recorded size."""
-        for k, info in enumerate(self.index.chunks):
-            path = self.chunk_path(k)
-            try:
-                size = os.stat(path).st_size
-            except FileNotFoundError:
-                raise StoreError(f"{path}: chunk file is missing") from None
-            except OSError as e:
-                raise StoreError(f"{path}: cannot stat chunk: {e.strerror}") from None
+    def open_chunk(self, k: int) -> int:
+        """A descriptor of chunk k's file: a regular file beneath the packed folder, reached
+        without following a link (beneath.open_file: ELOOP, NotRegular)."""
+        return beneath.open_file(self.root_fd, self.index.chunks[k].path)
+
+    def check(self, retries: int = 0, backoff: float = 0.1, max_wait: float = 2.0) -> None:
+        """Refuse a packed folder whose chunks are missing, not regular files beneath it
+        (a link on the way), not of the recorded size, or whose header does not list
+        exactly the index's samples of it (offsets, sizes, checksums): a sample's bytes
+        are then a chunk's own, as its header says, never a stranger's. Reads each chunk's
+        header and tables (32 bytes a sample); a read that fails is tried again `retries`
+        times, the wait doubling from `backoff` seconds up to `max_wait` (as the index's)."""
+        for k in range(len(self.index.chunks)):
+            for attempt in range(retries + 1):
+                try:
+                    self._check_chunk(k)
+                    break
+                except OSError as e:  # (a read that failed: the backend may answer again)
+                    if attempt == retries:
+                        raise StoreError(f"{self.chunk_path(k)}: cannot read chunk ({retries} "
+                                         f"retries): {e.strerror}") from None
+                    log.warning("%s: read failed (%s), retry %d of %d", self.chunk_path(k),
+                                e.strerror, attempt + 1, retries)
+                    time.sleep(min(backoff * 2 ** attempt, max_wait))
+
+    def _check_chunk(self, k: int) -> None:
+        """check() of chunk k: StoreError for what is wrong with it, OSError for a read that
+        failed."""
+        ix, info, path = self.index, self.index.chunks[k], self.chunk_path(k)
+        try:
+            fd = self.open_chunk(k)
+        except FileNotFoundError:
+            raise StoreError(f"{path}: chunk file is missing") from None
+        except OSError as e:
+            if isinstance(e, beneath.NotRegular) or e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EACCES,
+                                                                  errno.EPERM):
+                raise StoreError(f"{path}: cannot open chunk: {beneath.why(e)}") from None
+            raise
+        try:
+            size = os.fstat(fd).st_size
             if size != info.size:
                 raise StoreError(f"{path}: chunk file is {size} bytes, the index says {info.size} "
                                  f"({'truncated' if size < info.size else 'altered'})")
+            # the header alone: no read-ahead of samples, and its pages not kept (the mount
+            # brings into the page cache nothing that a sample's read would then find there)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            with open(fd, "rb", closefd=False) as f:
+                head = chunkfmt.read_header(f, size)
+            read = chunkfmt.data_start(head.n) + io.DEFAULT_BUFFER_SIZE  # (what the buffer took)
+            os.posix_fadvise(fd, 0, -(-read // PAGE) * PAGE, os.POSIX_FADV_DONTNEED)
+        except chunkfmt.ChunkError as e:
+            raise StoreError(f"{path}: not the chunk the index describes: {e}") from None
+        finally:
+            os.close(fd)
+        mine = ix.by_chunk[ix.chunk_start[k]:ix.chunk_start[k + 1]]
+        if not (head.n == info.count == len(mine) and np.array_equal(head.offsets, ix.offset[mine])
+                and np.array_equal(head.sizes, ix.size[mine])
+                and np.array_equal(head.checksums, ix.checksum[mine])):
+            raise StoreError(f"{path}: the chunk's header does not list the index's samples of "
+                             "it (another chunk, or a crafted index)")
 
     def _acquire(self, k: int) -> "_OpenChunk":
         with self._lock:
@@ -97,7 +153,7 @@ class ChunkStore:
                 h.users += 1
                 return h
         # Opened outside the lock: an open stuck on a slow node must not hold up the others.
-        fd = os.open(self.chunk_path(k), os.O_RDONLY | os.O_CLOEXEC)
+        fd = self.open_chunk(k)
         with self._lock:
             h = self._fds.get(k)
             if h is None:
@@ -326,6 +382,9 @@ class ChunkStore:
             for h in self._fds.values():
                 os.close(h.fd)
             self._fds.clear()
+            if self.root_fd >= 0:
+                os.close(self.root_fd)
+                self.root_fd = -1
 
 
 class _OpenChunk:
@@ -356,10 +415,14 @@ def verify(root: str, index: Index, progress: bool | None = None) -> list[str]:
         for k, info in enumerate(index.chunks):
             path = store.chunk_path(k)
             try:
-                with open(path, "rb") as f:
+                with open(store.open_chunk(k), "rb") as f:
                     head = chunkfmt.read_header(f, os.fstat(f.fileno()).st_size)
-            except (OSError, chunkfmt.ChunkError) as e:
-                problems.append(f"{path}: {getattr(e, 'strerror', None) or e}")
+            except chunkfmt.ChunkError as e:
+                problems.append(f"{path}: {e}")
+                bar.update(int(index.size[order[bounds[k]:bounds[k + 1]]].sum()))
+                continue
+            except OSError as e:
+                problems.append(f"{path}: {beneath.why(e)}")
                 bar.update(int(index.size[order[bounds[k]:bounds[k + 1]]].sum()))
                 continue
             for sid in order[bounds[k]:bounds[k + 1]]:

@@ -10,8 +10,10 @@ import contextlib
 import ctypes
 import mmap
 import os
+import pwd
 import sys
 
+import numpy as np
 import pytest
 import trio
 
@@ -106,7 +108,7 @@ def corrupt_sample(dst, copy, rel: str, at: int = 0):
 SLOW_MODULES = {"test_abuse", "test_cli", "test_clients", "test_demo", "test_faults", "test_gluster",
                 "test_hints", "test_hybrid", "test_imagefolder", "test_importance", "test_local",
                 "test_metrics", "test_mount", "test_orders", "test_pack", "test_package",
-                "test_pyfuse3_patched", "test_swap"}
+                "test_pyfuse3_patched", "test_swap", "test_untrusted"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -204,3 +206,141 @@ def three_nodes(tmp_path_factory):
     write_tree(base / "src", files)
     pack(str(base / "src"), str(base / "dst"), chunk_count=10, nodes=3, progress=False)
     return str(base / "dst"), files
+
+
+def craft_index(raw: bytes, edit_arrays, edit_meta=lambda meta: None) -> bytes | None:
+    """The index file raw with its arrays and metadata changed and every checksum made
+    valid again: what someone who writes an index by hand could hand the daemon. None if the
+    new metadata does not fit where the old lay (the arrays keep their places)."""
+    import json
+    import struct
+    import xxhash
+    head = struct.Struct("<8sIIQQ")
+    magic, version, flags, meta_len, _ = head.unpack_from(raw, 0)
+    meta = json.loads(raw[head.size:head.size + meta_len])
+    data = bytearray(raw)
+    base = meta["base"]
+    for key, (dtype, length, rel, _) in meta["arrays"].items():
+        arr = np.frombuffer(data, dtype=dtype, count=length, offset=base + rel)
+        arr = np.array(arr)
+        edit_arrays(key, arr)
+        data[base + rel:base + rel + arr.nbytes] = arr.tobytes()
+        meta["arrays"][key][3] = xxhash.xxh3_64_intdigest(arr)
+    edit_meta(meta)
+    blob = json.dumps(meta, sort_keys=True).encode()
+    if len(blob) > base - head.size:
+        return None
+    blob = blob.ljust(base - head.size)
+    return bytes(head.pack(magic, version, flags, len(blob), xxhash.xxh3_64_intdigest(blob))) + blob + bytes(data[base:])
+
+
+# ---- attacks as a second user of the node, through a root mount with allow_other -----------
+# A user the test creates when it runs as root (as CI does), removed again afterwards: each
+# attack runs as that user in a process of theirs (/usr/bin/python3, which any user can run),
+# against a root daemon mounted with -o allow_other, as on a shared GPU node.
+ATTACKER, CONTROLLERS = "fusefs-attacker", "fusefs-control"
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="a second user needs root (CI runs as root)")
+
+
+def _run(*cmd):
+    import subprocess
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def attacker():
+    """(uid, gid, control_gid): a user with no rights on this node but their own, and a
+    group (CONTROLLERS) they are put in when a test says so; both made for this module."""
+    import grp
+    made = []
+    try:
+        try:
+            grp.getgrnam(CONTROLLERS)
+        except KeyError:
+            _run("groupadd", "--system", CONTROLLERS)
+            made.append(("groupdel", CONTROLLERS))
+        try:
+            pwd.getpwnam(ATTACKER)
+        except KeyError:
+            _run("useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", ATTACKER)
+            made.insert(0, ("userdel", ATTACKER))
+        user = pwd.getpwnam(ATTACKER)
+        yield user.pw_uid, user.pw_gid, grp.getgrnam(CONTROLLERS).gr_gid
+    finally:
+        for cmd in made:
+            _run(*cmd)
+
+
+def as_attacker(attacker, code: str, *args, controls=False, stdin=None):
+    """Run code (Python) as the attacker, in the control group if `controls`: the process."""
+    import subprocess
+    uid, gid, cgid = attacker
+    groups = [f"--groups={cgid}"] if controls else ["--clear-groups"]
+    return subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={gid}", *groups,
+                             "/usr/bin/python3", "-c", code, *map(str, args)],
+                            stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def attack(attacker, code, *args, controls=False) -> str:
+    """What code, run as the attacker, printed (it must exit 0)."""
+    p = as_attacker(attacker, code, *args, controls=controls)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    return out.strip()
+
+
+@pytest.fixture
+def shared_folder():
+    """A folder every user may reach (as /mnt or /data are), made under an unguessable name."""
+    import shutil
+    import tempfile
+    base = tempfile.mkdtemp(prefix="fusefs-shared-")
+    os.chmod(base, 0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def shared_mount(tricky, shared_folder, attacker):
+    """The tricky set mounted by root for every user (allow_other), CONTROLLERS may control:
+    (mount point, daemon process, files)."""
+    from testkit.mounts import running_mount
+    mnt = os.path.join(shared_folder, "mnt")
+    with running_mount(tricky[1], mnt, "--cache-size", "1MiB", "-o", "allow_other",
+                       "--control-group", CONTROLLERS) as (proc, _):
+        yield mnt, proc, tricky[2]
+
+
+def serves_on(mnt, files):
+    """The daemon still serves every file right (as root)."""
+    from conftest import read_tree
+    assert {k: v for k, v in read_tree(mnt).items() if v is not None} == {k: v for k, v in files.items() if v is not None}
+
+
+TRY = """
+import errno, os, sys
+def attempt(f, *a):
+    try:
+        f(*a)
+        return 'ok'
+    except OSError as e:
+        return errno.errorcode[e.errno]
+"""
+
+
+def resident_bytes_of(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
+
+
+def threads_of(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

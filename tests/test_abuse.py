@@ -16,7 +16,8 @@ from fusefs import order as orderfmt
 from fusefs.index import INDEX_NAME, Index
 from fusefs.local import LocalTier, LocalTierError
 
-from conftest import make_core
+from conftest import (TRY, as_attacker, as_root, attack, craft_index, make_core, resident_bytes_of,
+                      serves_on)
 from test_readahead import exact_within_budget, run_epoch
 
 OTHER = pwd.getpwnam("nobody").pw_uid  # a user other than the daemon's
@@ -152,11 +153,6 @@ def test_cached_samples_are_readable_by_the_daemon_only(three_nodes, private):
 # Orders come over the control socket (the mount is read-only): an order larger than any valid
 # one is refused before a byte of it is read, and at most MAX_CONNECTIONS are served at once
 # (tests/test_control_socket.py); here, what that leaves the daemon's memory and who may.
-def _rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
-
-
 HUGE_ORDERS = """
 import os, socket, sys
 target = os.readlink(os.path.join(sys.argv[1], '.fusefs', 'control'))
@@ -176,11 +172,11 @@ def test_a_huge_order_costs_the_daemon_no_memory(tricky_mount):
     import subprocess
     import sys
     _, mnt, proc, _ = tricky_mount
-    before = _rss(proc.pid)
+    before = resident_bytes_of(proc.pid)
     r = subprocess.run([sys.executable, "-c", HUGE_ORDERS, mnt], capture_output=True,
                        text=True, timeout=60)
     assert r.stdout.split() == ["too", "large"] * 3, r.stderr
-    assert _rss(proc.pid) - before < 16 << 20
+    assert resident_bytes_of(proc.pid) - before < 16 << 20
     with open(os.path.join(mnt, "root file.txt"), "rb") as f:
         assert f.read() == b"at the root\n"  # serves on
 
@@ -188,7 +184,7 @@ def test_a_huge_order_costs_the_daemon_no_memory(tricky_mount):
 # ---- control files ---------------------------------------------------------------------
 def _hooks(control_gid=None, statistics=dict, socket_path=None):
     from fusefs.control import ControlHooks
-    return ControlHooks(statistics=statistics, ids_table=bytes, chunk_table=bytes, set_order=lambda rank, data: None,
+    return ControlHooks(statistics=statistics, ids_table=bytes, chunk_table=bytes,
                         trusted=lambda uid: uid in (None, 0), control_gid=control_gid, started=0.0,
                         socket_path=socket_path)
 
@@ -286,22 +282,14 @@ def test_a_background_log_is_neither_in_tmp_nor_reached_through_a_symlink(tmp_pa
 
 
 # ---- the metrics server ----------------------------------------------------------------------
-def scrape_once_a_slot_frees(url: str) -> bytes:
-    """The scrape's body, retried while every connection slot is taken (a slot frees as its
-    thread sees its client's close)."""
-    import urllib.request
-    for _ in range(200):
-        try:
-            return urllib.request.urlopen(url, timeout=30).read()
-        except OSError:
-            threading.Event().wait(0.05)
-    return b""
-
-
-def test_idle_connections_get_no_more_threads_than_the_bound_and_scrapes_go_on(tricky):
+def test_idle_connections_get_no_more_threads_than_the_bound_and_scrapes_go_on(tricky, monkeypatch):
+    """50 connections that send nothing: past MAX_CONNECTIONS each new one makes the oldest
+    go, so at most MAX_CONNECTIONS threads serve them; a scrape is answered at once (it makes
+    the oldest idle one go); the watchdog closes the rest REQUEST_S after their accept."""
     import socket
     import urllib.request
     from fusefs import metrics
+    monkeypatch.setattr(metrics, "REQUEST_S", 1.0)
     stats = make_core(tricky[1]).statistics()
     calls = []
     server = metrics.serve_http(lambda: calls.append(1) or stats, 0, every=3600)
@@ -309,14 +297,18 @@ def test_idle_connections_get_no_more_threads_than_the_bound_and_scrapes_go_on(t
     try:
         urllib.request.urlopen(url, timeout=30).read()
         threads = threading.active_count()
-        idle = [socket.create_connection(("127.0.0.1", server.server_port)) for _ in range(50)]
-        for s in idle[metrics.MAX_CONNECTIONS:]:  # (past the bound: closed at once, no thread)
-            s.settimeout(30)
+        idle = []
+        for _ in range(50):
+            idle.append(socket.create_connection(("127.0.0.1", server.server_port)))
+            idle[-1].settimeout(30)
+            assert threading.active_count() - threads <= metrics.MAX_CONNECTIONS
+        for s in idle[:-metrics.MAX_CONNECTIONS]:  # (made to go by those after them)
             assert s.recv(1) == b""
-        assert threading.active_count() - threads <= metrics.MAX_CONNECTIONS
+        assert b"fusefs_opens_total" in urllib.request.urlopen(url, timeout=30).read()
+        for s in idle[-metrics.MAX_CONNECTIONS:]:  # (closed by the watchdog)
+            assert s.recv(1) == b""
         for s in idle:
             s.close()
-        assert b"fusefs_opens_total" in scrape_once_a_slot_frees(url)
         assert len(calls) == 1  # (rendered once: every=3600)
     finally:
         server.shutdown()
@@ -324,32 +316,6 @@ def test_idle_connections_get_no_more_threads_than_the_bound_and_scrapes_go_on(t
 
 
 # ---- crafted indexes with valid checksums --------------------------------------------------
-def _craft(raw: bytes, edit_arrays, edit_meta) -> bytes | None:
-    """The index file raw with its arrays and metadata changed and every checksum made
-    valid again: what someone who writes an index by hand could hand the daemon. None if the
-    new metadata does not fit where the old lay (the arrays keep their places)."""
-    import json
-    import struct
-    import xxhash
-    head = struct.Struct("<8sIIQQ")
-    magic, version, flags, meta_len, _ = head.unpack_from(raw, 0)
-    meta = json.loads(raw[head.size:head.size + meta_len])
-    data = bytearray(raw)
-    base = meta["base"]
-    for key, (dtype, length, rel, _) in meta["arrays"].items():
-        arr = np.frombuffer(data, dtype=dtype, count=length, offset=base + rel)
-        arr = np.array(arr)
-        edit_arrays(key, arr)
-        data[base + rel:base + rel + arr.nbytes] = arr.tobytes()
-        meta["arrays"][key][3] = xxhash.xxh3_64_intdigest(arr)
-    edit_meta(meta)
-    blob = json.dumps(meta, sort_keys=True).encode()
-    if len(blob) > base - head.size:
-        return None
-    blob = blob.ljust(base - head.size)
-    return bytes(head.pack(magic, version, flags, len(blob), xxhash.xxh3_64_intdigest(blob))) + blob + bytes(data[base:])
-
-
 _EXTREMES = [0, 1, 2, 255, 0o7777, 0o10000, 0o170777, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**63 - 1,
              2**63, 2**64 - 1]
 
@@ -395,7 +361,7 @@ def test_a_crafted_index_with_valid_checksums_is_refused_or_served_right(tricky,
         elif meta_edit == "drop_array":
             del meta["arrays"][data.draw(st.sampled_from(sorted(FILE_ARRAYS)))]
 
-    crafted = _craft(raw, edit_arrays, edit_meta)
+    crafted = craft_index(raw, edit_arrays, edit_meta)
     if crafted is None:
         event("metadata too long")
         return
@@ -446,7 +412,7 @@ def test_the_crafted_indexes_found_by_hand_are_refused(tricky, case):
             meta["arrays"] = list(meta["arrays"])
 
     with pytest.raises(IndexFormatError):
-        Index.from_bytes(_craft(raw, edit_arrays, edit_meta))
+        Index.from_bytes(craft_index(raw, edit_arrays, edit_meta))
 
 
 # ---- memory ----------------------------------------------------------------------------------
@@ -474,100 +440,6 @@ def test_bytes_kept_for_open_handles_stay_within_their_cap(tricky):
                 core.release(fh)
             assert core._held_bytes == 0 and core._held == {}
     trio.run(go)
-
-
-# ---- the attacks as a second user of the node, through a mount with allow_other -----------
-# A user the test creates when it runs as root (as CI does), removed again afterwards: each
-# attack runs as that user in a process of theirs (/usr/bin/python3, which any user can run),
-# against a root daemon mounted with -o allow_other, as on a shared GPU node.
-ATTACKER, CONTROLLERS = "fusefs-attacker", "fusefs-control"
-as_root = pytest.mark.skipif(os.geteuid() != 0, reason="a second user needs root (CI runs as root)")
-
-
-def _run(*cmd):
-    import subprocess
-    subprocess.run(cmd, check=True, capture_output=True)
-
-
-@pytest.fixture(scope="module")
-def attacker():
-    """(uid, gid, control_gid): a user with no rights on this node but their own, and a
-    group (CONTROLLERS) they are put in when a test says so; both made for this module."""
-    import grp
-    made = []
-    try:
-        try:
-            grp.getgrnam(CONTROLLERS)
-        except KeyError:
-            _run("groupadd", "--system", CONTROLLERS)
-            made.append(("groupdel", CONTROLLERS))
-        try:
-            pwd.getpwnam(ATTACKER)
-        except KeyError:
-            _run("useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", ATTACKER)
-            made.insert(0, ("userdel", ATTACKER))
-        user = pwd.getpwnam(ATTACKER)
-        yield user.pw_uid, user.pw_gid, grp.getgrnam(CONTROLLERS).gr_gid
-    finally:
-        for cmd in made:
-            _run(*cmd)
-
-
-def as_attacker(attacker, code: str, *args, controls=False, stdin=None):
-    """Run code (Python) as the attacker, in the control group if `controls`: the process."""
-    import subprocess
-    uid, gid, cgid = attacker
-    groups = [f"--groups={cgid}"] if controls else ["--clear-groups"]
-    return subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={gid}", *groups,
-                             "/usr/bin/python3", "-c", code, *map(str, args)],
-                            stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def attack(attacker, code, *args, controls=False) -> str:
-    """What code, run as the attacker, printed (it must exit 0)."""
-    p = as_attacker(attacker, code, *args, controls=controls)
-    out, err = p.communicate(timeout=300)
-    assert p.returncode == 0, err
-    return out.strip()
-
-
-@pytest.fixture
-def shared_folder():
-    """A folder every user may reach (as /mnt or /data are), made under an unguessable name."""
-    import shutil
-    import tempfile
-    base = tempfile.mkdtemp(prefix="fusefs-shared-")
-    os.chmod(base, 0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.fixture
-def shared_mount(tricky, shared_folder, attacker):
-    """The tricky set mounted by root for every user (allow_other), CONTROLLERS may control:
-    (mount point, daemon process, files)."""
-    from testkit.mounts import running_mount
-    mnt = os.path.join(shared_folder, "mnt")
-    with running_mount(tricky[1], mnt, "--cache-size", "1MiB", "-o", "allow_other",
-                       "--control-group", CONTROLLERS) as (proc, _):
-        yield mnt, proc, tricky[2]
-
-
-def serves_on(mnt, files):
-    """The daemon still serves every file right (as root)."""
-    from conftest import read_tree
-    assert {k: v for k, v in read_tree(mnt).items() if v is not None} == {k: v for k, v in files.items() if v is not None}
-
-
-TRY = """
-import errno, os, sys
-def attempt(f, *a):
-    try:
-        f(*a)
-        return 'ok'
-    except OSError as e:
-        return errno.errorcode[e.errno]
-"""
 
 
 SET_ORDER = """
@@ -609,9 +481,9 @@ print(attempt(read, 'stats'), attempt(read, 'ids'), attempt(read, 'order'), atte
 @as_root
 def test_a_control_group_member_cannot_make_orders_cost_memory(attacker, shared_mount):
     mnt, proc, files = shared_mount
-    before = _rss(proc.pid)
+    before = resident_bytes_of(proc.pid)
     assert attack(attacker, HUGE_ORDERS, mnt, controls=True).split() == ["too", "large"] * 3
-    assert _rss(proc.pid) - before < 16 << 20  # (3 x 256 MiB before)
+    assert resident_bytes_of(proc.pid) - before < 16 << 20  # (3 x 256 MiB before)
     serves_on(mnt, files)
 
 
@@ -636,13 +508,13 @@ def test_handles_another_user_holds_open_keep_the_daemon_within_its_cap(attacker
     from fusefs.client import mount_stats
     from fusefs.core import HELD_MIN
     mnt, proc, files = shared_mount
-    before = _rss(proc.pid)
+    before = resident_bytes_of(proc.pid)
     p = as_attacker(attacker, HOLD, mnt, stdin=subprocess.PIPE)
     try:
         assert p.stdout.readline() == "held\n", p.stderr.read() if p.poll() is not None else ""
         stats = mount_stats(mnt)
         assert stats["open_handles"] >= 800 and 0 < stats["held_bytes"] <= HELD_MIN
-        assert _rss(proc.pid) - before < HELD_MIN + (24 << 20)
+        assert resident_bytes_of(proc.pid) - before < HELD_MIN + (24 << 20)
     finally:
         p.communicate("\n", timeout=60)
     for _ in range(600):  # (the kernel sends the releases after the closes, in the background)
@@ -675,40 +547,6 @@ def test_another_user_opening_the_stats_in_a_loop_gets_them_rendered_at_most_eve
     serves_on(mnt, files)
 
 
-@as_root
-def test_idle_metrics_connections_of_another_user_get_no_threads_past_the_bound(attacker, tricky, shared_folder):
-    import urllib.request
-    from fusefs import metrics
-    from testkit.mounts import running_mount
-    from test_metrics import free_port
-    port = free_port()
-    mnt = os.path.join(shared_folder, "mnt")
-    with running_mount(tricky[1], mnt, "-o", "allow_other", "--metrics-port", port) as (proc, _):
-        url = f"http://127.0.0.1:{port}/metrics"
-        urllib.request.urlopen(url, timeout=30).read()
-        threads = _threads(proc.pid)
-        code = """
-import socket, sys
-idle = [socket.create_connection(('127.0.0.1', int(sys.argv[1]))) for _ in range(300)]
-print('connected', flush=True)
-sys.stdin.readline()
-"""
-        import subprocess
-        p = as_attacker(attacker, code, port, stdin=subprocess.PIPE)
-        try:
-            assert p.stdout.readline() == "connected\n", p.stderr.read() if p.poll() is not None else ""
-            assert _threads(proc.pid) - threads <= metrics.MAX_CONNECTIONS  # (300 threads before)
-        finally:
-            p.communicate("\n", timeout=60)
-        assert b"fusefs_opens_total" in scrape_once_a_slot_frees(url)
-        serves_on(mnt, tricky[2])
-
-
-def _threads(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
-
-
 SIGNALLED_READS = """
 import os, signal, sys
 signal.signal(signal.SIGALRM, lambda *a: None)
@@ -734,17 +572,24 @@ print(bad)
 
 
 @as_root
-def test_the_interrupts_of_a_reader_that_signals_itself_are_taken_by_the_fast_path(attacker, shared_mount):
-    """Interrupts of requests the fast path answered never reach libfuse, which would keep
-    them on a list until the next request the loop handles (issue 45, item 10); the reads
-    stay right and the daemon serves on."""
+def test_a_reader_that_signals_itself_gets_right_bytes_and_its_interrupts_go_where_they_belong(
+        attacker, shared_mount):
+    """A reader that signals itself every 50 us: interrupts of requests the fast path
+    answered are taken there (libfuse would keep them on a list until the loop's next
+    request: issue 45, item 10), the others go to the loop, which answers an interrupted
+    read EINTR (the reader's read is made again); every read comes out right and the daemon
+    serves on."""
     from fusefs.client import mount_stats
+
+    def interrupts():
+        stats = mount_stats(mnt)
+        return stats["fast_path_requests"]["interrupt"] + stats["interrupts_to_loop"]
     mnt, proc, files = shared_mount
     for _ in range(100):  # (an interrupt needs a signal while a request waits: a race)
         assert attack(attacker, SIGNALLED_READS, mnt, 10) == "0"
-        if mount_stats(mnt)["fast_path_requests"]["interrupt"]:
+        if interrupts():
             break
-    assert mount_stats(mnt)["fast_path_requests"]["interrupt"] > 0
+    assert interrupts() > 0
     serves_on(mnt, files)
 
 

@@ -17,17 +17,17 @@ from fusefs.entries import FsError
 LIMIT = 1000
 
 
-def serving(path, test, may=lambda uid, gids: True, limit=LIMIT):
+def serving(path, test, may=lambda uid, gids: True, limit=LIMIT, trusted=lambda uid: True):
     """Run test(server, ask) while a ControlSocket at path serves: ask(header, data) is the
     client's request in a thread; commits are recorded in server.committed."""
     committed = []
 
-    def commit(rank, data):
+    async def commit(rank, data):
         if data.startswith(b"bad"):
             raise FsError(errno.EINVAL, "not an order\n(second line)")
         committed.append((rank, data))
 
-    server = ControlSocket(str(path), commit, may, limit)
+    server = ControlSocket(str(path), commit, may, limit, trusted)
     server.committed = committed
 
     async def main():
@@ -97,18 +97,56 @@ def test_past_max_connections_a_client_is_told_busy_and_the_others_are_served(tm
     assert server.counts["busy"] == 1 and server.committed == [(1, b"abc")]
 
 
-def test_a_client_that_says_nothing_is_closed_after_the_idle_bound(tmp_path, monkeypatch):
-    monkeypatch.setattr(control_socket, "IDLE_S", 0.05)
+def test_a_client_that_says_nothing_or_drips_its_request_is_dropped(tmp_path, monkeypatch):
+    """The request must arrive whole within REQUEST_S of the accept: a client that says
+    nothing, or sends a byte now and then (each within any idle bound), is dropped."""
+    monkeypatch.setattr(control_socket, "REQUEST_S", 0.2)
     path = str(tmp_path / "s.sock")
 
     async def test(server, ask):
-        s = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        await s.connect(path)
+        silent = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        await silent.connect(path)
+        drip = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        await drip.connect(path)
         with trio.fail_after(30):
-            assert await s.recv(100) == b""  # (closed by the daemon, no answer)
-        s.close()
+            assert await silent.recv(100) == b""  # (closed by the daemon, no answer)
+            sent = 0
+            try:
+                for byte in b"order 0 999\n" * 100:
+                    await drip.send(bytes([byte]))
+                    sent += 1
+                    await trio.sleep(0.01)
+            except OSError:  # (the daemon closed it: EPIPE or ECONNRESET)
+                pass
+            assert sent < 1200 and await drip.recv(100) == b""
+        silent.close()
+        drip.close()
     server = serving(path, test)
-    assert server.counts["timed_out"] == 1
+    assert server.counts["timed_out"] == 2
+
+
+def test_the_last_slot_is_kept_for_root_and_the_daemons_user(tmp_path):
+    """Clients of the control group holding every slot they may take leave one for the
+    owner, who is served at once; a third such client is told busy."""
+    path = str(tmp_path / "s.sock")
+    owner = {"is": False}
+
+    async def test(server, ask):
+        held = []
+        for _ in range(MAX_CONNECTIONS - 1):
+            s = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            await s.connect(path)
+            await s.send(b"order 0 %d\n" % LIMIT)
+            held.append(s)
+        while server.active < MAX_CONNECTIONS - 1:
+            await trio.sleep(0.001)
+        assert await ask(b"order 1 3\n", b"abc") == "busy"
+        owner["is"] = True
+        assert await ask(b"order 1 3\n", b"abc") == "ok"
+        for s in held:
+            s.close()
+    server = serving(path, test, trusted=lambda uid: owner["is"])
+    assert server.counts["busy"] == 1 and server.committed == [(1, b"abc")]
 
 
 def test_a_stale_socket_of_ours_is_replaced_and_anything_else_refused(tmp_path):

@@ -162,7 +162,7 @@ def test_opens_and_releases_answered_on_the_fast_path_count_as_the_loops_do(tric
     looped, fast = _core(dst), _core(dst)
     order = [3, 1, 4, 1, 5]
     for core in (looped, fast):
-        core.control.set_order(0, orderfmt.encode(order, epoch=1))
+        core.set_order(0, orderfmt.encode(order, epoch=1))
     args = fast.fast_path_args()
     assert (args["file_base"], args["n_files"], args["sid_bits"]) == (fast.file_base, fast.index.n_files, SID_BITS)
     events, serial = [], args["serial"]

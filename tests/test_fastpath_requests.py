@@ -176,11 +176,21 @@ def test_ioctl_is_enotty_and_malformed_lengths_go_to_the_loop(fast, tricky):
     assert EVENT_BITS == (RELEASED, READ, READ_END, READ_LOST)
 
 
-def test_interrupts_are_taken_by_the_thread_and_answered_by_nothing(fast, tricky):
-    """An interrupt, of a request the thread answered or of one in the loop, never reaches
-    libfuse, which would keep the first kind on its list (issue 45, item 10): pyfuse3 never
-    looks at interrupts, so the loop's requests are answered as they would be anyway."""
+def test_an_interrupt_of_a_request_answered_here_is_taken_any_other_goes_to_the_loop(fast, tricky):
+    """The interrupt of a request the thread answered never reaches libfuse, which would keep
+    it on its list (a reader signalling itself could grow it without bound); that of a request
+    the thread did not answer (one waiting in the loop) goes to the loop, where the binding
+    answers an interrupted read EINTR. Neither is answered."""
     core, answer, events = fast
-    for unique in (8, 9, 10):
+    for unique in (8, 10, 12):  # (answered here: opens of dataset files)
+        assert answer(request(OPEN, core.file_base, OPEN_IN.pack(os.O_RDONLY, 0), unique=unique))[0]
+    events()
+    before = pyfuse3.fast_path_interrupts_forwarded()
+    for unique in (8, 10, 12):
         assert answer(request(INTERRUPT, 0, struct.pack("<Q", unique), unique=unique | INT_REQ_BIT)) == (True, b"")
     assert pyfuse3.fast_path_counts()["interrupt"] == 3 and events() == []
+    for unique in (14, 16):  # (a read waiting in the loop: never answered here)
+        assert answer(request(INTERRUPT, 0, struct.pack("<Q", unique), unique=unique | INT_REQ_BIT)) == (False, b"")
+    assert answer(request(INTERRUPT, 0, b"\0" * 4, unique=18 | INT_REQ_BIT)) == (False, b"")  # (cut short)
+    assert pyfuse3.fast_path_counts()["interrupt"] == 3
+    assert pyfuse3.fast_path_interrupts_forwarded() - before == 3

@@ -6,7 +6,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import read_tree, refused_mount
+from conftest import free_port, read_tree, refused_mount
 from fusefs.client import mount_stats, write_order
 from testkit.mounts import running_mount
 
@@ -18,12 +18,6 @@ def parse(text: str) -> dict:
         for s in fam.samples:
             out[(s.name, frozenset(s.labels.items()))] = s.value
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_metrics_file_and_http_agree_with_the_stats(tricky, tmp_path):

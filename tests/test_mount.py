@@ -184,7 +184,7 @@ def test_mount_refuses_a_damaged_dataset_naming_the_file(tricky, tmp_path, damag
     assert not is_mounted(mnt)
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "umount"])
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "SIGHUP", "umount"])
 def test_clean_unmount(tricky, tmp_path, how):
     mnt = tmp_path / "mnt"
     with running_mount(tricky[1], mnt) as (proc, _):
@@ -273,17 +273,21 @@ def test_version_and_help_name_every_default():
         assert default in text, default
 
 
-def test_signals_during_the_unmount_do_not_leave_a_dead_mount(tricky, tmp_path):
+@pytest.mark.parametrize("storm", ["SIGTERM", "SIGINT SIGHUP", "SIGHUP SIGTERM SIGINT"])
+def test_signals_during_the_unmount_do_not_leave_a_dead_mount(tricky, tmp_path, storm):
     """A timeout that signals the owner's process group, then the parent-death signal:
     the daemon gets SIGTERM more than once, and one that came after the first (during the
-    unmount) killed it half way and left a dead mount. Here SIGTERM comes without pause
-    from the moment the mount is up until the daemon has ended: it unmounts and exits 0."""
+    unmount) killed it half way and left a dead mount, or (a storm of them) ended in a
+    RecursionError or a deadlock in trio's close. Here the signals come without pause, in
+    turn, from the moment the mount is up until the daemon has ended: it unmounts and
+    exits 0."""
     mnt = tmp_path / "mnt"
+    kinds = [getattr(signal, name) for name in storm.split()]
     with running_mount(tricky[1], mnt) as (proc, log):
         sent = 0
         while proc.poll() is None:
             try:
-                os.kill(proc.pid, signal.SIGTERM)
+                os.kill(proc.pid, kinds[sent % len(kinds)])
                 sent += 1
             except ProcessLookupError:
                 break
@@ -324,6 +328,22 @@ def test_a_killed_owner_leaves_no_mount(tricky, tmp_path):
     finally:
         owner.kill()
         stop_mount(mnt)
+
+
+def test_bench_commit_times_every_ranks_commit_and_the_getattrs_meanwhile(tmp_path):
+    """scripts/bench/bench_commit.py end to end at a tiny scale (testkit.synth.make_packed's
+    set): one row with a commit time per rank, getattrs timed while they ran, and the orders
+    held within the order budget; no mount left behind."""
+    out, results = tmp_path / "out", tmp_path / "results.jsonl"
+    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench", "bench_commit.py"),
+                        "--samples", "20000", "--ranks", "3", "--rounds", "1", "--out", str(out),
+                        "--results", str(results)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in open(results)]
+    assert len(rows) == 1 and rows[0]["bench"] == "bench_commit" and len(rows[0]["commit_s"]) == 3
+    assert rows[0]["order_entries"] == 2 * 20000  # (every sample in this epoch and the next)
+    assert 0 < rows[0]["order_bytes"] <= rows[0]["order_budget"]
+    assert not is_mounted(out / "mnt")
 
 
 def test_bench_hotpath_runs_every_regime_and_paces_the_paced_one(tmp_path):

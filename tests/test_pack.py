@@ -91,10 +91,10 @@ def test_unreadable_files_are_skipped_and_reported_or_stop_with_strict(tmp_path,
     write_tree(src, {"a/1.bin": b"1", "a/2.bin": b"22", "b/3.bin": b"333"})
     real = packmod._read_file
 
-    def failing(path):
-        if path.endswith(b"2.bin"):
+    def failing(source, rel):
+        if rel.endswith(b"2.bin"):
             raise PermissionError(13, "Permission denied")
-        return real(path)
+        return real(source, rel)
 
     monkeypatch.setattr(packmod, "_read_file", failing)
     r = pack(str(src), str(tmp_path / "dst"), progress=False)
@@ -133,11 +133,11 @@ def test_interrupted_pack_never_looks_complete(tmp_path, monkeypatch, tricky):
     calls = {"n": 0}
     real = packmod._read_file
 
-    def interrupted(path):
+    def interrupted(source, rel):
         calls["n"] += 1
         if calls["n"] == 20:
             raise KeyboardInterrupt
-        return real(path)
+        return real(source, rel)
 
     monkeypatch.setattr(packmod, "_read_file", interrupted)
     with pytest.raises(KeyboardInterrupt):
@@ -179,15 +179,15 @@ def test_a_failing_index_read_is_retried_longer_at_start_then_named(tricky, monk
     from fusefs import index as indexmod
     from fusefs.mount import INDEX_RETRIES
     dst = tricky[1]
-    real_open, waits, fails = open, [], {"left": INDEX_RETRIES}
+    real_read, waits, fails = indexmod._read_file, [], {"left": INDEX_RETRIES}
 
-    def flaky(path, *a, **kw):
+    def flaky(path):
         if str(path).endswith(INDEX_NAME) and fails["left"] > 0:
             fails["left"] -= 1
             raise OSError(5, "Input/output error")
-        return real_open(path, *a, **kw)
+        return real_read(path)
 
-    monkeypatch.setattr(indexmod, "open", flaky, raising=False)
+    monkeypatch.setattr(indexmod, "_read_file", flaky)
     monkeypatch.setattr(indexmod.time, "sleep", waits.append)
     index, _ = open_dataset(dst, retries=1)  # fails INDEX_RETRIES times, then reads
     assert index.n_files == sum(v is not None for v in tricky[2].values()) and fails["left"] == 0

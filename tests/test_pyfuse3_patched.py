@@ -31,7 +31,7 @@ spec.loader.exec_module(patched)
 
 def test_the_venv_has_every_patch():
     """scripts/setup.sh builds them; the hot-path figures in docs are measured with them."""
-    assert set(patched.marks()) == {"loop", "store", "ioctl", "spawn", "fast"}
+    assert set(patched.marks()) == {"loop", "store", "ioctl", "spawn", "fast", "interrupt"}
     assert all(getattr(pyfuse3, mark) is True for mark in patched.marks().values())
     assert not hasattr(pyfuse3, "INODE_WITHOUT_OPEN")
 
@@ -189,6 +189,7 @@ def test_the_binding_has_the_fast_path():
                                 fastpath.DELAY_US, core.EVENT_BITS)
     assert pyfuse3.fast_path_events() == b""
     assert set(pyfuse3.fast_path_counts()) == {"open", "release", "ioctl", "read", "lookup", "forget", "interrupt"}
+    assert isinstance(pyfuse3.fast_path_interrupts_forwarded(), int) and isinstance(pyfuse3.reads_interrupted(), int)
     assert pyfuse3.fast_path_read_bytes() == 0
 
 

@@ -1185,3 +1185,6 @@ TASKS_WHEN_ALL_BUSY = True
 
 # fusefs: a thread in C answers the dataset files' open, ioctl, release and held reads: fast_path_start()
 FAST_PATH = True
+
+# fusefs: a read is answered EINTR at once when its reader is interrupted
+READS_INTERRUPTIBLE = True

@@ -29,11 +29,16 @@ cdef class _Container:
     cdef size_t   size
     cdef struct_stat stat
     cdef uint64_t fh
+    cdef object scope  # fusefs: a read's trio.CancelScope, cancelled when it is interrupted
 
 cdef void fuse_init (void *userdata, fuse_conn_info *conn):
     if not conn.capable & FUSE_CAP_READDIRPLUS:
         raise RuntimeError('Kernel too old, pyfuse3 requires kernel 3.9 or newer!')
     conn.want &= ~(<unsigned> FUSE_CAP_READDIRPLUS_AUTO)
+    # fusefs: a direct (O_DIRECT) read is sent as a request its reader waits for, which the
+    # kernel interrupts when the reader gets a signal, not as a background request it waits
+    # for uninterruptibly (a reader killed while it waits for a node would wait it out)
+    conn.want &= ~(<unsigned> FUSE_CAP_ASYNC_DIO)
 
     if (operations.supports_dot_lookup and
         conn.capable & FUSE_CAP_EXPORT_SUPPORT):
@@ -396,6 +401,25 @@ async def fuse_open_async (_Container c):
         log.error('fuse_link(): fuse_reply_* failed with %s', strerror(-ret))
 
 
+# fusefs: a read whose reader is interrupted (a signal; the kernel waits for the answer to a
+# killed reader's request until it comes) is answered EINTR at once: libfuse, handed the
+# kernel's FUSE_INTERRUPT, calls fusefs_read_interrupted for the read it names, which cancels
+# the handler's wait
+cdef extern from "fuse_lowlevel.h":
+    ctypedef void (*fusefs_interrupt_func_t)(fuse_req_t req, void *data)
+    void fuse_req_interrupt_func(fuse_req_t req, fusefs_interrupt_func_t func, void *data)
+
+cdef unsigned long long fusefs_reads_interrupted = 0
+
+def reads_interrupted():
+    "Reads answered EINTR since the module was loaded: their reader was interrupted (fusefs)."
+    return fusefs_reads_interrupted
+
+cdef void fusefs_read_interrupted(fuse_req_t req, void *data) noexcept with gil:
+    # (in the loop's thread, while libfuse handles the FUSE_INTERRUPT; the read's handler
+    # holds data, its _Container, until it answers, after which this is never called)
+    (<_Container> data).scope.cancel()
+
 cdef void fuse_read (fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                      fuse_file_info *fi):
     cdef _Container c = _Container()
@@ -403,14 +427,21 @@ cdef void fuse_read (fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     c.size = size
     c.off = off
     c.fh = fi.fh
+    c.scope = trio.CancelScope()
+    fuse_req_interrupt_func(req, fusefs_read_interrupted, <void *> c)
     save_retval(fuse_read_async(c))
 
 async def fuse_read_async (_Container c):
     cdef int ret
     cdef Py_buffer pybuf
+    global fusefs_reads_interrupted
 
     try:
-        buf = await operations.read(c.fh, c.off, c.size)
+        with c.scope:
+            buf = await operations.read(c.fh, c.off, c.size)
+        if c.scope.cancelled_caught:
+            fusefs_reads_interrupted += 1
+            raise FUSEError(errno.EINTR)
     except FUSEError as e:
         ret = fuse_reply_err(c.req, e.errno)
     else:

@@ -295,8 +295,9 @@ def fast_path_events():
 
 def fast_path_counts():
     """Requests the fast path's thread answered, by type (open, release, ioctl, read,
-    lookup, forget: a batch of forgets counts one; interrupt: taken, not answered)."""
-    cdef unsigned long long c[8]
+    lookup, forget: a batch of forgets counts one; interrupt: of a request answered here,
+    taken, not answered)."""
+    cdef unsigned long long c[9]
     fusefs_fast_counts(c)
     return {'open': c[0], 'release': c[1], 'ioctl': c[2], 'read': c[3], 'lookup': c[5],
             'forget': c[6], 'interrupt': c[7]}
@@ -304,9 +305,17 @@ def fast_path_counts():
 
 def fast_path_read_bytes():
     """The bytes of the reads the fast path's thread answered."""
-    cdef unsigned long long c[8]
+    cdef unsigned long long c[9]
     fusefs_fast_counts(c)
     return c[4]
+
+
+def fast_path_interrupts_forwarded():
+    """Interrupts the fast path's thread handed to the loop (their requests were not
+    answered there)."""
+    cdef unsigned long long c[9]
+    fusefs_fast_counts(c)
+    return c[8]
 
 
 _fusefs_kernel_flags = None  # (kept alive while the thread reads them)

@@ -57,19 +57,19 @@ arguments. This machine is noisy: compare code and settings this way.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 import psutil
 
-from common import REPO, build_minimal_c, commit as common_commit, git, minimal_daemon
+from common import REPO, against, build_minimal_c, commit as common_commit, minimal_daemon
 
 from fusefs import client, order as orderfmt
 from fusefs.pack import pack
@@ -304,36 +304,25 @@ def main() -> int:
     # PYTHONSAFEPATH: `python -m fusefs` must not import fusefs/ from the current folder
     # version name -> (the daemons' environment, extra mount arguments)
     versions = {here: (dict(os.environ, PYTHONPATH=REPO, PYTHONSAFEPATH="1"), [])}
-    worktree = None
-    if a.against:
-        ref = git("rev-parse", "--short", a.against)
-        worktree = tempfile.mkdtemp(prefix="fusefs-against-")
-        subprocess.run(["git", "-C", REPO, "worktree", "add", "-f", "--detach", worktree, ref],
-                       check=True, capture_output=True)
-        if os.path.exists(os.path.join(worktree, "setup.py")):  # (REF's compiled parts)
-            subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
-                           cwd=worktree, check=True, capture_output=True)
-        path = worktree
-        if not os.path.isdir(os.path.join(worktree, "fusefs", "pyfuse3")):
-            # (REF from before fusefs built its binding: pyfuse3 built by REF's own script)
-            path = f"{worktree}/.pyfuse3:{worktree}"
-            subprocess.run([sys.executable, "scripts/pyfuse3_patched.py", "--target", ".pyfuse3"],
-                           cwd=worktree, check=True, capture_output=True)
-        versions = {ref: (dict(os.environ, PYTHONPATH=path, PYTHONSAFEPATH="1"), []), **versions}
-    if a.against_options:
-        versions[f"{here} {a.against_options}"] = (versions[here][0], shlex.split(a.against_options))
     rows = []
 
     def emit(r):
         rows.append(r)
         print(json.dumps(r), flush=True)
 
-    try:
+    with contextlib.ExitStack() as stack:
+        if a.against:
+            ref, worktree = stack.enter_context(against(a.against))
+            path = worktree
+            if not os.path.isdir(os.path.join(worktree, "fusefs", "pyfuse3")):
+                # (REF from before fusefs built its binding: pyfuse3 built by REF's own script)
+                path = f"{worktree}/.pyfuse3:{worktree}"
+                subprocess.run([sys.executable, "scripts/pyfuse3_patched.py", "--target", ".pyfuse3"],
+                               cwd=worktree, check=True, capture_output=True)
+            versions = {ref: (dict(os.environ, PYTHONPATH=path, PYTHONSAFEPATH="1"), []), **versions}
+        if a.against_options:
+            versions[f"{here} {a.against_options}"] = (versions[here][0], shlex.split(a.against_options))
         run(a, n, src, dst, mnt, versions, emit)
-    finally:
-        if worktree is not None:
-            subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", worktree],
-                           capture_output=True)
     result = {"files": n, "readers": a.readers, "commit": here, "against": a.against,
               "mount_options": a.mount_option, "rows": rows}
     with open(os.path.join(a.out, "bench_hotpath.json"), "w") as f:

@@ -28,7 +28,7 @@ from common import REPO, JsonLines
 from testkit import gluster as testbed
 from fusefs.index import INDEX_NAME, ChunkInfo, Index
 from fusefs.pack import pack
-from testkit.synth import make_imagefolder
+from testkit.synth import imagenet_tree, make_imagefolder
 from testkit.mounts import running_mount
 
 
@@ -42,15 +42,7 @@ def drop_caches() -> None:
 def synthetic_index(n: int, classes: int = 1000, per_chunk: int = 600) -> Index:
     """An index shaped like ImageNet's: n samples in `classes` folders, ~110 KB each."""
     rng = np.random.default_rng(0)
-    per_class = np.full(classes, n // classes)
-    per_class[: n % classes] += 1
-    dir_names = [f"n{c:08d}".encode() for c in range(classes)]
-    file_names = [f"n{c:08d}_{i:06d}.JPEG".encode() for c in range(classes) for i in range(per_class[c])]
-    names = b"".join(dir_names) + b"".join(file_names)
-    dlen = np.array([len(x) for x in dir_names], np.uint32)
-    flen = np.array([len(x) for x in file_names], np.uint32)
-    doff = np.concatenate([[0], np.cumsum(dlen)[:-1]]).astype(np.uint64)
-    foff = (np.concatenate([[0], np.cumsum(flen)[:-1]]) + dlen.sum()).astype(np.uint64)
+    names, class_names, arrays, _ = imagenet_tree(n, classes, ".JPEG")
     sizes = rng.integers(60_000, 160_000, n).astype(np.uint64)
     chunk = (np.arange(n) // per_chunk).astype(np.uint32)
     nchunks = int(chunk[-1]) + 1
@@ -61,25 +53,10 @@ def synthetic_index(n: int, classes: int = 1000, per_chunk: int = 600) -> Index:
         start = 32 + 32 * len(s)
         offsets[k * per_chunk:(k + 1) * per_chunk] = start + np.concatenate([[0], np.cumsum(s)[:-1]])
         chunk_sizes[k] = start + int(s.sum())
-    first = np.concatenate([[0], np.cumsum(per_class)[:-1]]).astype(np.uint64)
-    arrays = {
-        "file_name_off": foff, "file_name_len": flen,
-        "file_dir": (np.repeat(np.arange(classes), per_class) + 1).astype(np.uint32),
-        "chunk": chunk, "offset": offsets, "size": sizes,
-        "label": np.repeat(np.arange(classes), per_class).astype(np.int32),
-        "checksum": rng.integers(0, 2**63, n).astype(np.uint64),
-        "mtime_ns": np.full(n, 1_700_000_000 * 10**9, np.int64), "mode": np.full(n, 0o644, np.uint32),
-        "dir_name_off": np.concatenate([[0], doff]).astype(np.uint64),
-        "dir_name_len": np.concatenate([[0], dlen]).astype(np.uint32),
-        "dir_parent": np.concatenate([[-1], np.zeros(classes)]).astype(np.int32),
-        "dir_mtime_ns": np.zeros(classes + 1, np.int64), "dir_mode": np.full(classes + 1, 0o755, np.uint32),
-        "dir_first_file": np.concatenate([[0], first]).astype(np.uint64),
-        "dir_nfiles": np.concatenate([[0], per_class]).astype(np.uint64),
-        "dir_first_sub": np.concatenate([[1], np.full(classes, classes + 1)]).astype(np.uint32),
-        "dir_nsubs": np.concatenate([[classes], np.zeros(classes)]).astype(np.uint32),
-    }
-    chunks = [ChunkInfo(f"chunks/chunk-{k:06d}.fck", k % 3, int(chunk_sizes[k]), per_chunk) for k in range(nchunks)]
-    return Index(arrays, names, [d.decode() for d in dir_names], chunks, ["a", "b", "c"])
+    arrays.update(chunk=chunk, offset=offsets, size=sizes, checksum=rng.integers(0, 2**63, n).astype(np.uint64))
+    chunks = [ChunkInfo(f"chunks/chunk-{k:06d}.fck", k % 3, int(chunk_sizes[k]), min(per_chunk, n - k * per_chunk))
+              for k in range(nchunks)]
+    return Index(arrays, names, class_names, chunks, ["a", "b", "c"])
 
 
 _LOAD = """

@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -71,6 +72,24 @@ class JsonLines:
     def write(self, **row) -> None:
         with open(self.path, "a") as f:
             f.write(json.dumps({**row, **self.context, "date": utc_now()}) + "\n")
+
+
+@contextlib.contextmanager
+def against(ref: str):
+    """(short commit, PYTHONPATH) of fusefs at commit REF: a git worktree of it with its
+    compiled parts built (as its own setup.py builds them), removed afterwards; a daemon
+    started with that PYTHONPATH and PYTHONSAFEPATH=1 runs REF's fusefs."""
+    short = git("rev-parse", "--short", ref)
+    worktree = tempfile.mkdtemp(prefix="fusefs-against-")
+    subprocess.run(["git", "-C", REPO, "worktree", "add", "-f", "--detach", worktree, short],
+                   check=True, capture_output=True)
+    try:
+        if os.path.exists(os.path.join(worktree, "setup.py")):
+            subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+                           cwd=worktree, check=True, capture_output=True)
+        yield short, worktree
+    finally:
+        subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", worktree], capture_output=True)
 
 
 def utc_now() -> str:

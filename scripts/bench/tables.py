@@ -5,7 +5,7 @@ docs differ from what it would write, and say which table).
 
 Tables: mount (bench_mount: index, pack, random reads), order (bench_order: the settings
 on the GlusterFS test bed), clients (bench_clients: fio and tar), faults (faults.py), soak
-(soak.py), memory (bench_memory.py), each from the benchmark's last run (its rows share `started`); gpu-node
+(soak.py), memory (bench_memory.py), hammer (bench_hammer.py), commit (bench_commit.py), each from the benchmark's last run (its rows share `started`); gpu-node
 (bench_node on the GPU node: loose files, fusefs and the minimal C daemon by loader and
 workers), gpu-hybrid (bench_hybrid's summaries) and gpu-swap (bench_swap's rows, or the exit
 status of its part where it did not finish).
@@ -256,6 +256,22 @@ def hammer(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def commit(rows: list[dict]) -> str:
+    run = last_run(rows, "bench_commit")
+    if not run:
+        return not_measured("bench_commit")
+    out = ["| fusefs | samples, ranks | commits, s (slowest) | getattrs during them: median / p99 / max, ms "
+           "| daemon RSS | orders held / budget | commit, date |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in run:
+        held = ("-" if r.get("order_bytes") is None
+                else f"{r['order_bytes'] / 2**20:,.0f} / {r['order_budget'] / 2**20:,.0f} MiB")
+        out.append(f"| {r['version']} | {r['samples']:,}, {r['ranks']} | {sum(r['commit_s']):.2f} "
+                   f"({r['commit_s_max']:.2f}) | {r['getattr_ms_median']:.1f} / {r['getattr_ms_p99']:.1f} / "
+                   f"{r['getattr_ms_max']:.1f} | {r['rss_mb']:,.0f} MB | {held} | {where(r)} |")
+    return "\n".join(out)
+
+
 def unbiased(rows: list[dict]) -> str:
     run = [r for r in last_run(rows, "bench_unbiased") if r["part"] == "summary"]
     if not run:
@@ -273,7 +289,8 @@ def unbiased(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-TABLES = {"mount": (mount, "bench_mount.jsonl"), "unbiased": (unbiased, "bench_unbiased.jsonl"), "memory": (memory, "bench_memory.jsonl"), "hammer": (hammer, "bench_hammer.jsonl"), "order": (order, "bench_order.jsonl"),
+TABLES = {"mount": (mount, "bench_mount.jsonl"), "unbiased": (unbiased, "bench_unbiased.jsonl"), "memory": (memory, "bench_memory.jsonl"), "hammer": (hammer, "bench_hammer.jsonl"),
+          "commit": (commit, "bench_commit.jsonl"), "order": (order, "bench_order.jsonl"),
           "clients": (clients, "bench_clients.jsonl"), "faults": (faults, "faults.jsonl"),
           "soak": (soak, "soak.jsonl"), "gpu-node": (gpu_node, "gpu-node.jsonl"), "gpu-hybrid": (gpu_hybrid, "gpu-node.jsonl"),
           "gpu-swap": (gpu_swap, "gpu-node.jsonl")}
