@@ -435,7 +435,7 @@ class Core:
         if done and self.local is not None and plan.importance is None:
             for s in done:
                 if self.policy.next_use(s) is None:
-                    self.local.priority[s] = -np.inf
+                    self.local.lower(s)
 
     def ids_table(self) -> bytes:
         """Every sample's relative path, NUL-terminated, in id order (`.fusefs/ids`)."""

@@ -25,6 +25,7 @@ from .store import CorruptSample
 log = logging.getLogger("fusefs")
 
 MAX_BACKOFF = 2.0  # seconds between tries of a read waiting for a node (io_timeout)
+BATCH_BYTES = 1 << 20  # a request holds at least --batch samples, and as many as make this
 
 
 class FetchCancelled(OSError):
@@ -36,12 +37,30 @@ class FetchCancelled(OSError):
 
 
 class Pending:
-    __slots__ = ("event", "data", "error")
+    """A sample being fetched: its bytes or error once done, and an event for readers
+    that wait for it (made only when one does: most read-ahead samples are never waited
+    for)."""
+    __slots__ = ("_event", "done", "data", "error")
 
     def __init__(self):
-        self.event = trio.Event()
+        self._event = None
+        self.done = False
         self.data = None
         self.error = None
+
+    async def wait(self) -> None:
+        """Until the fetch is done (a checkpoint, as trio.Event.wait)."""
+        if self.done:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._event is None:
+            self._event = trio.Event()
+        await self._event.wait()
+
+    def set(self) -> None:
+        self.done = True
+        if self._event is not None:
+            self._event.set()
 
 
 class Inbox:
@@ -114,7 +133,11 @@ class Fetcher:
         self._chunk_node_v, self._chunk_v = memoryview(self.chunk_node), index.chunk_v
         self.node_names = list(index.nodes)
         self.per_node = per_node
-        self.batch = batch
+        # samples per request: `batch`, or as many as make BATCH_BYTES where samples are
+        # smaller (tiny samples in batches of 16 paid a thread hand-off and a request's
+        # overhead per 16: most of their cost at ImageNet's count, docs/HOTPATH.md)
+        mean = index.total_bytes / max(1, index.n_files)
+        self.batch = max(batch, int(BATCH_BYTES // max(1.0, mean)))
         self.max_gap = max_gap
         self.retries = retries
         self.backoff = backoff
@@ -173,7 +196,7 @@ class Fetcher:
                 if sid not in from_local:
                     stats["samples"] += 1
             del self.inflight[sid]
-            p.event.set()
+            p.set()
             deliver(sid, r)
 
         token = trio.lowlevel.current_trio_token()

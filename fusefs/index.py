@@ -92,6 +92,7 @@ class Index:
         # a sample's size and chunk as Python ints, for the per-sample paths (indexing a
         # memoryview is 2-4 times faster than a numpy scalar and its arithmetic)
         self.size_v, self.chunk_v = memoryview(self.size), memoryview(self.chunk)
+        self.offset_v, self.checksum_v = memoryview(self.offset), memoryview(self.checksum)
 
     # ---- consistency ---------------------------------------------------------------
     def _check(self):

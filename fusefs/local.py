@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import heapq
+import itertools
 import logging
 import os
 import queue
@@ -167,6 +169,13 @@ class LocalTier:
         self._lock.flush()
         self.held = np.zeros(n, dtype=np.int64)  # bytes of each sample held in DIR (0: none)
         self.priority = np.full(n, NEVER)
+        # the held samples by priority, lowest first, for eviction in O(log n): (priority
+        # when pushed, seq, sid), stale items skipped (a sample gone, or its priority
+        # changed: pushed again with it); rebuilt when the priorities are all set anew
+        self._heap: list = []
+        self._seq = itertools.count()
+        self._reheap = True  # (the samples an earlier mount left: _scan)
+        self._nheld = 0      # samples held (the heap is compacted past 4 times as many items)
         self.used = 0
         self.hits = self.hit_bytes = self.writes = self.write_bytes = 0
         self.dropped = self.rejected = self.evicted = self.corrupt = self.write_errors = 0
@@ -259,6 +268,7 @@ class LocalTier:
                     continue
                 self.held[sid] = size
                 self.used += size
+                self._nheld += 1
                 found += 1
         if self.used > self.budget:  # a smaller budget than last time: trim
             with self._mutex:
@@ -307,7 +317,17 @@ class LocalTier:
 
     # ---- writing -----------------------------------------------------------------------
     def set_priorities(self, priority: np.ndarray) -> None:
+        """Every sample's priority anew (a new order): the eviction heap is rebuilt at the
+        next eviction, in the writer thread."""
         self.priority = np.asarray(priority, dtype=np.float64)
+        self._reheap = True
+
+    def lower(self, sid: int) -> None:
+        """No order needs sample sid any more: it goes first when room is needed."""
+        with self._mutex:
+            self.priority[sid] = NEVER
+            if self.held[sid]:
+                heapq.heappush(self._heap, (NEVER, next(self._seq), sid))
 
     def offer(self, sid: int, data, priority: float) -> None:
         """Write sample sid in the background if it earns a place (never blocks)."""
@@ -373,6 +393,8 @@ class LocalTier:
         with self._mutex:
             self._writing.discard(sid)
             self.held[sid] = size
+            self._nheld += 1
+            heapq.heappush(self._heap, (float(self.priority[sid]), next(self._seq), sid))
         self.writes += 1
         self.write_bytes += size
 
@@ -390,25 +412,49 @@ class LocalTier:
 
     def _make_room(self, need: int, priority: float) -> bool:
         """Remove held samples of priority strictly below `priority`, lowest first, until
-        `need` bytes are free; remove nothing if that cannot free enough. Under _mutex."""
+        `need` bytes are free; remove nothing if that cannot free enough. Under _mutex;
+        O(log n) a sample looked at (the heap), whatever the dataset's size."""
         if priority == NEVER:
             return False
-        held = np.flatnonzero(self.held)
-        prio = self.priority[held]
-        lower = held[prio < priority]
-        if self.held[lower].sum() < need:
+        if self._reheap or len(self._heap) > 4 * self._nheld + 1024:
+            self._rebuild_heap()
+        heap, held, prio = self._heap, self.held, self.priority
+        taken, freed = [], 0
+        while heap and freed < need:
+            p, seq, sid = heap[0]
+            if not held[sid] or p != prio[sid]:  # (stale: gone, or its priority changed)
+                heapq.heappop(heap)
+                if held[sid]:
+                    heapq.heappush(heap, (float(prio[sid]), next(self._seq), sid))
+                continue
+            if not p < priority:
+                break
+            taken.append(heapq.heappop(heap))
+            freed += int(held[sid])
+        if freed < need:
+            for item in taken:
+                heapq.heappush(heap, item)
             return False
-        lower = lower[np.argsort(self.priority[lower], kind="stable")]
-        freed = np.cumsum(self.held[lower])
-        for sid in lower[:int(np.searchsorted(freed, need)) + 1].tolist():
+        for _, _, sid in taken:
             self._drop(sid)
             self.evicted += 1
         return True
+
+    def _rebuild_heap(self) -> None:
+        """The eviction heap from the held samples and their priorities now (O(n): once per
+        order, in the writer thread). Under _mutex."""
+        held = np.flatnonzero(self.held)
+        self._heap = list(zip(self.priority[held].tolist(), range(len(held)), held.tolist()))
+        heapq.heapify(self._heap)
+        self._seq = itertools.count(len(held))
+        self._reheap = False
+        self._nheld = len(held)
 
     def _drop(self, sid: int) -> None:
         if self.held[sid]:
             self.used -= int(self.held[sid])
             self.held[sid] = 0
+            self._nheld -= 1
             self._unlink(sid)
 
     def wait_written(self, timeout: float = 30.0) -> bool:

@@ -6,7 +6,9 @@ node through the Fetcher (fetch.py).
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 
+import numpy as np
 import trio
 
 log = logging.getLogger("fusefs")
@@ -71,7 +73,9 @@ class Prefetcher:
         self.nursery = None
         self.batches = 0
         nodes = len(fetcher.node_names)
-        self.queues: list[list[int]] = [[] for _ in range(nodes)]
+        # per node, the samples waiting for a request slot, in the order they are needed
+        # (ordered: taking one out of the middle, for a reader that missed it, is O(1))
+        self.queues: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(nodes)]
         self.queued: dict[int, int] = {}  # sid -> node, for samples waiting in a queue
         self.running = [0] * nodes        # prefetch batches started and not finished
         self.heads: dict[int, int] = {}   # rank -> next order position to look at
@@ -122,7 +126,7 @@ class Prefetcher:
         sizes = self.index.size
         for q in self.queues:
             if q:
-                self.cache.unreserve(int(sizes[q].sum()), len(q))
+                self.cache.unreserve(int(sizes[np.fromiter(q, np.int64, len(q))].sum()), len(q))
                 q.clear()
         self.queued.clear()
         self.heads.clear()
@@ -190,7 +194,7 @@ class Prefetcher:
                 if not cache.reserve(sizes[sid], key(sid)):
                     return False  # the budget holds nothing needed later than this
                 node = node_of(sid)
-                self.queues[node].append(sid)
+                self.queues[node][sid] = None
                 queued[sid] = node
                 self.heads[rank] = pos + 1
                 looked += pos + 1 - start
@@ -219,9 +223,9 @@ class Prefetcher:
                 batches = [[] for _ in range(min(free, len(runs)))]
                 for i, run in enumerate(runs):
                     batches[i % len(batches)] += run
-                del q[:sum(map(len, runs))]
                 for b in batches:
                     for sid in b:
+                        del q[sid]
                         del self.queued[sid]
                     self.running[node] += 1
                     self.batches += 1
@@ -230,20 +234,23 @@ class Prefetcher:
                     claimed = self.fetcher.claim(b)
                     self.nursery.start_soon(self._run_batch, node, b, claimed)
 
-    def _runs(self, q: list[int], want: int) -> list[list[int]]:
+    def _runs(self, q: OrderedDict, want: int) -> list[list[int]]:
         """The head of a queue as runs holding at least want samples in all (at least one
         run): a run is one sample, or queued samples of one chunk that follow each other,
-        up to MAX_BATCH_BYTES."""
+        up to MAX_BATCH_BYTES. Looks at the runs' samples and one more."""
         chunk, sizes = self.index.chunk_v, self.index.size_v
-        runs, i = [], 0
-        while i < len(q) and i < want:
-            end, nbytes = i + 1, sizes[q[i]]
-            while (end < len(q) and chunk[q[end]] == chunk[q[end - 1]]
-                   and nbytes + sizes[q[end]] <= self.MAX_BATCH_BYTES):
-                nbytes += sizes[q[end]]
-                end += 1
-            runs.append(q[i:end])
-            i = end
+        runs, run, taken, nbytes = [], [], 0, 0
+        for sid in q:
+            if run and (chunk[sid] != chunk[run[-1]] or nbytes + sizes[sid] > self.MAX_BATCH_BYTES):
+                runs.append(run)
+                taken += len(run)
+                run, nbytes = [], 0
+                if taken >= want:
+                    return runs
+            run.append(sid)
+            nbytes += sizes[sid]
+        if run:
+            runs.append(run)
         return runs
 
     def slots(self, node: int) -> int:
@@ -263,13 +270,13 @@ class Prefetcher:
         sizes, key_of = self.index.size, self.policy.key
         freed = 0
         while freed < nbytes:
-            tails = [(key_of(q[-1]), node) for node, q in enumerate(self.queues) if q]
+            tails = [(key_of(next(reversed(q))), node) for node, q in enumerate(self.queues) if q]
             if not tails:
                 break
             latest, node = max(tails)
             if latest <= key:
                 break
-            sid = self.queues[node].pop()
+            sid = self.queues[node].popitem()[0]
             del self.queued[sid]
             size = int(sizes[sid])
             self.cache.unreserve(size)
@@ -280,18 +287,20 @@ class Prefetcher:
 
     def take_queued(self, sid: int) -> list[int]:
         """For a reader that missed sid: sid if it is queued, plus samples queued next on
-        its node up to a batch, taken out of the queue (their bytes stay reserved)."""
-        node = self.queued.get(sid)
-        if node is None:
+        its node up to a batch, taken out of the queue (their bytes stay reserved). O(batch),
+        whatever the queue's length."""
+        node = self.queued.pop(sid, None)
+        taken = []
+        if node is not None:
+            del self.queues[node][sid]
+            taken.append(sid)
+        else:
             node = self.fetcher.node_of(sid)
-        q = self.queues[node]
-        taken = [sid] if sid in self.queued else []
-        rest = [s for s in q if s != sid]
-        k = self.fetcher.batch - 1
-        taken += rest[:k]
-        q[:] = rest[k:]
-        for s in taken:
-            del self.queued[s]
+        q, queued = self.queues[node], self.queued
+        for _ in range(min(self.fetcher.batch - 1, len(q))):
+            s = q.popitem(last=False)[0]
+            del queued[s]
+            taken.append(s)
         return taken
 
     async def _run_batch(self, node: int, batch: list[int], claimed: dict) -> None:

@@ -173,7 +173,7 @@ class Reads:
         if pending is not None:
             self.stats.read_waits += 1
             t0 = time.perf_counter()
-            await pending.event.wait()
+            await pending.wait()
             waited = time.perf_counter() - t0
             self.stats.wait_s += waited
             self.stats.wait_hist.observe(waited)
@@ -215,7 +215,7 @@ class Reads:
         self.nursery.start_soon(functools.partial(self.fetch_batch, batch, reserved, keep=sid,
                                                    claimed=claimed))
         pending = claimed[sid]
-        await pending.event.wait()
+        await pending.wait()
         return pending.error or pending.data
 
     async def fetch_batch(self, sids: list[int], reserved: set[int], keep: int | None = None,

@@ -222,10 +222,11 @@ class ChunkStore:
         first = {}  # sid -> its first position in sids
         for pos, s in enumerate(sids):
             first.setdefault(int(s), pos)
-        sids = sorted(first, key=lambda s: (int(ix.chunk[s]), int(ix.offset[s])))
+        chunk_v, offset_v, size_v = ix.chunk_v, ix.offset_v, ix.size_v
+        sids = sorted(first, key=lambda s: (chunk_v[s], offset_v[s]))
         reads, wanted = [], 0  # wanted: bytes of the samples in the last read
         for sid in sids:
-            k, off, size = int(ix.chunk[sid]), int(ix.offset[sid]), int(ix.size[sid])
+            k, off, size = chunk_v[sid], offset_v[sid], size_v[sid]
             if reads:
                 pk, poff, plen, members = reads[-1]
                 length = max(plen, off + size - poff)
@@ -309,6 +310,7 @@ class ChunkStore:
         """As _read_python, with the reads and checksums in fusefs._fetchio: one stretch
         without the GIL, each sample read straight into its own bytes."""
         ix = self.index
+        offset_v, size_v, checksum_v = ix.offset_v, ix.size_v, ix.checksum_v
         got, nreads, nbytes = {}, 0, 0
         todo = []  # (position in reads, chunk, offset, length, sids, handle)
         failed = []  # (position, sids, error): chunks that would not open
@@ -320,8 +322,7 @@ class ChunkStore:
         results = []
         try:
             results = _fetchio.read_verified([
-                (h.fd, off, length, [(int(ix.offset[s]) - off, int(ix.size[s]), int(ix.checksum[s]))
-                                     for s in members])
+                (h.fd, off, length, [(offset_v[s] - off, size_v[s], checksum_v[s]) for s in members])
                 for _, k, off, length, members, h in todo],
                 sum(1 for t in todo if t[0] < least), int(budget_s * 1e6))
         finally:

@@ -268,7 +268,7 @@ def test_version_and_help_name_every_default():
     assert r.returncode == 0 and r.stdout.strip() == f"fusefs {__version__}"
     r = subprocess.run(fusefs_cmd("mount", "--help"), capture_output=True, text=True)
     text = " ".join(r.stdout.split())
-    for default in ("(default 256MiB)", "(default 4;", "(default 16)", "(default 300,", "(default on)",
+    for default in ("(default 256MiB)", "(default 4;", "(default 16;", "(default 300,", "(default on)",
                     "(default 127.0.0.1)"):
         assert default in text, default
 
@@ -343,7 +343,7 @@ def test_bench_commit_times_every_ranks_commit_and_the_getattrs_meanwhile(tmp_pa
     assert len(rows) == 1 and rows[0]["bench"] == "bench_commit" and len(rows[0]["commit_s"]) == 3
     assert rows[0]["order_entries"] == 2 * 20000  # (every sample in this epoch and the next)
     assert 0 < rows[0]["order_bytes"] <= rows[0]["order_budget"]
-    assert not is_mounted(out / "mnt")
+    assert not is_mounted(out / "mnt-20000")
 
 
 def test_bench_hotpath_runs_every_regime_and_paces_the_paced_one(tmp_path):
@@ -353,14 +353,18 @@ def test_bench_hotpath_runs_every_regime_and_paces_the_paced_one(tmp_path):
     answer the same requests; the paced readers keep to --pace; no mount left behind."""
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench", "bench_hotpath.py"),
-                        "--files", "300", "--rounds", "1", "--pace", "600", "--out", str(out)],
-                       capture_output=True, text=True, timeout=600)
+                        "--files", "300", "--scale", "5000", "--rounds", "1", "--pace", "600",
+                        "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {row["regime"]: row for row in json.load(open(out / "bench_hotpath.json"))["rows"]}
     assert set(rows) == {"loose_cold", "loose_warm", "chunks_cold", "chunks", "kernel", "kernel_os",
                          "kernel_paced", "daemon", "handlers", "small_fill", "small_kernel",
                          "small_dropped", "minimal_read", "minimal_kernel", "minimal_paced",
-                         "minimal_c_read", "minimal_c_kernel", "minimal_c_paced"}
+                         "minimal_c_read", "minimal_c_kernel", "minimal_c_paced", "scale"}
+    # the epoch at scale (here 5,000 tiny samples): every sample fetched once, the peak RSS known
+    scale = rows.pop("scale")
+    assert scale["samples"] == 5000 and scale["backend_samples"] == 5000 and scale["daemon_cpu_us_per_sample"] > 0
+    assert scale["rss_peak_mb"] >= scale["rss_fresh_mb"] > 0
     # fusefs's own open and release handlers, in-process: a part of what `kernel` costs
     handlers = rows.pop("handlers")
     assert handlers["samples"] == 300 and len(handlers["passes_us_per_sample"]) == 3

@@ -15,7 +15,6 @@ usage: .venv/bin/python scripts/bench/bench_commit.py [--samples 1281000] [--ran
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -24,7 +23,7 @@ import time
 
 import numpy as np
 
-from common import REPO, JsonLines, against, commit
+from common import REPO, JsonLines, side_by_side
 
 from fusefs import client
 from fusefs import order as orderfmt
@@ -79,20 +78,16 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=1_281_000)
     p.add_argument("--ranks", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--out", default=os.path.join(REPO, "out", "bench_commit"))
+    p.add_argument("--out", default=os.path.join(REPO, "out", "packed"))
     p.add_argument("--against", metavar="REF", help="also run REF's fusefs, alternating")
     JsonLines.argument(p, "bench_commit")
     a = p.parse_args()
     results = JsonLines(a.results)
-    dst, mnt = os.path.join(a.out, f"packed-{a.samples}"), os.path.join(a.out, "mnt")
+    dst, mnt = os.path.join(a.out, f"packed-{a.samples}"), os.path.join(a.out, f"mnt-{a.samples}")
     if not os.path.exists(os.path.join(dst, "index.fusefs")):
-        shutil.rmtree(dst, ignore_errors=True)
-        make_packed(dst, a.samples, progress=True)
-    versions = {commit(): dict(os.environ, PYTHONPATH=REPO, PYTHONSAFEPATH="1")}
-    with contextlib.ExitStack() as stack:
-        if a.against:
-            ref, worktree = stack.enter_context(against(a.against))
-            versions = {ref: dict(os.environ, PYTHONPATH=worktree, PYTHONSAFEPATH="1"), **versions}
+        shutil.rmtree(dst, ignore_errors=True)  # (a make_packed cut short)
+    make_packed(dst, a.samples, progress=True, reuse=True)
+    with side_by_side(a.against) as versions:
         for _ in range(a.rounds):
             for label, env in versions.items():
                 row = run(dst, mnt, a.samples, a.ranks, env, label)

@@ -25,6 +25,9 @@ fresh order:
            next: the kernel page cache still holds what was pushed), small_dropped (the
            kernel page cache dropped before the epoch, as memory pressure drops it, and the
            chunk files read back into it)
+  scale    an epoch at ImageNet's count (bench_scale.py): --scale tiny samples (1,281,000;
+           200,000 with --quick) with a 1 GiB cache, read along an order: a per-sample cost
+           that grows with the data set, the queue or the cache shows here and nowhere else
 
 The tree is listed first, as ImageFolder does (the kernel then knows every inode, so
 fetched samples can be pushed into its page cache). Side by side in the same run: the same
@@ -38,8 +41,9 @@ daemon CPU us per sample (the daemon's own getrusage), the same split into the e
 thread and the other (fetch) threads, user and system, their voluntary context switches
 and the daemon's minor page faults per sample, and FUSE requests per sample by type.
 
-usage: .venv/bin/python scripts/bench/bench_hotpath.py [--quick] [--files N] [--readers 4] [--out DIR]
-       (--quick: 2,000 files, under a minute; run it before every commit that touches fusefs/)
+usage: .venv/bin/python scripts/bench/bench_hotpath.py [--quick] [--files N] [--scale N] [--readers 4] [--out DIR]
+       (--quick: 2,000 files and 200,000 tiny ones, a few minutes; run it before every commit
+       that touches fusefs/)
 Each fusefs regime runs --rounds times (3), each round with fresh daemons; the round of
 median CPU per sample is printed, with every round's figure beside it.
 
@@ -69,12 +73,14 @@ import time
 import numpy as np
 import psutil
 
-from common import REPO, against, build_minimal_c, commit as common_commit, minimal_daemon
+from bench_scale import epoch as scale_epoch
+from common import REPO, against, build_minimal_c, commit as common_commit, minimal_daemon, read_files
 
 from fusefs import client, order as orderfmt
 from fusefs.pack import pack
 from testkit.gluster import drop_caches
 from testkit.mounts import running_mount
+from testkit.synth import make_packed
 
 
 def make_files(root: str, n: int, classes: int = 20, seed: int = 0) -> None:
@@ -87,16 +93,8 @@ def make_files(root: str, n: int, classes: int = 20, seed: int = 0) -> None:
             f.write(rng.bytes(size))
 
 
-def _read_share(paths: list[str]) -> int:
-    n = 0
-    for p in paths:
-        with open(p, "rb") as f:
-            n += len(f.read())
-    return n
-
-
 def _read_share_os(paths: list[str]) -> int:
-    """As _read_share with os.open and os.read: no isatty, so no ioctl request per file
+    """As common.read_files with os.open and os.read: no isatty, so no ioctl request per file
     (Python's open() asks isatty of every file it opens, up to Python 3.13)."""
     n = 0
     for p in paths:
@@ -110,7 +108,7 @@ def _read_share_os(paths: list[str]) -> int:
 
 
 def _read_share_paced(args: tuple[list[str], float, float]) -> int:
-    """As _read_share, the k-th file not before start + k * period (CLOCK_MONOTONIC is the
+    """As common.read_files, the k-th file not before start + k * period (CLOCK_MONOTONIC is the
     machine's, so readers started apart keep one schedule)."""
     paths, start, period = args
     n = 0
@@ -134,7 +132,7 @@ def read_epoch(pool, paths: list[str], readers: int, os_reads: bool = False,
         pool.map(_read_share_paced, [(s, start + i / pace, readers / pace)
                                      for i, s in enumerate(shares)], chunksize=1)
     else:
-        pool.map(_read_share_os if os_reads else _read_share, shares, chunksize=1)
+        pool.map(_read_share_os if os_reads else read_files, shares, chunksize=1)
     return time.perf_counter() - t
 
 
@@ -277,7 +275,7 @@ def warm_chunks(dst: str) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="2,000 files (under a minute)")
+    p.add_argument("--quick", action="store_true", help="2,000 files and a scale epoch of 200,000 tiny samples (a few minutes)")
     p.add_argument("--files", type=int, help="number of files (default 20,000; 2,000 with --quick)")
     p.add_argument("--readers", type=int, default=4)
     p.add_argument("--out", default=os.path.join(REPO, "out", "bench_hotpath"))
@@ -287,6 +285,9 @@ def main() -> int:
                    help="files a second the readers open together in kernel_paced (default 1,000)")
     p.add_argument("--mount-option", action="append", default=[], metavar="OPT",
                    help="an extra `fusefs mount` argument (repeat), e.g. --mount-option=--no-kernel-cache")
+    p.add_argument("--scale", type=int, metavar="N",
+                   help="also an epoch of N tiny samples with a 1 GiB cache (bench_scale.py; default "
+                        "200,000 with --quick, else 1,281,000, ImageNet's count; 0: none)")
     p.add_argument("--against", metavar="REF",
                    help="also run fusefs/ of commit REF, side by side, alternating each round")
     p.add_argument("--against-options", metavar="ARGS",
@@ -294,6 +295,8 @@ def main() -> int:
                         "side by side, e.g. --against-options=--no-willneed")
     a = p.parse_args()
     n = a.files or (2_000 if a.quick else 20_000)
+    if a.scale is None:
+        a.scale = 200_000 if a.quick else 1_281_000
     os.makedirs(a.out, exist_ok=True)
     src, dst, mnt = (os.path.join(a.out, f"{x}-{n}") for x in ("src", "packed", "mnt"))
     if not os.path.isdir(src):
@@ -346,10 +349,15 @@ def run(a, n, src, dst, mnt, versions, emit) -> None:
 
         trials: dict[tuple, list] = {}
         names = list(versions)
+        scale = make_packed(os.path.join(a.out, f"packed-{a.scale}"), a.scale, reuse=True) if a.scale else None
         for i in range(a.rounds):  # fresh daemons each round; the median round is reported
             for version in (names if i % 2 == 0 else names[::-1]):
                 for name, r in fusefs_round(dst, mnt, pool, rels, orders, a, *versions[version]).items():
                     trials.setdefault((name, version), []).append(r)
+                if scale is not None:  # (at ImageNet's count: a per-sample cost that grows shows)
+                    env, options = versions[version]
+                    r = scale_epoch(scale.dst, f"{mnt}-scale", scale, a.readers, "1GiB", env, version, options)
+                    trials.setdefault(("scale", version), []).append(r)
         for (name, version), rs in trials.items():
             r = sorted(rs, key=lambda r: r["daemon_cpu_us_per_sample"])[len(rs) // 2]
             r["cpu_us_per_sample_all_rounds"] = cpu = [x["daemon_cpu_us_per_sample"] for x in rs]

@@ -92,6 +92,28 @@ def against(ref: str):
         subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", worktree], capture_output=True)
 
 
+@contextlib.contextmanager
+def side_by_side(ref: str | None):
+    """{version: daemon environment} for the working tree's fusefs and, with ref, REF's
+    (its worktree built: against): what a benchmark runs side by side, REF first."""
+    here = {commit(): dict(os.environ, PYTHONPATH=REPO, PYTHONSAFEPATH="1")}
+    if ref is None:
+        yield here
+        return
+    with against(ref) as (short, worktree):
+        yield {short: dict(os.environ, PYTHONPATH=worktree, PYTHONSAFEPATH="1"), **here}
+
+
+def read_files(paths: list[str]) -> int:
+    """Read each file whole with Python's open(), as a DataLoader worker's loader does; the
+    bytes read."""
+    n = 0
+    for p in paths:
+        with open(p, "rb") as f:
+            n += len(f.read())
+    return n
+
+
 def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 

@@ -178,12 +178,14 @@ class PackedSet:
 
 
 def make_packed(dst: str, n: int, classes: int = 1000, size_range=(500, 3000),
-                chunk_bytes: int = 64 << 20, seed: int = 0, progress: bool = False) -> PackedSet:
+                chunk_bytes: int = 64 << 20, seed: int = 0, progress: bool = False,
+                reuse: bool = False) -> PackedSet:
     """A packed dataset of n samples written straight into dst (chunks and index), as
     `fusefs pack` would write an ImageFolder of n files of size_range bytes in `classes`
     folders (imagenet_tree, `.bin`), class by class into chunks of about chunk_bytes: what
     a tree of 1.28M files packs into, made in about 15 s instead of the tree's hours. Each
-    sample is a slice of random bytes (PackedSet.sample gives them back)."""
+    sample is a slice of random bytes (PackedSet.sample gives them back). reuse: a dst that
+    holds an index already is taken as made by the same call (nothing is written)."""
     import xxhash
     from tqdm import tqdm
     from fusefs import chunk as chunkfmt
@@ -193,6 +195,8 @@ def make_packed(dst: str, n: int, classes: int = 1000, size_range=(500, 3000),
     rng = np.random.default_rng([seed, 1])
     sizes = rng.integers(size_range[0], size_range[1] + 1, n).astype(np.uint64)
     starts = rng.integers(0, POOL_BYTES - size_range[1], n).astype(np.int64)
+    if reuse and os.path.exists(os.path.join(dst, INDEX_NAME)):
+        return PackedSet(dst, n, classes, seed, sizes, starts)
     pool = np.random.default_rng(seed).bytes(POOL_BYTES)
     names, class_names, arrays, _ = imagenet_tree(n, classes, ".bin")
     # chunks: runs of samples of about chunk_bytes, in id order (pack's default)

@@ -1,0 +1,104 @@
+"""A node's worth of samples at ImageNet's count (issue 54): one epoch of tiny samples read
+along an order, as a DataLoader's workers read an ImageFolder, and what it costs the daemon.
+Prints JSON lines (appended to scripts/bench/results/bench_scale.jsonl).
+
+The set: --samples samples of 0.5-3 KB in 1,000 folders (1,281,000 by default, --quick
+200,000: testkit.synth.make_packed writes the packed folder straight, about 15 s for the
+full count), mounted with --cache-size (1 GiB by default). The tree is listed first, as
+ImageFolder does; then the order of a random epoch and the next is handed over (as
+HintedSampler does) and --readers processes read the files, reader i taking positions
+i::readers, in four quarters one after the other (the cost per quarter shows a cost that
+grows through the epoch). Per version: samples/s, the daemon's CPU per sample (whole epoch
+and per quarter), its peak RSS against fresh + orders + budget, and the backend samples
+(each sample once). With --against REF the same for REF's fusefs, alternating by round.
+
+usage: .venv/bin/python scripts/bench/bench_scale.py [--quick] [--samples N] [--against REF]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import time
+
+import numpy as np
+
+from common import REPO, JsonLines, read_files, side_by_side
+
+from fusefs import client
+from fusefs import order as orderfmt
+from testkit.mounts import running_mount
+from testkit.synth import make_packed
+
+
+def status(pid: int, key: str) -> int:
+    """A figure of /proc/PID/status in bytes (VmRSS, VmHWM)."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith(key + ":"))
+
+
+def epoch(dst: str, mnt: str, packed, readers: int, cache: str, env: dict, label: str,
+          options: list[str] = ()) -> dict:
+    """One mount (with extra `fusefs mount` options), one epoch: the row."""
+    n = packed.n
+    rng = np.random.default_rng(1)
+    order, nxt = rng.permutation(n), rng.permutation(n)
+    paths = [os.path.join(mnt, packed.path(i)) for i in order.tolist()]
+    with running_mount(dst, mnt, "--cache-size", cache, *options, env=env, timeout=300) as (proc, _), \
+            mp.get_context("fork").Pool(readers) as pool:
+        t = time.perf_counter()
+        listed = sum(len(files) for _, _, files in os.walk(mnt))
+        list_s = time.perf_counter() - t
+        fresh = status(proc.pid, "VmRSS")
+        s0 = client.mount_stats(mnt)  # (the read-ahead starts with the order)
+        client.send_order(mnt, orderfmt.encode(order, epoch=0, next_follows=True) + orderfmt.encode(nxt, epoch=1))
+        quarters, t0 = [], time.perf_counter()
+        for q in range(4):
+            part = paths[q * n // 4:(q + 1) * n // 4]
+            before, tq = client.mount_stats(mnt), time.perf_counter()
+            got = sum(pool.map(read_files, [part[i::readers] for i in range(readers)], chunksize=1))
+            after = client.mount_stats(mnt)
+            assert got == int(packed.sizes[order[q * n // 4:(q + 1) * n // 4]].sum()), "bytes lost"
+            quarters.append({"cpu_us_per_sample": round(1e6 * (after["cpu_s"] - before["cpu_s"]) / len(part), 1),
+                             "samples_per_s": round(len(part) / (time.perf_counter() - tq))})
+        seconds = time.perf_counter() - t0
+        s1 = client.mount_stats(mnt)
+        peak = status(proc.pid, "VmHWM")
+    return {"bench": "bench_scale", "regime": "scale", "version": label, "samples": n, "listed": listed, "list_s": round(list_s, 1),
+            "readers": readers, "cache_budget": s1["cache_budget"], "samples_per_s": round(n / seconds),
+            "daemon_cpu_us_per_sample": round(1e6 * (s1["cpu_s"] - s0["cpu_s"]) / n, 1),
+            "quarters": quarters, "backend_samples": s1["backend_samples"] - s0["backend_samples"],
+            "misses": s1["misses"] - s0["misses"], "rss_fresh_mb": round(fresh / 1e6, 1),
+            "rss_peak_mb": round(peak / 1e6, 1), "order_mb": round((s1.get("order_bytes") or 0) / 1e6, 1),
+            "budget_mb": round(s1["cache_budget"] / 1e6, 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="200,000 samples")
+    p.add_argument("--samples", type=int, help="samples (default 1,281,000; 200,000 with --quick)")
+    p.add_argument("--cache-size", default="1GiB")
+    p.add_argument("--readers", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--out", default=os.path.join(REPO, "out", "packed"))
+    p.add_argument("--against", metavar="REF", help="also run REF's fusefs, alternating by round")
+    JsonLines.argument(p, "bench_scale")
+    a = p.parse_args()
+    n = a.samples or (200_000 if a.quick else 1_281_000)
+    results = JsonLines(a.results)
+    dst, mnt = os.path.join(a.out, f"packed-{n}"), os.path.join(a.out, f"mnt-{n}")
+    if not os.path.exists(os.path.join(dst, "index.fusefs")):
+        shutil.rmtree(dst, ignore_errors=True)  # (a make_packed cut short)
+    packed = make_packed(dst, n, progress=True, reuse=True)
+    with side_by_side(a.against) as versions:
+        for _ in range(a.rounds):
+            for label, env in versions.items():
+                row = epoch(dst, mnt, packed, a.readers, a.cache_size, env, label)
+                print(json.dumps(row), flush=True)
+                results.write(**row)
+
+
+if __name__ == "__main__":
+    main()

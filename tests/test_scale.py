@@ -1,0 +1,109 @@
+"""No per-sample cost grows with the data set, the queue or the cache (issue 54, item 0):
+each per-sample operation is run at two sizes a hundred times apart and its cost counted in
+bytecode instructions (sys.settrace's opcode events: what Python does, never the clock);
+the C it calls (dicts, heapq, numpy) is O(1) or O(log n) by construction. The whole at
+ImageNet's count is scripts/bench/bench_scale.py (and bench_hotpath.py's `scale` row)."""
+import os
+import sys
+
+import numpy as np
+
+from fusefs import order as orderfmt
+from fusefs.cache import SampleCache
+from fusefs.policy import Policy
+
+from conftest import make_core
+
+
+def opcodes(fn, *args) -> int:
+    """The bytecode instructions fn(*args) runs, its Python callees' included."""
+    count = [0]
+
+    def trace(frame, event, arg):
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            count[0] += 1
+        return trace
+    sys.settrace(trace)
+    try:
+        fn(*args)
+    finally:
+        sys.settrace(None)
+    return count[0]
+
+
+class NoScans(np.ndarray):
+    """An array whose whole may not be worked on (np.flatnonzero, sum, ...): only single
+    elements are read or set."""
+
+    def __array_function__(self, func, types, args, kwargs):
+        raise AssertionError(f"np.{func.__name__} over every sample")
+
+
+def test_a_miss_takes_its_companions_in_the_same_work_whatever_the_queue(three_nodes):
+    """Prefetcher.take_queued, for a sample in the middle of its node's queue: the same
+    bytecode with 1,000 samples queued as with 100,000 (it copied the queue, before: 41%
+    of the daemon's time at 1.28M samples)."""
+    dst, _ = three_nodes
+    costs = []
+    for queued in (1_000, 100_000):
+        pf = make_core(dst).prefetcher
+        for s in range(queued):
+            pf.queues[0][s] = None
+            pf.queued[s] = 0
+        costs.append(opcodes(pf.take_queued, queued // 2))
+        assert len(pf.queues[0]) == queued - pf.fetcher.batch  # (it and a batch's companions)
+    assert costs[0] == costs[1], costs
+
+
+def test_an_eviction_costs_the_same_whatever_the_cache_holds():
+    """SampleCache.put that makes room by evicting the entry needed furthest ahead: the
+    same bytecode with 1,000 entries cached as with 100,000 (a heap: O(log n) in C)."""
+    costs = []
+    for n in (1_000, 100_000):
+        cache = SampleCache(budget=n * (100 + 1024), entry_overhead=1024)
+        for sid in range(n):
+            assert cache.put(sid, bytes(100), key=float(sid))
+        costs.append(opcodes(cache.put, n, bytes(100), -1.0))
+        assert n in cache and n - 1 not in cache and cache.evictions == 1
+    assert costs[0] == costs[1], costs
+
+
+def test_a_use_and_a_key_cost_the_same_whatever_the_order_length():
+    """Policy.use (a reader closed a sample: its plan counts it, the cursor moves on) and
+    Policy.key (when a sample is needed next) with orders of 10,000 and of 1,000,000
+    entries: the same bytecode."""
+    costs = []
+    for n in (10_000, 1_000_000):
+        policy = Policy(np.full(n, 1000, np.uint64))
+        ids = np.random.default_rng(0).permutation(n)
+        policy.set_order(0, orderfmt.parse(orderfmt.encode(ids, next_follows=True) + orderfmt.encode(ids[::-1]), n))
+        for sid in ids[:100].tolist():
+            policy.use(sid)
+        at = int(ids[100])
+        costs.append((opcodes(policy.use, at), opcodes(policy.key, int(ids[n // 2]))))
+    assert costs[0] == costs[1], costs
+
+
+def test_a_local_tier_eviction_costs_the_same_whatever_it_holds(tmp_path):
+    """LocalTier._make_room (a write that needs room): the same bytecode holding 1,000
+    samples as 100,000, and no numpy work over every sample (it scanned them all, before)."""
+    import collections
+    from fusefs.local import LocalTier
+    costs = []
+    for n in (1_000, 100_000):
+        index = collections.namedtuple("Index", "n_files size")(n, np.full(n, 100, np.uint64))
+        tier = LocalTier(str(tmp_path / f"tier{n}"), budget=n * 100, index=index)
+        try:
+            tier.held[:] = 100
+            tier.used, tier._nheld = n * 100, n
+            tier.set_priorities(np.arange(n, dtype=np.float64))
+            tier._unlink = lambda sid: None  # (no files: only the bookkeeping is counted)
+            with tier._mutex:
+                tier._make_room(100, 1e9)  # (the first after new priorities rebuilds the heap)
+                tier.held = tier.held.view(NoScans)  # (numpy's work is not bytecode: none at all)
+                costs.append(opcodes(tier._make_room, 100, 1e9))
+            assert tier.evicted == 2 and tier.held[0] == tier.held[1] == 0 and tier.held[2] == 100
+        finally:
+            tier.close()
+    assert costs[0] == costs[1], costs
