@@ -5,7 +5,7 @@ docs differ from what it would write, and say which table).
 
 Tables: mount (bench_mount: index, pack, random reads), order (bench_order: the settings
 on the GlusterFS test bed), clients (bench_clients: fio and tar), faults (faults.py), soak
-(soak.py), memory (bench_memory.py), hammer (bench_hammer.py), commit (bench_commit.py), each from the benchmark's last run (its rows share `started`); gpu-node
+(soak.py), memory (bench_memory.py), hammer (bench_hammer.py), commit (bench_commit.py), scale (bench_scale.py), each from the benchmark's last run (its rows share `started`); gpu-node
 (bench_node on the GPU node: loose files, fusefs and the minimal C daemon by loader and
 workers), gpu-hybrid (bench_hybrid's summaries) and gpu-swap (bench_swap's rows, or the exit
 status of its part where it did not finish).
@@ -272,6 +272,22 @@ def commit(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def scale(rows: list[dict]) -> str:
+    run = last_run(rows, "bench_scale")
+    if not run:
+        return not_measured("bench_scale")
+    out = ["| fusefs | samples | samples/s | daemon CPU us a sample (quarters) | peak RSS against fresh + "
+           "orders + budget | fetched | commit, date |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in run:
+        floor = r["rss_fresh_mb"] + r["order_mb"] + r["budget_mb"]
+        quarters = " / ".join(f"{q['cpu_us_per_sample']:.0f}" for q in r["quarters"])
+        out.append(f"| {r['version']} | {r['samples']:,} | {r['samples_per_s']:,} | {r['daemon_cpu_us_per_sample']:.0f} "
+                   f"({quarters}) | {r['rss_peak_mb']:,.0f} MB "
+                   f"against {floor:,.0f} ({100 * (r['rss_peak_mb'] / floor - 1):+.1f}%) | {r['backend_samples']:,} "
+                   f"| {where(r)} |")
+    return "\n".join(out)
+
+
 def unbiased(rows: list[dict]) -> str:
     run = [r for r in last_run(rows, "bench_unbiased") if r["part"] == "summary"]
     if not run:
@@ -290,7 +306,7 @@ def unbiased(rows: list[dict]) -> str:
 
 
 TABLES = {"mount": (mount, "bench_mount.jsonl"), "unbiased": (unbiased, "bench_unbiased.jsonl"), "memory": (memory, "bench_memory.jsonl"), "hammer": (hammer, "bench_hammer.jsonl"),
-          "commit": (commit, "bench_commit.jsonl"), "order": (order, "bench_order.jsonl"),
+          "commit": (commit, "bench_commit.jsonl"), "scale": (scale, "bench_scale.jsonl"), "order": (order, "bench_order.jsonl"),
           "clients": (clients, "bench_clients.jsonl"), "faults": (faults, "faults.jsonl"),
           "soak": (soak, "soak.jsonl"), "gpu-node": (gpu_node, "gpu-node.jsonl"), "gpu-hybrid": (gpu_hybrid, "gpu-node.jsonl"),
           "gpu-swap": (gpu_swap, "gpu-node.jsonl")}
