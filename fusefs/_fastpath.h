@@ -47,6 +47,18 @@
  * The thread reads first and waits (poll) only when nothing is queued: under load a
  * request costs it a read and a writev, as in libfuse's own loop.
  *
+ * There may be several such threads (fusefs_fast_start's nthreads): the first reads the
+ * session's fd, each other its own clone of it (FUSE_DEV_IOC_CLONE), as libfuse's
+ * multithreaded loop does, so the kernel hands requests to whichever thread waits. A
+ * request's answer must be written to the fd it was read from: the threads answer theirs
+ * on their own fd, and a request a thread hands to the loop is noted with its fd
+ * (fusefs_route), which the loop's replies are written to through libfuse's custom I/O
+ * (fusefs_fast_io: the session's writev looks the reply's request up). The threads share
+ * the events (under `lock`), the held table (a rwlock: the threads read it together, a
+ * hold or a drop waits for the replies in progress), the handles' serial and the counts
+ * (atomic). An open's or a read's event is queued before its reply, so that the release
+ * that may follow at once on another thread comes after it.
+ *
  * This header is compiled into pyfuse3's Cython module, after Python.h. */
 #ifndef FUSEFS_FASTPATH_H
 #define FUSEFS_FASTPATH_H
@@ -59,14 +71,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 #include <linux/fuse.h>
+#include <fuse_lowlevel.h>
 
 #define FUSEFS_BUFSIZE (256 * 4096 + 4096) /* libfuse's: FUSE_MAX_MAX_PAGES pages + a header page */
 #define FUSEFS_ANSWERED 1024  /* the uniques of the requests answered last, for their interrupts */
+#define FUSEFS_MAX_THREADS 64  /* (fast_path_thread_counts' array in internal.pxi holds as many) */
+#define FUSEFS_INT_REQ_BIT (1ULL << 0)  /* an interrupt's unique: its request's with this bit */
 /* The events' bits are fusefs's (fusefs/core.py), given at the start: single, distinct
  * bits; `released` and `read` above every handle (serial_wrap << sid_bits), so that an open's
  * event (its handle) has neither and a release's never has `read`'s; `read_end` and
@@ -90,13 +106,25 @@ typedef struct fusefs_req {
     char data[];
 } fusefs_req;
 
+/* unique -> fd, for the requests a thread read from a cloned fd and handed to the loop:
+ * open addressing, linear probing, backward-shift deletion; grows when half full */
+typedef struct {
+    uint64_t *keys;
+    int *fds;
+    size_t cap, n;
+    pthread_mutex_t lock;
+} fusefs_routes;
+
 static struct {
-    int running;         /* the thread was started and not yet joined */
-    int fd;              /* /dev/fuse */
+    int running;         /* the threads were started and not yet joined */
+    int fd;              /* /dev/fuse: the session's */
     int fwd_fd;          /* eventfd: requests for the loop are queued, or the thread ended */
     int ev_fd;           /* eventfd: events are waiting */
     int stop_fd;         /* eventfd: the thread is to stop */
-    pthread_t thread;
+    int nthreads, alive; /* threads started; threads not yet ended (under lock) */
+    pthread_t threads[FUSEFS_MAX_THREADS];
+    int fds[FUSEFS_MAX_THREADS];  /* fds[0]: the session's; the others cloned from it */
+    unsigned long long answered_by[FUSEFS_MAX_THREADS];  /* requests each thread answered (atomic) */
     pthread_mutex_t lock;
     fusefs_req *head, *tail;
     int ended, err;      /* the thread ended; with this errno (0: the mount went away) */
@@ -112,9 +140,11 @@ static struct {
     long delay_ns;
     /* requests answered here, and the bytes of the reads (atomic) */
     unsigned long long opens, releases, ioctls, reads, read_bytes;
-    /* sample -> a bytes object holding its bytes, or NULL (n_files of them), under held_lock */
+    /* sample -> a bytes object holding its bytes, or NULL (n_files of them), under held_lock
+     * (the threads read-lock it while they reply from a held object) */
     PyObject **held;
-    pthread_mutex_t held_lock;
+    pthread_rwlock_t held_lock;
+    int held_lock_ready;
     /* sample -> nonzero while fusefs takes the kernel to hold its pages (fusefs's array;
      * read without a lock: a byte, and a stale value is what a read racing a push sees) */
     const unsigned char *kernel_flags;
@@ -124,7 +154,12 @@ static struct {
     uint64_t answered[FUSEFS_ANSWERED];  /* a ring of the uniques answered here (atomic) */
     unsigned long long answered_n;
     uint64_t ev_released, ev_read, ev_read_end, ev_read_lost;  /* the events' bits */
-} fusefs_fast = {0, -1, -1, -1, -1, 0, PTHREAD_MUTEX_INITIALIZER, .held_lock = PTHREAD_MUTEX_INITIALIZER};
+    fusefs_routes routes;
+} fusefs_fast = {0, -1, -1, -1, -1, .lock = PTHREAD_MUTEX_INITIALIZER,
+                 .routes = {.lock = PTHREAD_MUTEX_INITIALIZER}};
+
+static __thread int fusefs_tfd = -1;  /* the fd this thread reads (-1: not a fast path thread) */
+static __thread int fusefs_tno = 0;   /* and its number */
 
 static void fusefs_fast_drop_table(void);
 
@@ -151,8 +186,9 @@ static void fusefs_reply(uint64_t unique, int err, const void *arg, size_t len) 
     iov[1].iov_base = (void *) arg;
     iov[1].iov_len = len;
     /* (ENOENT: the request was interrupted and the kernel no longer waits for it) */
-    ssize_t r = writev(fusefs_fast.fd, iov, len ? 2 : 1);
+    ssize_t r = writev(fusefs_tfd >= 0 ? fusefs_tfd : fusefs_fast.fd, iov, len ? 2 : 1);
     (void) r;
+    __atomic_add_fetch(&fusefs_fast.answered_by[fusefs_tno], 1, __ATOMIC_RELAXED);
     unsigned long long i = __atomic_fetch_add(&fusefs_fast.answered_n, 1, __ATOMIC_RELAXED);
     __atomic_store_n(&fusefs_fast.answered[i % FUSEFS_ANSWERED], unique, __ATOMIC_RELAXED);
 }
@@ -199,6 +235,103 @@ static void fusefs_event(uint64_t e) {
     pthread_mutex_unlock(&fusefs_fast.lock);
 }
 
+static size_t fusefs_route_slot(const fusefs_routes *r, uint64_t unique) {
+    return (size_t) ((unique * 0x9E3779B97F4A7C15ULL) >> 32) & (r->cap - 1);
+}
+
+/* (under the routes' lock) note that request `unique` is answered on fd; 0 or ENOMEM */
+static int fusefs_route_put_locked(fusefs_routes *r, uint64_t unique, int fd) {
+    if (2 * (r->n + 1) > r->cap) {
+        size_t cap = r->cap ? 2 * r->cap : 256;
+        uint64_t *keys = (uint64_t *) calloc(cap, sizeof *keys);
+        int *fds = (int *) malloc(cap * sizeof *fds);
+        if (keys == NULL || fds == NULL) {
+            free(keys);
+            free(fds);
+            return ENOMEM;
+        }
+        fusefs_routes old = *r;
+        r->keys = keys;
+        r->fds = fds;
+        r->cap = cap;
+        r->n = 0;
+        for (size_t i = 0; i < old.cap; i++)
+            if (old.keys[i])
+                fusefs_route_put_locked(r, old.keys[i], old.fds[i]);
+        free(old.keys);
+        free(old.fds);
+    }
+    size_t i = fusefs_route_slot(r, unique);
+    while (r->keys[i] && r->keys[i] != unique)
+        i = (i + 1) & (r->cap - 1);
+    r->n += !r->keys[i];
+    r->keys[i] = unique;
+    r->fds[i] = fd;
+    return 0;
+}
+
+/* The fd request `unique` is answered on (-1: the session's), taken out of the routes if
+ * `take`. */
+static int fusefs_route_get(uint64_t unique, int take) {
+    fusefs_routes *r = &fusefs_fast.routes;
+    int fd = -1;
+    pthread_mutex_lock(&r->lock);
+    if (r->cap) {
+        size_t i = fusefs_route_slot(r, unique);
+        while (r->keys[i] && r->keys[i] != unique)
+            i = (i + 1) & (r->cap - 1);
+        if (r->keys[i]) {
+            fd = r->fds[i];
+            if (take) {  /* backward-shift deletion: the probe runs stay whole */
+                size_t j = i;
+                r->keys[i] = 0;
+                r->n--;
+                for (;;) {
+                    j = (j + 1) & (r->cap - 1);
+                    if (!r->keys[j])
+                        break;
+                    size_t home = fusefs_route_slot(r, r->keys[j]);
+                    if ((j > i && (home <= i || home > j)) || (j < i && (home <= i && home > j))) {
+                        r->keys[i] = r->keys[j];
+                        r->fds[i] = r->fds[j];
+                        r->keys[j] = 0;
+                        i = j;
+                    }
+                }
+            }
+        }
+    }
+    pthread_mutex_unlock(&r->lock);
+    return fd;
+}
+
+/* libfuse's writes (the loop's replies), through the session's custom I/O: a reply to a
+ * request read from a cloned fd goes to that fd (an interrupt's, to its request's) */
+static ssize_t fusefs_io_writev(int fd, struct iovec *iov, int count, void *userdata) {
+    (void) userdata;
+    if (count > 0 && iov[0].iov_len >= sizeof (struct fuse_out_header)) {
+        uint64_t unique = ((const struct fuse_out_header *) iov[0].iov_base)->unique;
+        if (unique) {
+            int to = fusefs_route_get(unique & ~FUSEFS_INT_REQ_BIT, !(unique & FUSEFS_INT_REQ_BIT));
+            if (to >= 0)
+                fd = to;
+        }
+    }
+    return writev(fd, iov, count);
+}
+
+static ssize_t fusefs_io_read(int fd, void *buf, size_t len, void *userdata) {
+    (void) userdata;
+    return read(fd, buf, len);
+}
+
+static const struct fuse_custom_io fusefs_io = {.writev = fusefs_io_writev, .read = fusefs_io_read};
+
+/* The custom I/O the session must use while several threads read (NULL: one does). */
+static const struct fuse_custom_io *fusefs_fast_io(void) {
+    return fusefs_fast.nthreads > 1 ? &fusefs_io : NULL;
+}
+
 /* a request for pyfuse3's loop */
 static void fusefs_forward(const char *data, size_t len) {
     fusefs_req *r = (fusefs_req *) malloc(sizeof *r + len);
@@ -209,6 +342,18 @@ static void fusefs_forward(const char *data, size_t len) {
     r->next = NULL;
     r->len = len;
     memcpy(r->data, data, len);
+    const struct fuse_in_header *h = (const struct fuse_in_header *) data;
+    if (fusefs_tfd >= 0 && fusefs_tfd != fusefs_fast.fd && h->opcode != FUSE_INTERRUPT) {
+        /* (read from a cloned fd: the loop's reply goes there) */
+        pthread_mutex_lock(&fusefs_fast.routes.lock);
+        int err = fusefs_route_put_locked(&fusefs_fast.routes, h->unique, fusefs_tfd);
+        pthread_mutex_unlock(&fusefs_fast.routes.lock);
+        if (err) {
+            free(r);
+            fusefs_reply(h->unique, err, NULL, 0);
+            return;
+        }
+    }
     pthread_mutex_lock(&fusefs_fast.lock);
     if (fusefs_fast.tail)
         fusefs_fast.tail->next = r;
@@ -267,21 +412,21 @@ static int fusefs_answer(const char *data, size_t len) {
             return 0;
         struct fuse_open_out out;
         memset(&out, 0, sizeof out);
-        fusefs_fast.serial = (fusefs_fast.serial + 1) % fusefs_fast.serial_wrap;
-        out.fh = (fusefs_fast.serial << fusefs_fast.sid_bits) | sid;
+        uint64_t serial = __atomic_add_fetch(&fusefs_fast.serial, 1, __ATOMIC_RELAXED) % fusefs_fast.serial_wrap;
+        out.fh = (serial << fusefs_fast.sid_bits) | sid;
         out.open_flags = FOPEN_KEEP_CACHE;
+        fusefs_event(out.fh);  /* (before the reply: its release may come at once, on another thread) */
         fusefs_reply(h->unique, 0, &out, sizeof out);
         __atomic_add_fetch(&fusefs_fast.opens, 1, __ATOMIC_RELAXED);
-        fusefs_event(out.fh);
         return 1;
     }
     case FUSE_RELEASE: {
         const struct fuse_release_in *in = (const struct fuse_release_in *) (h + 1);
         if (len < sizeof *h + sizeof *in || in->fh >= fusefs_fast.fh_base)
             return 0;
+        fusefs_event(in->fh | fusefs_fast.ev_released);
         fusefs_reply(h->unique, 0, NULL, 0);
         __atomic_add_fetch(&fusefs_fast.releases, 1, __ATOMIC_RELAXED);
-        fusefs_event(in->fh | fusefs_fast.ev_released);
         return 1;
     }
     case FUSE_READ: {
@@ -291,23 +436,24 @@ static int fusefs_answer(const char *data, size_t len) {
         uint64_t sid = in->fh & ((1ULL << fusefs_fast.sid_bits) - 1);
         if (sid >= fusefs_fast.n_files)
             return 0;
-        pthread_mutex_lock(&fusefs_fast.held_lock);
+        pthread_rwlock_rdlock(&fusefs_fast.held_lock);
         PyObject *o = fusefs_fast.held[sid];
         if (o == NULL) {
-            pthread_mutex_unlock(&fusefs_fast.held_lock);
+            pthread_rwlock_unlock(&fusefs_fast.held_lock);
             return 0;
         }
         uint64_t n = (uint64_t) PyBytes_GET_SIZE(o);
         uint64_t off = in->offset < n ? in->offset : n;
         uint64_t k = n - off < in->size ? n - off : in->size;
-        fusefs_reply(h->unique, 0, PyBytes_AS_STRING(o) + off, (size_t) k);
-        pthread_mutex_unlock(&fusefs_fast.held_lock);
-        __atomic_add_fetch(&fusefs_fast.reads, 1, __ATOMIC_RELAXED);
-        __atomic_add_fetch(&fusefs_fast.read_bytes, k, __ATOMIC_RELAXED);
         int lost = sid < fusefs_fast.kernel_flags_n
                    && __atomic_load_n(&fusefs_fast.kernel_flags[sid], __ATOMIC_RELAXED);
+        /* (the event before the reply, as an open's) */
         fusefs_event(fusefs_fast.ev_read | sid | (lost ? fusefs_fast.ev_read_lost : 0)
                      | (in->offset < n && in->offset + in->size >= n ? fusefs_fast.ev_read_end : 0));
+        fusefs_reply(h->unique, 0, PyBytes_AS_STRING(o) + off, (size_t) k);
+        pthread_rwlock_unlock(&fusefs_fast.held_lock);
+        __atomic_add_fetch(&fusefs_fast.reads, 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&fusefs_fast.read_bytes, k, __ATOMIC_RELAXED);
         return 1;
     }
     case FUSE_LOOKUP: {
@@ -377,14 +523,15 @@ static void *fusefs_thread(void *arg) {
     char *buf = (char *) malloc(FUSEFS_BUFSIZE);
     struct pollfd p[2];
     int err = buf == NULL ? ENOMEM : 0;
-    (void) arg;
-    p[0].fd = fusefs_fast.fd;
+    fusefs_tno = (int) (intptr_t) arg;
+    fusefs_tfd = fusefs_fast.fds[fusefs_tno];
+    p[0].fd = fusefs_tfd;
     p[0].events = POLLIN;
     p[1].fd = fusefs_fast.stop_fd;
     p[1].events = POLLIN;
     pthread_setname_np(pthread_self(), "fusefs-fast");
     while (!err && !__atomic_load_n(&fusefs_fast.stop, __ATOMIC_RELAXED)) {
-        ssize_t got = read(fusefs_fast.fd, buf, FUSEFS_BUFSIZE);
+        ssize_t got = read(fusefs_tfd, buf, FUSEFS_BUFSIZE);
         if (got > 0) {
             if (!fusefs_answer(buf, (size_t) got))
                 fusefs_forward(buf, (size_t) got);
@@ -420,15 +567,17 @@ static void *fusefs_thread(void *arg) {
     }
     free(buf);
     pthread_mutex_lock(&fusefs_fast.lock);
-    fusefs_fast.ended = 1;
-    fusefs_fast.err = err;
-    fusefs_kick(fusefs_fast.fwd_fd);
+    if (err && !fusefs_fast.err)
+        fusefs_fast.err = err;
+    if (--fusefs_fast.alive == 0) {  /* (the last thread: the loop sees the end) */
+        fusefs_fast.ended = 1;
+        fusefs_kick(fusefs_fast.fwd_fd);
+    }
     fusefs_signal_events();
     pthread_mutex_unlock(&fusefs_fast.lock);
     return NULL;
 }
 
-/* Start the thread on the FUSE fd; 0 or an errno. */
 /* (with the GIL, while the thread does not run) What the thread answers by, set and
  * checked: the FUSE fd, the dataset's files, the handles' layout and the events' bits
  * (released, read, read_end, read_lost); a table for held samples (empty). 0, or EBUSY,
@@ -471,31 +620,91 @@ static int fusefs_fast_configure(int fd, uint64_t file_base, uint64_t n_files, u
     fusefs_fast.lookups = fusefs_fast.forgets = fusefs_fast.interrupts = 0;
     fusefs_fast.interrupts_forwarded = fusefs_fast.answered_n = 0;
     memset(fusefs_fast.answered, 0, sizeof fusefs_fast.answered);
+    memset(fusefs_fast.answered_by, 0, sizeof fusefs_fast.answered_by);
+    fusefs_fast.nthreads = 0;
+    if (!fusefs_fast.held_lock_ready) {  /* (writers first: a hold does not wait for a stream of readers) */
+        pthread_rwlockattr_t attr;
+        pthread_rwlockattr_init(&attr);
+        pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+        pthread_rwlock_init(&fusefs_fast.held_lock, &attr);
+        pthread_rwlockattr_destroy(&attr);
+        fusefs_fast.held_lock_ready = 1;
+    }
     fusefs_fast.held = (PyObject **) calloc(n_files ? n_files : 1, sizeof *fusefs_fast.held);
     return fusefs_fast.held == NULL ? ENOMEM : 0;
 }
 
-/* Configure (above) and start the thread on fd. */
+static void fusefs_close_clones(void) {
+    for (int i = 1; i < fusefs_fast.nthreads; i++)
+        if (fusefs_fast.fds[i] >= 0)
+            close(fusefs_fast.fds[i]);
+}
+
+/* Configure (above) and start nthreads threads: the first on fd, each other on a clone of
+ * it (/dev/fuse opened anew, FUSE_DEV_IOC_CLONE). 0 or an errno. With more than one, the
+ * session's writes must go through fusefs_fast_io() (the caller sets it). */
 static int fusefs_fast_start(int fd, uint64_t file_base, uint64_t n_files, uint64_t fh_base,
                              unsigned sid_bits, uint64_t serial, uint64_t serial_wrap,
                              uint64_t write_flags, size_t batch, long delay_us,
-                             const uint64_t events[4]) {
+                             const uint64_t events[4], int nthreads) {
+    if (nthreads < 1 || nthreads > FUSEFS_MAX_THREADS)
+        return EINVAL;
     int err = fusefs_fast_configure(fd, file_base, n_files, fh_base, sid_bits, serial, serial_wrap,
                                     write_flags, batch, delay_us, events);
     if (err)
         return err;
-    if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0)  /* (the thread reads first) */
-        return errno;
+    fusefs_fast.fds[0] = fd;
+    for (int i = 1; i < nthreads; i++) {
+        uint32_t session = (uint32_t) fd;
+        int c = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+        if (c >= 0 && ioctl(c, FUSE_DEV_IOC_CLONE, &session) < 0) {
+            int e = errno;
+            close(c);
+            c = -1;
+            errno = e;
+        }
+        if (c < 0) {
+            err = errno;
+            fusefs_fast.nthreads = i;
+            fusefs_close_clones();
+            fusefs_fast.nthreads = 0;
+            return err;
+        }
+        fusefs_fast.fds[i] = c;
+    }
+    fusefs_fast.nthreads = nthreads;
+    for (int i = 0; i < nthreads; i++)  /* (the threads read first) */
+        if (fcntl(fusefs_fast.fds[i], F_SETFL, fcntl(fusefs_fast.fds[i], F_GETFL) | O_NONBLOCK) < 0) {
+            err = errno;
+            fusefs_close_clones();
+            fusefs_fast.nthreads = 0;
+            return err;
+        }
     fusefs_fast.fwd_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     fusefs_fast.ev_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     fusefs_fast.stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (fusefs_fast.fwd_fd < 0 || fusefs_fast.ev_fd < 0 || fusefs_fast.stop_fd < 0
-            || pthread_create(&fusefs_fast.thread, NULL, fusefs_thread, NULL) != 0) {
+    int started = 0;
+    if (fusefs_fast.fwd_fd >= 0 && fusefs_fast.ev_fd >= 0 && fusefs_fast.stop_fd >= 0) {
+        fusefs_fast.alive = nthreads;
+        for (; started < nthreads; started++)
+            if (pthread_create(&fusefs_fast.threads[started], NULL, fusefs_thread,
+                               (void *) (intptr_t) started) != 0)
+                break;
+    }
+    if (started < nthreads) {
         int e = errno ? errno : EAGAIN;
+        if (started) {  /* (those started: stop them) */
+            __atomic_store_n(&fusefs_fast.stop, 1, __ATOMIC_RELAXED);
+            fusefs_kick(fusefs_fast.stop_fd);
+            for (int i = 0; i < started; i++)
+                pthread_join(fusefs_fast.threads[i], NULL);
+        }
         if (fusefs_fast.fwd_fd >= 0) close(fusefs_fast.fwd_fd);
         if (fusefs_fast.ev_fd >= 0) close(fusefs_fast.ev_fd);
         if (fusefs_fast.stop_fd >= 0) close(fusefs_fast.stop_fd);
         fusefs_fast.fwd_fd = fusefs_fast.ev_fd = fusefs_fast.stop_fd = -1;
+        fusefs_close_clones();
+        fusefs_fast.nthreads = 0;
         return e;
     }
     fusefs_fast.running = 1;
@@ -511,7 +720,7 @@ static int fusefs_fast_answer_one(const char *data, size_t len) {
     return fusefs_answer(data, len);
 }
 
-/* Ask the thread to stop (it may be inside a read: it ends with the mount, or on the next
+/* Ask the threads to stop (one may be inside a read: it ends with the mount, or on the next
  * request); the loop's tasks then see the end. */
 static void fusefs_fast_stop(void) {
     if (fusefs_fast.running) {
@@ -520,13 +729,23 @@ static void fusefs_fast_stop(void) {
     }
 }
 
-/* Stop the thread, wait for it, drop what it left (from close(), after the loop ended). */
+/* Stop the threads, wait for them, drop what they left (from close(), after the loop
+ * ended). */
 static void fusefs_fast_join(void) {
     if (!fusefs_fast.running)
         return;
     fusefs_fast_stop();
-    pthread_join(fusefs_fast.thread, NULL);
+    for (int i = 0; i < fusefs_fast.nthreads; i++)
+        pthread_join(fusefs_fast.threads[i], NULL);
     fusefs_fast.running = 0;
+    fusefs_close_clones();
+    pthread_mutex_lock(&fusefs_fast.routes.lock);
+    free(fusefs_fast.routes.keys);
+    free(fusefs_fast.routes.fds);
+    fusefs_fast.routes.keys = NULL;
+    fusefs_fast.routes.fds = NULL;
+    fusefs_fast.routes.cap = fusefs_fast.routes.n = 0;
+    pthread_mutex_unlock(&fusefs_fast.routes.lock);
     while (fusefs_fast.head) {
         fusefs_req *r = fusefs_fast.head;
         fusefs_fast.head = r->next;
@@ -605,6 +824,14 @@ static void fusefs_fast_counts(unsigned long long out[9]) {
     out[8] = __atomic_load_n(&fusefs_fast.interrupts_forwarded, __ATOMIC_RELAXED);
 }
 
+/* The requests each thread answered since the start (out: FUSEFS_MAX_THREADS of them); the
+ * number of threads. */
+static int fusefs_fast_thread_counts(unsigned long long *out) {
+    for (int i = 0; i < fusefs_fast.nthreads; i++)
+        out[i] = __atomic_load_n(&fusefs_fast.answered_by[i], __ATOMIC_RELAXED);
+    return fusefs_fast.nthreads;
+}
+
 /* (with the GIL) Hold o, a bytes object, as sample sid's bytes (NULL: hold none); the
  * table takes a reference to o and drops the one to the object it held before. Does
  * nothing while the thread has no table (not started, or after fusefs_fast_free_held). */
@@ -613,10 +840,10 @@ static void fusefs_fast_hold(uint64_t sid, PyObject *o) {
     if (fusefs_fast.held == NULL || sid >= fusefs_fast.n_files)
         return;
     Py_XINCREF(o);
-    pthread_mutex_lock(&fusefs_fast.held_lock);
+    pthread_rwlock_wrlock(&fusefs_fast.held_lock);
     old = fusefs_fast.held[sid];
     fusefs_fast.held[sid] = o;
-    pthread_mutex_unlock(&fusefs_fast.held_lock);
+    pthread_rwlock_unlock(&fusefs_fast.held_lock);
     Py_XDECREF(old);  /* (after the lock: the thread no longer reads it) */
 }
 

@@ -8,7 +8,7 @@ import os
 import re
 import sys
 
-from .config import CACHE_SIZE, DEFAULTS, STOP_SIGNALS, ConfigError, MountConfig
+from .config import CACHE_SIZE, DEFAULTS, STOP_SIGNALS, ConfigError, MountConfig, default_fast_threads
 from .errors import UserError
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
@@ -174,7 +174,7 @@ def mount_config(a, dataset_bytes: int) -> MountConfig:
                        readahead=None if a.readahead is None else parse_size(a.readahead, whole=cache),
                        per_node=a.per_node, batch=a.batch, retries=a.retries, io_timeout=a.io_timeout,
                        kernel_cache=a.kernel_cache, willneed=a.willneed,
-                       fast_path=a.fast_path,
+                       fast_path=a.fast_path, fast_threads=a.fast_threads,
                        control_gid=parse_group(a.control_group), local_dir=a.local_cache,
                        order_bytes=None if a.order_memory is None else parse_size(a.order_memory, whole=cache),
                        local_bytes=local_bytes, metrics_port=a.metrics_port,
@@ -355,6 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="answer the dataset files' lookup, open, ioctl, release, forget and the "
                         "reads of cached samples on a thread in C, outside the Python loop "
                         "(default on; fusefs/_fastpath.h, docs/ARCHITECTURE.md)")
+    s.add_argument("--fast-threads", type=int, metavar="N",
+                   help="threads of the fast path, each reading its own clone of /dev/fuse (default: "
+                        f"one per 4 cores, 1 to 8: {default_fast_threads()} here)")
     s.add_argument("--willneed", action=argparse.BooleanOptionalAction, default=DEFAULTS.willneed,
                    help="ask the backend's client for all of a request's reads at once "
                         "(posix_fadvise WILLNEED), so it fetches them concurrently while the "

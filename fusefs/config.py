@@ -2,6 +2,7 @@
 the defaults and their checks in one place."""
 from __future__ import annotations
 
+import os
 import signal
 from dataclasses import dataclass
 
@@ -16,6 +17,15 @@ class ConfigError(UserError):
     pass
 
 
+MAX_FAST_THREADS = 64  # (fusefs/_fastpath.h's FUSEFS_MAX_THREADS)
+
+
+def default_fast_threads() -> int:
+    """The fast path's threads by default: one for every 4 cores this process may run on, 1
+    to 8 (a 16-core node: 4; the readers' decoding workers keep the rest busy)."""
+    return max(1, min(8, len(os.sched_getaffinity(0)) // 4))
+
+
 @dataclass(frozen=True)
 class MountConfig:
     cache_bytes: int = 256 << 20      # the sample cache's budget
@@ -27,6 +37,7 @@ class MountConfig:
     io_timeout: float = 300.0         # s a read waits for a node that does not answer (0: soft)
     kernel_cache: bool = True         # push fetched samples into the kernel page cache
     fast_path: bool = True            # opens and releases answered in C (needs the fast patch)
+    fast_threads: int | None = None   # threads of the fast path (None: default_fast_threads())
     willneed: bool = True             # posix_fadvise WILLNEED a request's reads at once
     control_gid: int | None = None    # a group that may set orders too
     order_bytes: int | None = None    # what every rank's orders may hold (None: orders.default_budget)
@@ -46,6 +57,8 @@ class MountConfig:
                               f"budget ({self.cache_bytes} bytes)")
         if not self.io_timeout >= 0:
             raise ConfigError(f"io-timeout must not be negative, got {self.io_timeout}")
+        if self.fast_threads is not None and not 1 <= self.fast_threads <= MAX_FAST_THREADS:
+            raise ConfigError(f"fast-threads must lie in [1, {MAX_FAST_THREADS}], got {self.fast_threads}")
         if self.order_bytes is not None and self.order_bytes < 0:
             raise ConfigError(f"order-memory must not be negative, got {self.order_bytes}")
         if self.readahead is not None and self.readahead < 0:

@@ -46,17 +46,18 @@ class FastPath:
 
     def start(self, file_base: int, n_files: int, sid_bits: int, serial: int, serial_wrap: int,
               write_flags: int, events: tuple[int, int, int, int], kernel_flags=None,
-              tree=None) -> None:
+              tree=None, threads: int = 1) -> None:
         """Start the thread (after pyfuse3.init, before pyfuse3.main); handles continue the
         core's serials; events: the bits the core reads its events by (released, read,
         read_end, read_lost: core.EVENT_BITS), the only copy of them. kernel_flags: one byte per sample, nonzero while the core takes the
         kernel to hold its pages (read by the thread as it answers a read: READ_LOST).
         tree: the index's arrays the thread answers the lookups of files' names from
-        (pyfuse3.fast_path_tree), or None: the loop answers every lookup."""
+        (pyfuse3.fast_path_tree), or None: the loop answers every lookup. threads: how many
+        threads read /dev/fuse (the first the session's fd, each other a clone of it)."""
         pyfuse3.fast_path_kernel_flags(kernel_flags)
         pyfuse3.fast_path_tree(tree)
         self.fd = pyfuse3.fast_path_start(file_base, n_files, FH_BASE, sid_bits, serial, serial_wrap,
-                                          write_flags, BATCH, DELAY_US, events)
+                                          write_flags, BATCH, DELAY_US, events, threads)
 
     def catch_up(self) -> None:
         """Apply the events waiting now."""
@@ -82,7 +83,8 @@ class FastPath:
         counts = pyfuse3.fast_path_counts()
         return {"requests": counts, "fast_path_requests": counts,
                 "bytes_served": pyfuse3.fast_path_read_bytes(),
-                "interrupts_to_loop": pyfuse3.fast_path_interrupts_forwarded()}
+                "interrupts_to_loop": pyfuse3.fast_path_interrupts_forwarded(),
+                "fast_path_threads": pyfuse3.fast_path_thread_counts()}
 
     @staticmethod
     def hold(sid: int, data) -> None:

@@ -18,7 +18,7 @@ import threading
 import trio
 
 from . import fastpath, pyfuse3
-from .config import DEFAULTS, STOP_SIGNALS, MountConfig
+from .config import DEFAULTS, STOP_SIGNALS, MountConfig, default_fast_threads
 from .control import RENDER_EVERY
 from .control_socket import ControlSocket
 from .core import Core
@@ -176,8 +176,10 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
         _tell_ready()
         log.info("mounted %s at %s: %d samples, %d chunks on %d node(s)", store.root, mnt,
                  index.n_files, len(index.chunks), len(index.nodes))
-        fast = _start_fast_path(core, ops) if config.fast_path else None
-        log.info("opens: %s", "answered in C (the fast path)" if fast else "answered by the daemon")
+        threads = config.fast_threads or default_fast_threads()
+        fast = _start_fast_path(core, ops, threads) if config.fast_path else None
+        log.info("opens: %s", f"answered in C (the fast path, {threads} thread{'s' * (threads > 1)})"
+                 if fast else "answered by the daemon")
         trio.run(_main, core, loop, fast, stops, control)
         clean.append(True)
 
@@ -237,11 +239,11 @@ def missing_native() -> list[str]:
             "are read and checked in Python, slower"]
 
 
-def _start_fast_path(core: Core, ops: Operations) -> fastpath.FastPath:
-    """The fast path started (fastpath.py)."""
+def _start_fast_path(core: Core, ops: Operations, threads: int) -> fastpath.FastPath:
+    """The fast path started (fastpath.py), on `threads` threads."""
     fast = fastpath.FastPath(core.answered)
     try:
-        fast.start(**core.fast_path_args())
+        fast.start(**core.fast_path_args(), threads=threads)
     except OSError as e:
         raise MountError(f"the fast path did not start ({e}); --no-fast-path mounts without it") from None
     ops.catch_up = fast.catch_up

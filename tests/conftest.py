@@ -108,7 +108,7 @@ def corrupt_sample(dst, copy, rel: str, at: int = 0):
 SLOW_MODULES = {"test_abuse", "test_cli", "test_clients", "test_demo", "test_faults", "test_gluster",
                 "test_hints", "test_hybrid", "test_imagefolder", "test_importance", "test_local",
                 "test_metrics", "test_mount", "test_orders", "test_pack", "test_package",
-                "test_pyfuse3_patched", "test_swap", "test_untrusted"}
+                "test_pyfuse3_patched", "test_swap", "test_untrusted", "test_fastpath_threads"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1188,3 +1188,6 @@ FAST_PATH = True
 
 # fusefs: a read is answered EINTR at once when its reader is interrupted
 READS_INTERRUPTIBLE = True
+
+# fusefs: the fast path runs on several threads, each reading its own clone of the session's fd
+FAST_PATH_THREADS = True

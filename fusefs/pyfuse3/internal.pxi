@@ -216,7 +216,9 @@ cdef extern from "_fastpath.h":
                           unsigned long long fh_base, unsigned sid_bits,
                           unsigned long long serial, unsigned long long serial_wrap,
                           unsigned long long write_flags, size_t batch, long delay_us,
-                          const unsigned long long *events) nogil
+                          const unsigned long long *events, int nthreads) nogil
+    const void *fusefs_fast_io()
+    int fusefs_fast_thread_counts(unsigned long long *out) nogil
     void fusefs_fast_stop() nogil
     void fusefs_fast_join() nogil
     int fusefs_wait_fd(int session_fd) nogil
@@ -236,9 +238,14 @@ cdef extern from "_fastpath.h":
                          unsigned int blksize, unsigned long long timeout_s)
 
 
+cdef extern from "fuse_lowlevel.h":
+    int fuse_session_custom_io(fuse_session *se, const void *io, int fd)
+
+
 def fast_path_start(file_base, n_files, fh_base, sid_bits, serial, serial_wrap, write_flags,
-                    batch, delay_us, events):
-    """Start the fast path's thread (after init(), before main()). It answers the open of
+                    batch, delay_us, events, threads=1):
+    """Start the fast path's threads (after init(), before main()): `threads` of them, the
+    first on the session's fd, the others each on a clone of it. They answer the open of
     inodes [file_base, file_base + n_files) without write_flags, the k-th with handle
     ((serial + k) % serial_wrap << sid_bits) | (inode - file_base) and keep_cache; the
     release of handles below fh_base; every ioctl (ENOTTY). events: the bits of its events
@@ -251,10 +258,22 @@ def fast_path_start(file_base, n_files, fh_base, sid_bits, serial, serial_wrap, 
     released, read, read_end, read_lost = events
     bits[0], bits[1], bits[2], bits[3] = released, read, read_end, read_lost
     cdef int err = fusefs_fast_start(session_fd, file_base, n_files, fh_base, sid_bits,
-                                     serial, serial_wrap, write_flags, batch, delay_us, bits)
+                                     serial, serial_wrap, write_flags, batch, delay_us, bits, threads)
     if err:
         raise OSError(err, 'fast_path_start: ' + strerror(err))
+    if fusefs_fast_io() != NULL:  # (the loop's replies go to the fd each request came from)
+        err = -fuse_session_custom_io(session, fusefs_fast_io(), session_fd)
+        if err:
+            fusefs_fast_join()
+            raise OSError(err, 'fast_path_start: custom I/O: ' + strerror(err))
     return fusefs_fast_event_fd()
+
+
+def fast_path_thread_counts():
+    """The requests each of the fast path's threads answered."""
+    cdef unsigned long long c[64]
+    cdef int n = fusefs_fast_thread_counts(c)
+    return [c[i] for i in range(n)]
 
 
 def fast_path_configure(fd, file_base, n_files, fh_base, sid_bits, serial, serial_wrap, write_flags,
