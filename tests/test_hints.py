@@ -473,3 +473,128 @@ def test_a_subset_or_explicit_paths_give_the_files_and_anything_else_a_clear_err
         dataset_paths(Other(), paths=["/a", "/b"])
     with pytest.raises(TypeError, match="pass paths="):
         HintedSampler(Other(), write=False)
+
+
+def _lightning_resolves(sampler, world: int, rank: int) -> list[int]:
+    """The indices rank gets once Lightning (2.x, DDP) has resolved the DataLoader's sampler:
+    `_requires_distributed_sampler` keeps a DistributedSampler as it is, and any other
+    sampler is wrapped in DistributedSamplerWrapper, a DistributedSampler over the
+    sampler's output (so each rank keeps a strided share of what its sampler yields)."""
+    if isinstance(sampler, DistributedSampler):
+        return list(sampler)
+    out = list(sampler)
+    wrap = DistributedSampler(range(len(out)), num_replicas=world, rank=rank, shuffle=True, seed=0)
+    return [out[i] for i in wrap]
+
+
+def test_lightning_keeps_the_sampler_and_every_sample_is_read_once_per_epoch():
+    """Lightning's check finds a DistributedSampler, so it does not wrap it: 2 ranks of a
+    1,001-sample set read 501 each, every sample once (one padded repeat), as with
+    DistributedSampler. A sampler that is not one (the older HintedSampler) was cut to 251."""
+    from torch.utils.data import Sampler
+    n, world = 1001, 2
+    ds = Paths(f"/x/{i}" for i in range(n))
+    shares = []
+    for rank in range(world):
+        s = HintedSampler(ds, num_replicas=world, rank=rank, seed=3, write=False)
+        s.set_epoch(1)
+        assert isinstance(s, DistributedSampler) and (s.num_samples, s.total_size) == (501, 1002)
+        shares.append(_lightning_resolves(s, world, rank))
+    assert [len(x) for x in shares] == [501, 501]
+    assert sorted(set(shares[0]) | set(shares[1])) == list(range(n))
+
+    class NotDistributed(Sampler):  # what Lightning does to any other sampler of the rank's share
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __iter__(self):
+            return iter(self.inner)
+
+        def __len__(self):
+            return len(self.inner)
+    cut = _lightning_resolves(NotDistributed(HintedSampler(ds, num_replicas=world, rank=0, write=False)), world, 0)
+    assert len(cut) == 251
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(num_replicas=3, rank=1), dict(generator=True),
+                                dict(mode="echo", batch_size=8)])
+def test_state_dict_resumes_mid_epoch_with_the_same_remaining_order(kw):
+    ds = Paths(f"/x/{i}" for i in range(50))
+
+    def make():
+        k = dict(kw)
+        if k.pop("generator", False):
+            g = torch.Generator()
+            g.manual_seed(11)
+            k["generator"] = g
+        return HintedSampler(ds, seed=2, write=False, **k)
+    s = make()
+    s.set_epoch(3)
+    it = iter(s)
+    head = [next(it) for _ in range(7)]
+    state = s.state_dict()
+    assert state["epoch"] == 3 and state["yielded"] == 7
+    rest = list(it)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert list(resumed) == rest and head + rest == make_epoch(make, 3)
+    with pytest.raises(ValueError, match="seed"):
+        HintedSampler(ds, seed=5, write=False).load_state_dict(state)
+
+
+def make_epoch(make, epoch):
+    s = make()
+    s.set_epoch(epoch)
+    return list(s)
+
+
+def test_a_generator_gives_random_samplers_indices_epoch_after_epoch():
+    n = 40
+    ds = Paths(f"/x/{i}" for i in range(n))
+    g1, g2 = torch.Generator(), torch.Generator()
+    g1.manual_seed(7)
+    g2.manual_seed(7)
+    ours, theirs = HintedSampler(ds, generator=g1, write=False), RandomSampler(range(n), generator=g2)
+    epochs = [(list(ours), list(theirs)) for _ in range(3)]
+    assert all(a == b for a, b in epochs) and epochs[0][0] != epochs[1][0]
+    with pytest.raises(ValueError, match="generator= is for mode='random'"):
+        HintedSampler(ds, generator=g1, mode="echo", batch_size=4, write=False)
+
+
+def test_off_a_mount_it_samples_as_torch_does_and_warns_once(tmp_path, monkeypatch):
+    """A copy of the data on a plain folder: the same script runs, with torch's indices and
+    one warning per process."""
+    import trainer.hints as hints
+    monkeypatch.setattr(hints, "_WARNED_NOT_A_MOUNT", False)
+    paths = []
+    for i in range(9):
+        (tmp_path / f"{i}.jpg").write_bytes(b"x")
+        paths.append(str(tmp_path / f"{i}.jpg"))
+    with pytest.warns(UserWarning, match="is not on a fusefs mount") as caught:
+        s = HintedSampler(Paths(paths), seed=1)
+        again = HintedSampler(Paths(paths), num_replicas=2, rank=1, seed=1)
+    assert len(caught) == 1 and not s.write and s.mount is None
+    g = torch.Generator()
+    g.manual_seed(1)
+    assert list(s) == list(RandomSampler(range(9), generator=g))
+    assert list(again) == list(DistributedSampler(range(9), num_replicas=2, rank=1, seed=1))
+
+
+def test_a_resumed_epoch_tells_the_mount_only_the_rest(tricky, tmp_path):
+    src, dst, files = tricky
+    regular = sorted(k for k in files if not k.endswith("/") and files[k])
+    mnt = str(tmp_path / "mnt")
+    with running_mount(dst, mnt):
+        paths = [os.path.join(mnt, r) for r in regular]
+        s = HintedSampler(Paths(paths), seed=4, lookahead=False)
+        s.set_epoch(2)
+        it = iter(s)
+        for _ in range(5):
+            next(it)
+        rest = list(it)
+        resumed = HintedSampler(Paths(paths), seed=4, lookahead=False)
+        resumed.load_state_dict(dict(s.state_dict(), yielded=5))
+        assert list(resumed) == rest
+        ids = mount_ids(mnt)
+        current = orderfmt.parse(open(os.path.join(mnt, ".fusefs", "order"), "rb").read(), len(ids))
+        assert current.epoch == 2 and current.ids.tolist() == [ids[os.fsencode(regular[i])] for i in rest]
