@@ -253,14 +253,20 @@ def cmd_stats(a) -> int:
 def cmd_order(a) -> int:
     """Hand the mount an order read from a file (or stdin): what `cat > MNT/.fusefs/order`
     did before the mount was read-only."""
-    from .client import OrderRefused, find_mount, send_order
+    from . import order as orderfmt
+    from .client import OrderRefused, find_mount, ids_from_text, send_order
     if a.file == "-":
         data = sys.stdin.buffer.read()
     else:
         with open(a.file, "rb") as f:
             data = f.read()
     try:
-        send_order(find_mount(a.mnt), data, a.rank)
+        mount = find_mount(a.mnt)
+        if not data.startswith(orderfmt.MAGIC):  # a text list of paths or ids
+            data = orderfmt.encode(ids_from_text(data, mount), epoch=a.epoch or 0)
+        elif a.epoch is not None:
+            raise UserError("--epoch is for a text list (a binary order carries its epoch)")
+        send_order(mount, data, a.rank)
     except OrderRefused as e:
         print(f"fusefs order: {e.strerror}", file=sys.stderr)
         return UserError.exit_code
@@ -395,8 +401,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("order", help="hand a mount an epoch's read order (docs/FORMAT.md) from a file")
     s.add_argument("mnt", help="the mount point (or any path inside it)")
-    s.add_argument("file", nargs="?", default="-", help="the order, in fusefs's format (default: stdin)")
+    s.add_argument("file", nargs="?", default="-",
+                   help="the order (default: stdin): fusefs's binary format (docs/FORMAT.md), or text "
+                        "with one sample per line, all sample ids or all paths (relative to the mount, "
+                        "or absolute inside it)")
     s.add_argument("--rank", type=int, default=0, help="the rank whose order it is (0..63, default 0)")
+    s.add_argument("--epoch", type=int, help="the epoch of a text list (default 0)")
     s.set_defaults(func=cmd_order)
     return p
 

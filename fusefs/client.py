@@ -94,6 +94,33 @@ def paths_to_ids(paths, mount: str | None = None) -> np.ndarray:
     return out
 
 
+def ids_from_text(text: bytes, mount: str) -> np.ndarray:
+    """The sample ids of an order given as text (what a DALI or FFCV user, or a shell,
+    writes): one sample per line, either all lines sample ids (decimal) or all paths,
+    relative to the mount or absolute inside it. Blank lines are skipped; a trailing \r
+    is dropped. ValueError names the first line that is neither (its number from 1)."""
+    lines = [(k, line.rstrip(b"\r")) for k, line in enumerate(text.split(b"\n"), 1)]
+    lines = [(k, line) for k, line in lines if line.strip()]
+    if b"\0" in text:
+        raise ValueError("neither a fusefs order nor a text list (a NUL byte)")
+    if all(line.strip().isdigit() for _, line in lines):
+        return np.array([int(line) for _, line in lines], dtype=np.int64)
+    mount = os.path.abspath(mount)
+    table = mount_ids(mount)
+    root = os.fsencode(mount) + b"/"
+    out = np.empty(len(lines), dtype=np.int64)
+    for j, (k, line) in enumerate(lines):
+        if line.startswith(root):
+            rel = line[len(root):]
+        else:
+            rel = line[2:] if line.startswith(b"./") else line
+        sid = table.get(rel)
+        if sid is None:
+            raise ValueError(f"line {k}: {os.fsdecode(line)!r} is not a file of the mount at {mount}")
+        out[j] = sid
+    return out
+
+
 class OrderRefused(OSError):
     """The mount refused an order (errno EINVAL); the message says why."""
 

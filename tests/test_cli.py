@@ -161,3 +161,36 @@ def test_fusefs_order_hands_a_mount_an_order_from_a_file_or_stdin(tricky, tmp_pa
         _one_error_line(_run("order", mnt, tmp_path / "missing"), EXIT_SYSTEM, "missing")
         _one_error_line(_run("order", tmp_path, good), EXIT_USER, "not inside a fusefs mount")
         assert mount_stats(str(mnt))["plans"]["3"]["epoch"] == 5  # (the refused ones changed nothing)
+
+
+def test_fusefs_order_takes_a_text_list_of_paths_or_ids(tricky, tmp_path):
+    """A text list (one sample per line: relative or absolute paths, or ids), as a DALI or
+    FFCV user would write it; refused with the line named, the previous order in force."""
+    from fusefs.client import mount_ids, mount_stats
+    from fusefs import order as orderfmt
+    mnt = tmp_path / "mnt"
+    with running_mount(tricky[1], mnt):
+        table = mount_ids(str(mnt))
+        names = sorted(table)[:3]
+        text = tmp_path / "paths.txt"
+        text.write_bytes(b"\n".join([names[2], b"./" + names[0], os.fsencode(str(mnt)) + b"/" + names[1]])
+                         + b"\r\n\n")
+        r = _run("order", mnt, text, "--epoch", "4", "--rank", "2")
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        current = orderfmt.parse((mnt / ".fusefs" / "order.2").read_bytes(), len(table))
+        assert current.epoch == 4 and current.ids.tolist() == [table[names[i]] for i in (2, 0, 1)]
+        r = subprocess.run(fusefs_cmd("order", mnt), input=b"2\n0\n1\n", capture_output=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert orderfmt.parse((mnt / ".fusefs" / "order").read_bytes(), len(table)).ids.tolist() == [2, 0, 1]
+        bad = tmp_path / "bad.txt"
+        bad.write_bytes(names[0] + b"\nno/such/file.jpg\n")
+        _one_error_line(_run("order", mnt, bad), EXIT_USER, "line 2", "no/such/file.jpg")
+        bad.write_bytes(b"0\n99999\n")
+        _one_error_line(_run("order", mnt, bad), EXIT_USER, "unknown sample id 99999")
+        bad.write_bytes(b"0\x001\n")
+        _one_error_line(_run("order", mnt, bad), EXIT_USER, "neither a fusefs order nor a text list")
+        good = tmp_path / "good.order"
+        good.write_bytes(orderfmt.encode([1], epoch=9))
+        _one_error_line(_run("order", mnt, good, "--epoch", "3"), EXIT_USER, "--epoch is for a text list")
+        plans = mount_stats(str(mnt))["plans"]
+        assert plans["0"]["length"] == 3 and plans["2"]["epoch"] == 4  # (the refused changed nothing)
