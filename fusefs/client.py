@@ -53,18 +53,24 @@ def find_mount(path: str) -> str:
     return point
 
 
-_ID_TABLES: dict[str, dict[bytes, int]] = {}
-
-
 def mount_ids(mount: str) -> dict[bytes, int]:
-    """relative path (bytes) -> sample id, from `MNT/.fusefs/ids` (read once per mount)."""
+    """relative path (bytes) -> sample id, from `MNT/.fusefs/ids`. Kept while the same
+    daemon serves that path: the table is cached under the ids file's mtime, its daemon's
+    start (another data set mounted there later has its own table)."""
     mount = os.path.abspath(mount)
-    table = _ID_TABLES.get(mount)
+    key = (mount, os.stat(control_path(mount, IDS)).st_mtime_ns)
+    table = _ID_TABLE.get(key)
     if table is None:
         with open(control_path(mount, IDS), "rb") as f:
             names = f.read().split(b"\0")[:-1]
-        table = _ID_TABLES[mount] = {name: i for i, name in enumerate(names)}
+        table = {name: i for i, name in enumerate(names)}
+        for stale in [k for k in _ID_TABLE if k[0] == mount]:  # (an earlier mount there)
+            del _ID_TABLE[stale]
+        _ID_TABLE[key] = table
     return table
+
+
+_ID_TABLE: dict[tuple[str, int], dict[bytes, int]] = {}
 
 
 def mount_chunks(mount: str) -> np.ndarray:

@@ -598,3 +598,24 @@ def test_a_resumed_epoch_tells_the_mount_only_the_rest(tricky, tmp_path):
         ids = mount_ids(mnt)
         current = orderfmt.parse(open(os.path.join(mnt, ".fusefs", "order"), "rb").read(), len(ids))
         assert current.epoch == 2 and current.ids.tolist() == [ids[os.fsencode(regular[i])] for i in rest]
+
+
+def test_another_data_set_mounted_at_the_same_path_gets_its_own_ids(tmp_path):
+    """The client's id table belongs to one mount: a data set of other names mounted later
+    at the same path takes an order by paths with its own ids (a stale table gave the
+    first set's ids, which could pass the daemon's range check: a wrong order)."""
+    from conftest import write_tree
+    from fusefs.pack import pack
+    mnt = str(tmp_path / "mnt")
+    trees = [{f"c/{i:02d}.jpg": bytes([i]) * 100 for i in range(6)},
+             {f"c/{i:02d}.jpg": bytes([i]) * 100 for i in range(3, 9)}]  # 03..05 at other ids
+    for k, files in enumerate(trees):
+        write_tree(tmp_path / f"src{k}", files)
+        pack(str(tmp_path / f"src{k}"), str(tmp_path / f"dst{k}"), progress=False)
+    for k in range(2):
+        with running_mount(str(tmp_path / f"dst{k}"), mnt):
+            paths = [os.path.join(mnt, "c", f"{i:02d}.jpg") for i in (5, 4, 3)]
+            write_order(mnt, paths, epoch=k)
+            ids = orderfmt.parse(open(os.path.join(mnt, ".fusefs", "order"), "rb").read(), 10).ids
+            names = open(os.path.join(mnt, ".fusefs", "ids"), "rb").read().split(b"\0")
+            assert [names[i] for i in ids] == [b"c/05.jpg", b"c/04.jpg", b"c/03.jpg"], k
