@@ -28,9 +28,16 @@
 #include <sys/uio.h>
 #include <time.h>
 
-/* Debian's libxxhash picks the fastest XXH3 for the CPU at run time (AVX2, SSE2, ...): the
- * same function as the checksums that `fusefs pack` writes with python-xxhash. */
+/* XXH3-64, the function of the checksums that `fusefs pack` writes with python-xxhash. On
+ * x86, libxxhash's dispatcher picks the fastest variant for the CPU at run time (AVX2,
+ * SSE2, ...); elsewhere (aarch64: NEON) the library's own build picks it. */
+#if defined(__x86_64__) || defined(__i386__)
 #include <xxh_x86dispatch.h>
+#define FUSEFS_XXH3 XXH3_64bits_dispatch
+#else
+#include <xxhash.h>
+#define FUSEFS_XXH3 XXH3_64bits
+#endif
 
 #define SCRATCH (256 << 10) /* gaps up to this are read into scratch; longer ones in parts */
 #define MAX_IOV 1024
@@ -114,7 +121,7 @@ static void verify(read_t *r) {
         member_t *m = &r->members[j];
         if (m->rel + m->size > r->got)
             continue; /* short: reported by the caller */
-        if (XXH3_64bits_dispatch(m->buf, (size_t)m->size) != m->sum)
+        if (FUSEFS_XXH3(m->buf, (size_t)m->size) != m->sum)
             m->buf = NULL;
     }
 }

@@ -275,10 +275,53 @@ def cmd_order(a) -> int:
     return 0
 
 
+def version_text() -> str:
+    """`fusefs --version`: fusefs's, and what it was built with and runs on: the binding and
+    its fast path, the native fetch reads, libfuse (asked of the library the binding loaded),
+    the kernel and its FUSE over io_uring switch."""
+    import ctypes
+    import platform
+    from . import __version__, store
+    from . import pyfuse3
+    lines = [f"fusefs {__version__} (Python {platform.python_version()})",
+             f"binding: pyfuse3 {pyfuse3.__version__} with fusefs's patches; fast path: "
+             f"{'built in' if getattr(pyfuse3, 'FAST_PATH', False) else 'not built'}",
+             "native fetch (fusefs._fetchio): " + ("built in" if store.NATIVE else
+                                                   "not built (fetches are read in Python)")]
+    try:
+        libfuse = ctypes.CDLL(pyfuse3.__file__).fuse_pkgversion
+        libfuse.restype = ctypes.c_char_p
+        lines.append(f"libfuse: {libfuse().decode()}")
+    except (OSError, AttributeError):
+        lines.append("libfuse: unknown")
+    uring = "/sys/module/fuse/parameters/enable_uring"
+    try:
+        with open(uring) as f:
+            state = "on" if f.read().strip() in ("Y", "1") else "off"
+        uring_text = f"FUSE over io_uring in the kernel ({state}; fusefs does not use it)"
+    except OSError:
+        uring_text = "no FUSE over io_uring in the kernel"
+    lines.append(f"kernel: {platform.system()} {platform.release()}; {uring_text}; the FUSE "
+                 "protocol is agreed at each mount")
+    return "\n".join(lines)
+
+
+class VersionAction(argparse.Action):
+    """--version, worked out only when asked (it loads the binding)."""
+
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, help=kw.get("help"))
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fusefs", description=__doc__.splitlines()[0])
-    from . import __version__
-    p.add_argument("--version", action="version", version=f"fusefs {__version__}")
+    p.add_argument("--version", action=VersionAction,
+                   help="fusefs's version, and the binding, fast path, native fetch, libfuse and "
+                        "kernel it has")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = p.add_subparsers(dest="command", required=True)
 

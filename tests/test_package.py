@@ -8,17 +8,25 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
+
+from conftest import as_root
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _wheel(out, **env):
-    """`pip wheel` of a copy of the checkout (the build writes into its source tree)."""
+def _copy(out):
     src = out / "src"
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
-        ".git", ".venv", ".device", "out", "build", "*.egg-info", "*.so", "__pycache__", ".pytest_cache",
-        "__init__.c"))
+        ".git", ".venv", ".device", "out", "build", "dist", "*.egg-info", "*.so", "__pycache__",
+        ".pytest_cache", "__init__.c"))
+    return src
+
+
+def _wheel(out, **env):
+    """`pip wheel` of a copy of the checkout (the build writes into its source tree)."""
+    src = _copy(out)
     return subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                            "-q", str(src), "-w", str(out / "dist")],
                           capture_output=True, text=True, env={**os.environ, **env}, timeout=600)
@@ -32,10 +40,39 @@ def _modules(top: str) -> set[str]:
     return out
 
 
-def test_the_wheel_holds_every_module_and_the_compiled_reads(tmp_path):
-    r = _wheel(tmp_path)
+# the sources the binding's and the fetch reads' builds need (MANIFEST.in puts them in the sdist)
+SOURCES = ("fusefs/_fastpath.h", "fusefs/_fetchio.c", "fusefs/pyfuse3/*.pyx", "fusefs/pyfuse3/*.pxi",
+           "fusefs/pyfuse3/*.pxd", "fusefs/pyfuse3/*.h", "fusefs/pyfuse3/macros.c",
+           "fusefs/pyfuse3/include/*.pxd", "fusefs/pyfuse3/LICENSE", "LICENSE")
+
+
+@as_root
+def test_the_sdist_needs_no_libfuse_and_its_wheel_installs_without_any_dev_package(tmp_path, attacker):
+    """The sdist builds with no libfuse3 and no compiler, and holds every source; the wheel
+    scripts/build_wheel.sh makes from it holds every module, the compiled parts and the
+    libraries they link (libfuse3, libxxhash, grafted by auditwheel), and a user who is not
+    root installs it into a venv of their own with no compiler (CC=false) and loads it: the
+    binding finds libfuse3 in the wheel, not on the system."""
+    import glob
+    import tarfile
+    src = _copy(tmp_path)
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "pkg-config").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "pkg-config").chmod(0o755)
+    r = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir",
+                        str(tmp_path / "sdist"), str(src)], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", CC="false"))
     assert r.returncode == 0, r.stderr[-3000:]
-    (wheel,) = (tmp_path / "dist").glob("fusefs-*.whl")
+    (sdist,) = (tmp_path / "sdist").glob("fusefs-*.tar.gz")
+    held = {n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n}
+    needed = {os.path.relpath(f, REPO) for pattern in SOURCES for f in glob.glob(os.path.join(REPO, pattern))}
+    assert "fusefs/pyfuse3/__init__.pyx" in needed and needed <= held, sorted(needed - held)
+
+    r = subprocess.run(["bash", str(src / "scripts" / "build_wheel.sh"), str(tmp_path / "dist")],
+                       capture_output=True, text=True, timeout=900, env=dict(os.environ, PYTHON=sys.executable))
+    assert r.returncode == 0, r.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("fusefs-*manylinux*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     modules = _modules("fusefs") | _modules("trainer")
     assert "trainer/accel/hybrid.py" in modules and "trainer/accel/swap.py" in modules
@@ -46,8 +83,37 @@ def test_the_wheel_holds_every_module_and_the_compiled_reads(tmp_path):
     assert any(n.startswith("fusefs/pyfuse3/__init__.") and n.endswith(".so") for n in names)
     assert "fusefs/pyfuse3/_pyfuse3.py" in names and "fusefs/pyfuse3/LICENSE" in names
     assert not [n for n in names if n.endswith((".c", ".h", ".pyx", ".pxi"))]  # (sources stay out)
+    grafted = [n for n in names if n.startswith("fusefs.libs/")]
+    assert any("libfuse3" in n for n in grafted) and any("libxxhash" in n for n in grafted), grafted
+    assert any(n.endswith("licenses/LICENSE") for n in names)
+    entry = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "fusefs = fusefs.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+
+    # a user who is not root: a venv of their own (Debian's Python, the wheel's version),
+    # no compiler, no index
+    uid, gid, _ = attacker
+    home = tempfile.mkdtemp(prefix="fusefs-user-")
+    try:
+        os.chown(home, uid, gid)
+        shutil.copy(wheel, home)
+        os.chmod(os.path.join(home, wheel.name), 0o644)
+        script = (f"set -e; cd {home}; /usr/bin/python3 -m venv venv; "
+                  f"CC=false venv/bin/python -m pip install -q --no-deps --no-index {wheel.name}; "
+                  "so=$(venv/bin/python -c 'import importlib.util as u; "
+                  "print(u.find_spec(\"fusefs.pyfuse3\").origin)' 2>/dev/null || "
+                  "ls venv/lib/python3*/site-packages/fusefs/pyfuse3/__init__*.so); "
+                  "ldd $so | grep libfuse3; venv/bin/python -c 'import fusefs._fetchio; print(\"fetchio ok\")'")
+        r = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "bash", "-c", script],
+                           capture_output=True, text=True, timeout=300, env=dict(os.environ, HOME=home))
+        assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+        fuse_line = next(line for line in r.stdout.splitlines() if "libfuse3" in line)
+        assert f"{home}/venv/" in fuse_line and "fusefs.libs/libfuse3-" in fuse_line, r.stdout
+        assert "fetchio ok" in r.stdout
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
     # installed into a folder of its own (found first; this venv's packages for the
-    # dependencies): the binding has the fast path
+    # dependencies): the binding has the fast path and `fusefs --version` says so
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
                     str(site), str(wheel)], check=True, capture_output=True)
@@ -57,27 +123,52 @@ def test_the_wheel_holds_every_module_and_the_compiled_reads(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     where, available = r.stdout.split()
     assert where.startswith(str(site)) and available == "True"
-    entry = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "fusefs = fusefs.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+    r = subprocess.run([sys.executable, "-m", "fusefs", "--version"], capture_output=True, text=True,
+                       cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(site)), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "pyfuse3 3.5.0" in r.stdout and "fast path: built in" in r.stdout
+    assert "native fetch (fusefs._fetchio): built in" in r.stdout and "libfuse: 3." in r.stdout
 
 
-def test_a_native_build_that_fails_stops_the_build_unless_opted_out(tmp_path):
+def _one_line(r) -> str:
+    """The build's one line about it (pip frames it with its own lines): no compiler
+    diagnostics, no traceback."""
+    import re
+    said = r.stdout + r.stderr
+    assert not re.search(r"\.(c|h|pyx|pxi):\d+", said) and "Traceback" not in said, said[-3000:]
+    (line,) = [x.strip() for x in said.splitlines() if x.strip().startswith("fusefs:")]
+    return line
+
+
+def test_a_missing_build_dependency_stops_the_build_before_any_compile(tmp_path):
+    """No working compiler (CC=false), or no xxhash.h (a compiler that fails on it): one
+    line naming the Debian packages, before the binding is compiled; the fetch reads can
+    be left out (FUSEFS_NO_NATIVE=1), and a failure in their own compile names them too."""
     r = _wheel(tmp_path / "a", CC="/bin/false")
     assert r.returncode != 0
-    said = r.stdout + r.stderr
-    assert "fusefs.pyfuse3 did not build" in said and "libfuse3-dev" in said
-    # a compiler that fails on the fetch reads alone
+    line = _one_line(r)
+    assert "cannot build fusefs.pyfuse3" in line and "libfuse3-dev" in line and len(line) < 250, line
+    assert not list((tmp_path / "a" / "src").rglob("__init__.c"))  # (nothing was cythonized... compiled)
+    no_xxhash = tmp_path / "cc-no-xxhash"
+    no_xxhash.write_text('#!/bin/sh\nfor a; do case "$a" in *probe.c) grep -q xxhash "$a" && exit 1;; esac; done\n'
+                         'exec gcc "$@"\n')
+    no_xxhash.chmod(0o755)
+    r = _wheel(tmp_path / "b", CC=str(no_xxhash))
+    assert r.returncode != 0
+    line = _one_line(r)
+    assert "cannot build fusefs._fetchio" in line and "libxxhash-dev" in line and "FUSEFS_NO_NATIVE=1" in line, line
+    # a compiler that fails on the fetch reads' own source
     cc = tmp_path / "cc"
     cc.write_text('#!/bin/sh\ncase "$*" in *_fetchio.c*) exit 1;; esac\nexec gcc "$@"\n')
     cc.chmod(0o755)
-    r = _wheel(tmp_path / "b", CC=str(cc))
+    r = _wheel(tmp_path / "c", CC=str(cc))
     assert r.returncode != 0
     said = r.stdout + r.stderr
     assert "fusefs._fetchio did not build" in said and "libxxhash-dev" in said
     assert "FUSEFS_NO_NATIVE=1" in said
-    r = _wheel(tmp_path / "c", CC=str(cc), FUSEFS_NO_NATIVE="1")
+    r = _wheel(tmp_path / "d", CC=str(cc), FUSEFS_NO_NATIVE="1")
     assert r.returncode == 0, r.stderr[-3000:]
-    (wheel,) = (tmp_path / "c" / "dist").glob("fusefs-*.whl")
+    (wheel,) = (tmp_path / "d" / "dist").glob("fusefs-*.whl")
     so = [n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".so")]
     assert len(so) == 1 and so[0].startswith("fusefs/pyfuse3/__init__.")
 

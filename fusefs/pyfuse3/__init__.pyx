@@ -1191,3 +1191,6 @@ READS_INTERRUPTIBLE = True
 
 # fusefs: the fast path runs on several threads, each reading its own clone of the session's fd
 FAST_PATH_THREADS = True
+
+# fusefs: __version__ is the pyfuse3 release this binding is
+VERSION_OF_RELEASE = True

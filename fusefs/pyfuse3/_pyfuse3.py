@@ -12,14 +12,11 @@ the terms of the GNU LGPL.
 import errno
 import functools
 import logging
-from importlib.metadata import PackageNotFoundError, version as package_version
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple
 
 # Version information
-try:
-    __version__ = package_version('pyfuse3')
-except PackageNotFoundError:
-    __version__ = 'unknown'
+# fusefs: the version of the pyfuse3 release this binding is (no pyfuse3 distribution is installed)
+__version__ = '3.5.0'
 
 FileHandleT = int
 FileNameT = bytes
