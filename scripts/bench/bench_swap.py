@@ -38,7 +38,7 @@ from torch.utils.checkpoint import checkpoint
 from common import REPO, JsonLines, commit as common_commit
 
 from trainer import SwapScheduler
-from trainer.accel.swap import is_oom, largest_batch
+from trainer.accel.swap import PinnedPool, is_oom, largest_batch
 
 
 # ---- models: (model, the blocks to checkpoint, a batch maker) ---------------------------
@@ -174,11 +174,18 @@ def side_by_side(rows, run, rounds, steps, watch):
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def largest_batch_cuda(enter, dev, model, make, start):
-    """CUDA only: the largest batch (to within 1/16) whose step fits in the memory limit."""
+def largest_batch_cuda(enter, dev, model, make, start, hooks, host_limit):
+    """CUDA only: the largest batch (to within 1/16) whose step fits in the memory limit.
+    Each try has a swap pool of its own, the one at `start` scaled to its batch (within
+    host_limit): the scheduler's pool is sized once, for the batch it trains with."""
+    trained = hooks.pool
+
     def fits(b):
         try:
             x, y = make(b, dev)
+            hooks.pool = PinnedPool(pin=trained.pin, limit=host_limit)
+            hooks.pool.reserve(trained.bytes * b // max(1, start) + PinnedPool.ALIGN * 64)
+            hooks.reset_counts()
             with enter():
                 step(model, x, y)
             torch.cuda.synchronize(dev)
@@ -189,6 +196,7 @@ def largest_batch_cuda(enter, dev, model, make, start):
             return False
         finally:
             model.zero_grad(set_to_none=True)
+            hooks.pool = trained
             torch.cuda.empty_cache()
     return largest_batch(fits, start)
 
@@ -197,8 +205,10 @@ def bench_model(name, a, dev, lines) -> tuple[dict, list]:
     model, blocks, make = MODELS[name]()
     model = model.to(dev)
     x, y = make(a.batch, dev)
-    sched = SwapScheduler(model, budget=a.budget, segments=a.segments, steps_per_round=2, device=dev, seed=0)
-    watch = HostWatch(int(a.host_limit * psutil.virtual_memory().total), lambda: sched.hooks.pool,
+    host_limit = int(a.host_limit * psutil.virtual_memory().total)
+    sched = SwapScheduler(model, budget=a.budget, segments=a.segments, steps_per_round=2, device=dev,
+                          seed=0, host_limit=host_limit)
+    watch = HostWatch(host_limit, lambda: sched.hooks.pool,
                       f"{name}: learning, {a.rounds} rounds")
     t0 = time.perf_counter()
     sched.pretrain(lambda b: step(model, *b), [(x, y)], rounds=a.rounds)
@@ -230,7 +240,12 @@ def bench_model(name, a, dev, lines) -> tuple[dict, list]:
 
     rows = {"no_swap": lambda: plan(0), "save_on_cpu": everything, "checkpoint": anchor,
             "swap_all": lambda: plan(2 ** len(sched.units) - 1), "learned": lambda: plan(learned)}
-    step_s = side_by_side(rows, lambda: step(model, x, y), a.rounds_timed, a.steps, watch)
+    def one_step():  # (the swap pool handed out afresh: the last step's transfers are done)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        sched.hooks.reset_counts()
+        step(model, x, y)
+    step_s = side_by_side(rows, one_step, a.rounds_timed, a.steps, watch)
     res = {"batch": a.batch, "budget": a.budget, "rounds": sched.rounds, "learn_s": learn_s,
            "plan": sched.plan_dict(learned), "converged_by_itself": converged,
            "failed_plans": len(sched.failed)}
@@ -254,7 +269,8 @@ def bench_model(name, a, dev, lines) -> tuple[dict, list]:
             memory = sched.hooks.resident_bytes
         res[row] = {"memory": memory, "step_s": step_s[row], "time_ratio": step_s[row] / step_s["no_swap"]}
         if dev.type == "cuda" and row in a.largest_rows.split(","):
-            res[row]["largest_batch"] = largest_batch_cuda(enter, dev, model, make, a.batch)
+            res[row]["largest_batch"] = largest_batch_cuda(enter, dev, model, make, a.batch, sched.hooks,
+                                                           host_limit)
         lines.write(bench="bench_swap", model=name, row=row, batch=a.batch, budget=a.budget,
                     memory_limit_bytes=res.get("memory_limit_bytes"), **res[row])
     for row in rows:

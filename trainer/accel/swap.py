@@ -6,8 +6,9 @@ autograd saves for backward go through torch.autograd.graph.saved_tensors_hooks.
 unit the plan swaps, each such tensor is copied to a host buffer as soon as it is saved
 (on CUDA: pinned, on a side stream that waits for the compute stream, so the copy
 overlaps the forward that follows) and the device copy is released once the copy is done;
-backward brings it back. The host buffers come from a pool (PinnedPool) reused from step
-to step, not allocated per tensor. On CUDA the copy back runs ahead on the side stream:
+backward brings it back. The host buffers are stretches of one pool (PinnedPool), sized
+once after the first step (which swaps nothing) from the most any plan could swap, capped by
+`host_limit`, and reused from step to step: no step allocates host memory after that one. On CUDA the copy back runs ahead on the side stream:
 when backward unpacks a swapped tensor, the one packed just before it (the next that
 backward will need) starts coming back. Parameters are never swapped, nor are tensors
 that cannot make the round trip (not dense/strided): their unit is marked unswappable.
@@ -72,40 +73,62 @@ def is_oom(e: BaseException) -> bool:
 
 
 class PinnedPool:
-    """Host buffers for swapped tensors, reused from step to step (a training step swaps the
-    same sizes every time): `take(x)` hands out a buffer shaped like x (pinned when `pin`),
-    `release_all()` returns every buffer, at the start of a step, when the previous step's
-    transfers are done. A failed allocation raises SwapOutOfMemory."""
+    """Host memory for swapped tensors: one buffer (pinned when `pin`), allocated once and
+    handed out by a pointer that goes back to its start at each step. `reserve(nbytes)`
+    sizes it, once (the scheduler does after the first step, from the most that step could
+    swap: every byte saved inside the hooked modules), capped by `limit` bytes (the user's
+    bound; None: none). `take(x)` hands out the next stretch, shaped like x, aligned to
+    ALIGN bytes; `release_all()` gives every stretch back at the start of a step, when the
+    previous step's transfers are done. Nothing is allocated after `reserve`: a step that
+    would need more than the pool, or a take before the pool is sized, raises
+    SwapOutOfMemory (the scheduler penalises the plan, as for device memory), so swapping
+    stays within host memory by construction (torch's pinned allocator, asked per tensor,
+    caches what it frees and grew the host's memory step after step)."""
 
-    def __init__(self, pin: bool):
+    ALIGN = 512
+
+    def __init__(self, pin: bool, limit: int | None = None):
         self.pin = pin
-        self._free: dict[int, list] = {}
-        self._used: list = []
-        self.bytes = 0  # held, in use or free
+        self.limit = limit
+        self._arena: torch.Tensor | None = None
+        self._at = 0
+        self.bytes = 0  # the pool's size (0 until reserved)
+        self.used = 0   # handed out this step
+
+    @property
+    def sized(self) -> bool:
+        return self._arena is not None
+
+    @staticmethod
+    def room(sizes) -> int:
+        """The pool that holds tensors of these byte sizes in one step."""
+        align = PinnedPool.ALIGN
+        return sum((n + align - 1) // align * align for n in sizes)
+
+    def reserve(self, nbytes: int) -> None:
+        if self._arena is not None:
+            raise RuntimeError("the swap pool is sized once")
+        n = max(0, int(nbytes) if self.limit is None else min(int(nbytes), int(self.limit)))
+        try:
+            self._arena = torch.empty(n, dtype=torch.uint8, pin_memory=self.pin)
+        except RuntimeError as e:
+            raise SwapOutOfMemory(f"no host memory for a swap pool of {n} bytes: {e}") from e
+        self.bytes = n
 
     def take(self, x: torch.Tensor) -> torch.Tensor:
         n = x.numel() * x.element_size()
-        free = self._free.get(n)
-        if free:
-            buf = free.pop()
-        else:
-            try:
-                buf = torch.empty(n, dtype=torch.uint8, pin_memory=self.pin)
-            except RuntimeError as e:
-                raise SwapOutOfMemory(f"no host buffer of {n} bytes for a swapped tensor: {e}") from e
-            self.bytes += n
-        self._used.append((n, buf))
-        return buf.view(x.dtype).view(x.shape)
+        if self._arena is None:
+            raise SwapOutOfMemory("the swap pool is not sized yet (the first step sizes it)")
+        start = (self._at + self.ALIGN - 1) // self.ALIGN * self.ALIGN
+        if start + n > self.bytes:
+            raise SwapOutOfMemory(f"the swap pool ({self.bytes} bytes) cannot hold this step's "
+                                  f"swapped tensors ({start + n} bytes and more)")
+        self._at = start + n
+        self.used = self._at
+        return self._arena[start:start + n].view(x.dtype).view(x.shape)
 
     def release_all(self) -> None:
-        for n, buf in self._used:
-            self._free.setdefault(n, []).append(buf)
-        self._used.clear()
-
-    def clear(self) -> None:
-        self.release_all()
-        self._free.clear()
-        self.bytes = 0
+        self._at = self.used = 0
 
 
 class SwapHooks:
@@ -115,7 +138,7 @@ class SwapHooks:
     scheduler's segments of the forward). Per step it records the bytes each module saves
     and the order in which modules first save (the forward's order)."""
 
-    def __init__(self, model: nn.Module, types):
+    def __init__(self, model: nn.Module, types, host_limit: int | None = None):
         self.types = list(types)
         self.unit_of = {m: type(m) for m in model.modules() if type(m) in self.types}
         self.swap = {t: False for t in self.types}
@@ -123,7 +146,8 @@ class SwapHooks:
         self.params = {p.data_ptr() for p in model.parameters()}
         self.resident_bytes = self.swapped_bytes = 0
         self.saved_by: dict = {}  # module -> bytes saved this step, in first-save order
-        self.pool = PinnedPool(pin=next(model.parameters(), torch.empty(0)).is_cuda)
+        self.saved_sizes: list = []  # the byte size of each tensor saved in a hooked module
+        self.pool = PinnedPool(pin=next(model.parameters(), torch.empty(0)).is_cuda, limit=host_limit)
         # False: the hooks step aside entirely (no saved_tensors_hooks of their own), so an
         # outer context such as torch.autograd.graph.save_on_cpu sees every saved tensor.
         self.enabled = True
@@ -171,6 +195,7 @@ class SwapHooks:
         synchronised: the last step's transfers are done)."""
         self.resident_bytes = self.swapped_bytes = 0
         self.saved_by = {}
+        self.saved_sizes = []
         self._pending.clear()
         self.pool.release_all()
 
@@ -183,12 +208,14 @@ class SwapHooks:
             self.resident_bytes += nbytes
             return ("keep", x)
         self.saved_by[m] = self.saved_by.get(m, 0) + nbytes
+        self.saved_sizes.append(nbytes)
         unit = self.unit_of.get(m)
         if x.layout != torch.strided:
             self.unswappable.add(unit)  # cannot make the round trip: this unit stays resident
             self.resident_bytes += nbytes
             return ("keep", x)
-        if not self.swap.get(unit) or unit in self.unswappable:
+        if not self.swap.get(unit) or unit in self.unswappable or not self.pool.sized:
+            # (nothing is swapped before the first step has sized the pool)
             self.resident_bytes += nbytes
             return ("keep", x)
         host = self.pool.take(x)
@@ -264,13 +291,16 @@ class SwapScheduler:
     into `segments` contiguous parts of about equal saved bytes (measured in the first
     step); "types": one unit per layer type. budget: the most memory a chosen plan may use,
     in bytes, or as a share of the no-swap plan's (a float <= 1); None: the w trade-off.
+    host_limit: the most host memory (bytes) the swap pool may take (None: as much as the
+    first step saves in the hooked modules); a plan that needs more is treated as one that
+    ran out of memory. Make the first step one of the largest batches: it sizes the pool.
     """
 
     def __init__(self, model: nn.Module, types=DEFAULT_TYPES, *, budget: float | None = None,
                  units: str = "segments", segments: int = 6, w: float = 0.5,
                  alpha: float = 0.5, gamma: float = 0.9, epsilon: float = 0.5,
                  epsilon_decay: float = 0.9, epsilon_min: float = 0.02, steps_per_round: int = 2,
-                 patience: int = 5, seed: int = 0, device=None):
+                 patience: int = 5, seed: int = 0, device=None, host_limit: int | None = None):
         if not 0.0 <= w <= 1.0:
             raise ValueError(f"w must lie in [0, 1], got {w}")
         if budget is not None and budget <= 0:
@@ -279,7 +309,7 @@ class SwapScheduler:
             raise ValueError(f"units must be 'segments' or 'types', got {units!r}")
         present = {type(m) for m in model.modules()}
         self.types = [t for t in types if t in present]
-        self.hooks = SwapHooks(model, self.types)
+        self.hooks = SwapHooks(model, self.types, host_limit)
         self.unit_kind = units
         if units == "segments":
             self.units = list(range(max(1, segments)))
@@ -396,6 +426,8 @@ class SwapScheduler:
             torch.cuda.synchronize(self.device)
         self._times.append(time.perf_counter() - t0)
         self._mems.append(self._memory())
+        if not self.hooks.pool.sized:  # the first step: the most any plan can swap
+            self.hooks.pool.reserve(PinnedPool.room(self.hooks.saved_sizes))
         if not self._profiled:  # the first step, with nothing swapped: cut the segments
             self.hooks.set_units(segments(self.hooks.saved_by, len(self.units)))
             self._profiled = True
@@ -424,8 +456,7 @@ class SwapScheduler:
         """The current plan ran out of memory: penalise it, fall back."""
         self._times.clear()
         self._mems.clear()
-        self.hooks.reset_counts()
-        self.hooks.pool.clear()
+        self.hooks.reset_counts()  # (the pool stays: it is sized once)
         if self._cuda():
             torch.cuda.empty_cache()
         self.failed.add(self.plan)
