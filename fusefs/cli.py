@@ -313,7 +313,10 @@ class VersionAction(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, help=kw.get("help"))
 
     def __call__(self, parser, namespace, values, option_string=None):
-        print(version_text())
+        try:
+            print(version_text(), flush=True)
+        except BrokenPipeError:  # (`fusefs --version | head -1`)
+            pass
         parser.exit()
 
 
