@@ -96,17 +96,39 @@ def cmd_verify(a) -> int:
     return 1 if problems else 0
 
 
-def parse_group(text: str | None) -> int | None:
-    """A group name or number, or None."""
+def parse_mode(text: str) -> int:
+    """An octal permission mode within 0777 (umask, file and folder modes)."""
+    try:
+        value = int(text, 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an octal mode: {text!r}") from None
+    if not 0 <= value <= 0o777:
+        raise argparse.ArgumentTypeError(f"{text}: a mode within 0777 (no setuid, setgid or sticky bits)")
+    return value
+
+
+def _by_name_or_number(text: str | None, lookup, what: str) -> int | None:
+    """lookup(name)'s number for a name, the number itself for digits; None for None."""
     if text is None:
         return None
-    import grp
     try:
-        return grp.getgrnam(text).gr_gid
+        return lookup(text)
     except KeyError:
         if text.isdigit():
             return int(text)
-        raise ConfigError(f"no such group: {text}") from None
+        raise ConfigError(f"no such {what}: {text}") from None
+
+
+def parse_user(text: str | None) -> int | None:
+    """A user name or number, or None."""
+    import pwd
+    return _by_name_or_number(text, lambda name: pwd.getpwnam(name).pw_uid, "user")
+
+
+def parse_group(text: str | None) -> int | None:
+    """A group name or number, or None."""
+    import grp
+    return _by_name_or_number(text, lambda name: grp.getgrnam(name).gr_gid, "group")
 
 
 def cmd_mount(a) -> int:
@@ -156,7 +178,7 @@ def apply_mount_options(a) -> None:
             else:
                 try:
                     setattr(a, act.dest, act.type(value) if act.type else value)
-                except ValueError:
+                except (ValueError, argparse.ArgumentTypeError):
                     raise ConfigError(f"-o {opt}: not a valid value for {name}") from None
     a.o = [",".join(fuse)] if fuse else []
 
@@ -178,7 +200,8 @@ def mount_config(a, dataset_bytes: int) -> MountConfig:
                        control_gid=parse_group(a.control_group), local_dir=a.local_cache,
                        order_bytes=None if a.order_memory is None else parse_size(a.order_memory, whole=cache),
                        local_bytes=local_bytes, metrics_port=a.metrics_port,
-                       metrics_address=a.metrics_address)
+                       metrics_address=a.metrics_address, uid=parse_user(a.uid), gid=parse_group(a.gid),
+                       umask=a.umask, file_mode=a.file_mode, dir_mode=a.dir_mode)
 
 
 def default_local_size(folder: str, dataset_bytes: int) -> int:
@@ -392,6 +415,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--control-group", metavar="GROUP",
                    help="a group whose members may write the control files (the order) too; "
                         "by default only the user who mounted (and root) may")
+    s.add_argument("--uid", metavar="USER", help="the files' owner, a user name or number (default: "
+                   "the user who mounts); with allow_other, as rclone's and mountpoint-s3's uid=")
+    s.add_argument("--gid", metavar="GROUP", help="the files' group, a name or number (default: the "
+                   "mounting user's group)")
+    s.add_argument("--umask", type=parse_mode, metavar="OCTAL",
+                   help="permission bits taken from every file's and folder's mode, e.g. 022")
+    s.add_argument("--file-mode", type=parse_mode, metavar="OCTAL",
+                   help="every file's mode instead of its packed one (then --umask), e.g. 0444")
+    s.add_argument("--dir-mode", type=parse_mode, metavar="OCTAL",
+                   help="every folder's mode instead of its packed one (then --umask), e.g. 0555")
     s.add_argument("--retries", type=int, default=DEFAULTS.retries,
                    help="retries of a failed backend read, with doubling backoff from 0.1 s "
                         f"(default {DEFAULTS.retries}; the index, read once at start, gets at least 16)")

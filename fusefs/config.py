@@ -17,6 +17,18 @@ class ConfigError(UserError):
     pass
 
 
+def presented_modes(modes, file_mode: int | None, umask: int | None):
+    """The permission bits shown for packed modes (an array): file_mode instead of each
+    (if given), less the umask's bits. The array itself when nothing changes it."""
+    import numpy as np
+    if file_mode is None and not umask:
+        return modes
+    out = np.full_like(modes, file_mode) if file_mode is not None else modes.copy()
+    if umask:
+        out &= ~np.asarray(umask, dtype=out.dtype)
+    return out
+
+
 MAX_FAST_THREADS = 64  # (fusefs/_fastpath.h's FUSEFS_MAX_THREADS)
 
 
@@ -45,6 +57,11 @@ class MountConfig:
     local_bytes: int = 0              # and its budget
     metrics_port: int | None = None   # serve Prometheus metrics over HTTP on this port
     metrics_address: str = "127.0.0.1"  # ... on this address
+    uid: int | None = None            # the files' owner (None: the daemon's user)
+    gid: int | None = None            # and group (None: the daemon's group)
+    umask: int | None = None          # bits taken from the packed modes
+    file_mode: int | None = None      # every file's mode instead of its packed one (then umask)
+    dir_mode: int | None = None       # every folder's mode instead of its packed one (then umask)
 
     def __post_init__(self):
         for name, least in (("per_node", 1), ("batch", 1), ("retries", 0), ("cache_bytes", 0),
@@ -65,6 +82,13 @@ class MountConfig:
             raise ConfigError(f"readahead must not be negative, got {self.readahead}")
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
             raise ConfigError(f"metrics-port must lie in [0, 65535], got {self.metrics_port}")
+        for name in ("umask", "file_mode", "dir_mode"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 0o777:
+                raise ConfigError(f"{name.replace('_', '-')} must be an octal mode within 0777, got {value:o}")
+        for name in ("uid", "gid"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise ConfigError(f"{name} must not be negative")
         if self.local_bytes and self.local_dir is None:
             raise ConfigError("a local cache size needs a local cache folder")
 

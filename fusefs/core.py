@@ -33,7 +33,7 @@ import trio
 from .cache import SampleCache
 from .control import FH_BASE, FILES, ControlHooks, ControlNamespace
 from .entries import BLKSIZE, DATA_TIMEOUT, WRITE_FLAGS, Attr, FsError, OpenResult
-from .config import DEFAULTS, MountConfig
+from .config import DEFAULTS, MountConfig, presented_modes
 from .index import CONTROL_NAME, Index
 from .orders import Orders, default_budget
 from .policy import Policy
@@ -137,8 +137,13 @@ class Core:
         self.index = index
         self.store = store
         self.local = local
+        uid = config.uid if uid is None else uid
+        gid = config.gid if gid is None else gid
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
+        # the permission bits shown (--file-mode, --dir-mode, --umask over the packed ones)
+        self.file_mode = presented_modes(index.mode, config.file_mode, config.umask)
+        self.dir_mode = presented_modes(index.dir_mode, config.dir_mode, config.umask)
         self.control_gid = config.control_gid  # a group that may set orders too
         self.ctrl_dir = index.n_dirs + 1
         self.file_base = self.ctrl_dir + CTRL_SLOTS
@@ -215,12 +220,12 @@ class Core:
 
     def file_attr(self, sid: int) -> Attr:
         ix = self.index
-        return Attr(self.file_base + sid, stat.S_IFREG | int(ix.mode[sid]), int(ix.size[sid]),
+        return Attr(self.file_base + sid, stat.S_IFREG | int(self.file_mode[sid]), int(ix.size[sid]),
                     int(ix.mtime_ns[sid]))
 
     def dir_attr(self, d: int) -> Attr:
         ix = self.index
-        return Attr(d + 1, stat.S_IFDIR | int(ix.dir_mode[d]), 0, int(ix.dir_mtime_ns[d]),
+        return Attr(d + 1, stat.S_IFDIR | int(self.dir_mode[d]), 0, int(ix.dir_mtime_ns[d]),
                     nlink=2 + int(ix.dir_nsubs[d]))
 
     # ---- metadata --------------------------------------------------------------------
@@ -328,7 +333,7 @@ class Core:
         tree = {
             "dir_first_file": ix.dir_first_file, "dir_nfiles": ix.dir_nfiles,
             "name_off": ix.file_name_off, "name_len": ix.file_name_len,
-            "names": np.frombuffer(ix.names, dtype=np.uint8), "size": ix.size, "mode": ix.mode,
+            "names": np.frombuffer(ix.names, dtype=np.uint8), "size": ix.size, "mode": self.file_mode,
             "mtime_ns": ix.mtime_ns, "uid": self.uid, "gid": self.gid, "timeout": DATA_TIMEOUT,
             "blksize": BLKSIZE}
         return {"file_base": self.file_base, "n_files": ix.n_files, "sid_bits": SID_BITS,

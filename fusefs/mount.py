@@ -26,7 +26,7 @@ from .errors import UserError
 from .fs import KernelCache, Operations
 from .index import INDEX_NAME, Index, IndexFormatError
 from .local import LocalTier, LocalTierError
-from .mounts import fusermount
+from .mounts import fusermount, why_fuse_refused
 from .store import NATIVE as store_native_built, ChunkStore, StoreError
 
 log = logging.getLogger("fusefs")
@@ -160,10 +160,8 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
             log.info("metrics at http://%s:%d/metrics", config.metrics_address, server.server_port)
         try:
             pyfuse3.init(ops, mnt, fuse_options(list(options), os.path.abspath(store.root)))
-        except RuntimeError:  # (libfuse refused an option: it names it on stderr)
-            raise MountError(f"FUSE refused to mount {mnt} with -o {','.join(options) or '(none)'}: "
-                             "an option unknown to fusefs and to FUSE? (fusefs mount --help lists "
-                             "fusefs's own)") from None
+        except RuntimeError:  # (libfuse says why on stderr; this says what to do)
+            raise MountError(f"FUSE refused to mount {mnt}: {why_fuse_refused(options)}") from None
         clean = []
 
         def unmount() -> None:

@@ -1,9 +1,12 @@
 """The system's mount table and unmounting: the one place that reads /proc/mounts and runs
-fusermount3."""
+fusermount3; and why the system's FUSE refused a mount (what to do about it). Standard
+library only: a user's Python without fusefs's packages can ask it."""
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import stat
 import subprocess
 
 _ESCAPE = re.compile(r"\\([0-7]{3})")
@@ -54,3 +57,44 @@ def fusermount(mnt: str, lazy: bool = False) -> subprocess.CompletedProcess:
     """`fusermount3 -u [-z] MNT`; the result says how it went (never raises for a failure)."""
     return subprocess.run(["fusermount3", "-u", *(["-z"] if lazy else []), str(mnt)],
                           capture_output=True, text=True)
+
+
+def why_fuse_refused(options, dev: str = "/dev/fuse", conf: str = "/etc/fuse.conf",
+                     euid: int | None = None) -> str:
+    """What to do about a mount that libfuse refused, as far as can be told from here: a
+    /dev/fuse this user may not open, allow_other without `user_allow_other` in
+    /etc/fuse.conf (non-root), a fusermount3 that is missing or not setuid (non-root), or
+    else an option neither fusefs nor FUSE knows."""
+    euid = os.geteuid() if euid is None else euid
+    given = {o.split("=", 1)[0] for item in options for o in item.split(",") if o}
+    if not os.access(dev, os.R_OK | os.W_OK):
+        try:
+            st = os.stat(dev)
+            import grp
+            try:
+                group = grp.getgrgid(st.st_gid).gr_name
+            except KeyError:
+                group = str(st.st_gid)
+            how = (f"it is mode {stat.S_IMODE(st.st_mode):04o}, group {group}: an admin adds you to "
+                   f"group {group} or makes it 0666 (Debian's default)")
+        except OSError:
+            how = "it is missing: load the fuse module (modprobe fuse) or, in a container, pass the device in"
+        return f"this user may not open {dev}; {how}"
+    if euid != 0:
+        if "allow_other" in given and not _user_allow_other(conf):
+            return (f"allow_other needs a line 'user_allow_other' in {conf} (root adds it), or "
+                    "mount without allow_other")
+        helper = shutil.which("fusermount3")
+        if helper is None or not os.stat(helper).st_mode & stat.S_ISUID:
+            return ("fusermount3 is " + ("missing" if helper is None else f"not setuid root ({helper})") +
+                    ": install the fuse3 package (Debian), which mounts FUSE filesystems for users")
+    return (f"with -o {','.join(options) or '(none)'}: an option unknown to fusefs and to FUSE? "
+            "(fusefs mount --help lists fusefs's own)")
+
+
+def _user_allow_other(conf: str) -> bool:
+    try:
+        with open(conf) as f:
+            return any(line.split("#", 1)[0].strip() == "user_allow_other" for line in f)
+    except OSError:
+        return False

@@ -18,7 +18,7 @@ from fusefs.index import INDEX_NAME, Index
 from testkit.mounts import is_mounted, resolve, running_mount, stop_mount
 from trainer.hints import mount_stats
 
-from conftest import fusefs_cmd, read_tree, refused_mount, REPO
+from conftest import REPO, as_root, attack, fusefs_cmd, read_tree, refused_mount
 
 
 def test_every_file_is_byte_identical_with_same_metadata(tricky_mount):
@@ -71,6 +71,46 @@ def test_names_looked_up_in_c_have_the_attributes_the_loop_gives(tricky, tmp_pat
     assert looped[False] == looped[True] >= len(rels) + len(folders) + len(absent)
     assert {r: seen[False][r][5] for r in rels} == {r: len(files[r]) for r in rels}
     assert seen[False] == seen[True]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_uid_gid_umask_and_modes_are_what_stat_shows(tricky, tmp_path, fast):
+    """--uid/--gid/--umask (as -o options, as fstab gives them) and --file-mode/--dir-mode:
+    every file and folder shows them, whether the fast path's C or the loop answers its
+    lookup, and listing (readdirplus) agrees; nothing else changes."""
+    src, dst, files = tricky
+    rels = sorted(k for k in files if not k.endswith("/"))
+    folders = sorted({os.path.dirname(r) for r in rels if "/" in r})
+    extra = [] if fast else ["--no-fast-path"]
+    cases = [(["-o", "uid=4321,gid=5432,umask=027"], lambda m: m & ~0o027, lambda m: m & ~0o027),
+             (["--file-mode", "0444", "--dir-mode", "0751", "--umask", "0001"], lambda m: 0o444,
+              lambda m: 0o750)]
+    for k, (args, file_bits, dir_bits) in enumerate(cases):
+        mnt = str(tmp_path / f"mnt{k}")
+        with running_mount(dst, mnt, *args, *extra):
+            for r in rels:
+                got, want = os.stat(os.path.join(mnt, r)), os.stat(os.path.join(src, r))
+                assert stat.S_IMODE(got.st_mode) == file_bits(stat.S_IMODE(want.st_mode)), r
+                assert got.st_size == want.st_size and got.st_mtime_ns == want.st_mtime_ns
+                assert (got.st_uid, got.st_gid) == ((4321, 5432) if k == 0 else (os.getuid(), os.getgid()))
+            for d in folders:
+                got, want = os.stat(os.path.join(mnt, d)), os.stat(os.path.join(src, d))
+                assert stat.S_IMODE(got.st_mode) == dir_bits(stat.S_IMODE(want.st_mode)), d
+            listed = {e.name: stat.S_IMODE(e.stat().st_mode) for e in os.scandir(os.path.join(mnt, "cat"))}
+            assert listed and all(m == file_bits(stat.S_IMODE(os.stat(os.path.join(src, "cat", n)).st_mode))
+                                  for n, m in listed.items() if os.path.isfile(os.path.join(src, "cat", n)))
+            assert read_tree(mnt) == read_tree(src)
+
+
+def test_bad_ownership_and_mode_options_are_refused_in_one_line(tricky, tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    for args, words in ((["--umask", "0899"], "not an octal mode"), (["-o", "file_mode=4755"], "file_mode"),
+                        (["--uid", "no-such-user-here"], "no such user")):
+        r = subprocess.run(fusefs_cmd("mount", tricky[1], str(mnt), *args), capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert not is_mounted(str(mnt))
 
 
 def _random_preads(args):
@@ -265,7 +305,7 @@ def test_dash_o_takes_every_mount_option_by_name():
 def test_version_and_help_name_every_default():
     r = subprocess.run(fusefs_cmd("--version"), capture_output=True, text=True)
     from fusefs import __version__
-    assert r.returncode == 0 and r.stdout.strip() == f"fusefs {__version__}"
+    assert r.returncode == 0 and r.stdout.startswith(f"fusefs {__version__} (Python ")
     r = subprocess.run(fusefs_cmd("mount", "--help"), capture_output=True, text=True)
     text = " ".join(r.stdout.split())
     for default in ("(default 256MiB)", "(default 4;", "(default 16;", "(default 300,", "(default on)",
@@ -384,3 +424,30 @@ def test_bench_hotpath_runs_every_regime_and_paces_the_paced_one(tmp_path):
     for name in ("kernel_paced", "minimal_paced", "minimal_c_paced"):  # 300 files at 600 a second: 0.5 s at least
         assert rows[name]["samples_per_s"] <= 600 * 1.05, name
     assert not any(os.path.ismount(p) for p in out.iterdir())
+
+
+@as_root
+def test_a_refused_mount_says_what_to_do_for_a_user_who_is_not_root(attacker, shared_folder):
+    """The reasons a user's mount is refused, asked as that user (fusefs.mounts needs only
+    the standard library): a /dev/fuse they may not open names its mode and group and what
+    an admin does; allow_other without user_allow_other in fuse.conf names the line; else
+    the options."""
+    dev = os.path.join(shared_folder, "fuse")
+    conf = os.path.join(shared_folder, "fuse.conf")
+    with open(dev, "w"):
+        pass
+    os.chmod(dev, 0o600)
+    with open(conf, "w") as f:
+        f.write("# user_allow_other\nmount_max = 1000\n")
+    os.chmod(conf, 0o644)
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from fusefs.mounts import why_fuse_refused as w; "
+            "print(w(['allow_other'], dev=sys.argv[2], conf=sys.argv[3])); "
+            "print(w(['allow_other'], dev='/dev/null', conf=sys.argv[3])); "
+            "print(w(['bogus'], dev='/dev/null', conf=sys.argv[3]))")
+    no_dev, no_allow, other = attack(attacker, code, REPO, dev, conf).splitlines()
+    assert f"may not open {dev}" in no_dev and "mode 0600" in no_dev and "group root" in no_dev, no_dev
+    assert "user_allow_other" in no_allow and conf in no_allow, no_allow
+    assert "bogus" in other or "fusermount3" in other, other
+    with open(conf, "w") as f:
+        f.write("user_allow_other\n")
+    assert "user_allow_other" not in attack(attacker, code, REPO, dev, conf).splitlines()[1]
