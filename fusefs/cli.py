@@ -229,28 +229,74 @@ def _watch(mnt: str, interval: float) -> int:
     """One line per interval: rates since the last line and the cache state."""
     import time
     prev, t_prev = _read_stats(mnt), time.monotonic()
-    print(f"{'opens/s':>8} {'MB/s':>7} {'hit%':>6} {'waits':>6} {'miss':>6} {'backend MB/s':>12} "
+    # kern%: opens of samples the kernel page cache held (their reads never reach the
+    # daemon); hit%: the daemon's reads answered from its cache
+    print(f"{'opens/s':>8} {'MB/s':>7} {'kern%':>6} {'hit%':>6} {'waits':>6} {'miss':>6} {'backend MB/s':>12} "
           f"{'cache MB':>9} {'ahead':>6} {'evict':>6} {'cpu us/smp':>10} {'req/smp':>7}")
     while True:
         time.sleep(interval)
         cur, now = _read_stats(mnt), time.monotonic()
         dt = now - t_prev
-        d = {k: cur[k] - prev[k] for k in ("opens", "bytes_served", "hits", "read_waits", "misses",
-                                          "backend_bytes", "evictions", "cpu_s")}
+        d = {k: cur[k] - prev[k] for k in ("opens", "opens_pushed", "bytes_served", "hits", "read_waits",
+                                          "misses", "backend_bytes", "evictions", "cpu_s")}
         reqs = sum(cur["requests"].values()) - sum(prev["requests"].values())
         served = d["hits"] + d["read_waits"] + d["misses"]
         ahead = sum(p["ahead_ready"] for p in cur["plans"].values())
         # (per sample: "-" while nothing is opened, not this command's own polling over zero)
         cpu = f"{1e6 * d['cpu_s'] / d['opens']:10.0f}" if d["opens"] else f"{'-':>10}"
         req = f"{reqs / d['opens']:7.2f}" if d["opens"] else f"{'-':>7}"
-        print(f"{d['opens'] / dt:8.0f} {d['bytes_served'] / dt / 1e6:7.1f} "
-              f"{100 * d['hits'] / served if served else 0:6.1f} {d['read_waits']:6d} {d['misses']:6d} "
-              f"{d['backend_bytes'] / dt / 1e6:12.1f} {cur['cache_bytes'] / 1e6:9.1f} {ahead:6d} "
+        kern = f"{100 * d['opens_pushed'] / d['opens']:6.1f}" if d["opens"] else f"{'-':>6}"
+        hit = f"{100 * d['hits'] / served:6.1f}" if served else f"{'-':>6}"
+        print(f"{d['opens'] / dt:8.0f} {d['bytes_served'] / dt / 1e6:7.1f} {kern} {hit} "
+              f"{d['read_waits']:6d} {d['misses']:6d} {d['backend_bytes'] / dt / 1e6:12.1f} {cur['cache_bytes'] / 1e6:9.1f} {ahead:6d} "
               f"{d['evictions']:6d} {cpu} {req}", flush=True)
         prev, t_prev = cur, now
 
 
+def _share(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def human_stats(s: dict) -> str:
+    """`fusefs stats MNT`: what a person asks of a mount, a line each (sizes in IEC units),
+    then a line per storage node and per rank's order. `--json` gives every counter."""
+    g = s.get
+    opens = g("opens", 0) or 0
+    kernel_opens = g("opens_pushed", 0) or 0
+    served = (g("hits", 0) or 0) + (g("read_waits", 0) or 0) + (g("misses", 0) or 0)
+    up = int(g("uptime_s", 0) or 0)
+    rows = [("mount", f"up {up // 3600}h {up // 60 % 60:02d}m {up % 60:02d}s, {g('open_handles', 0)} files open"),
+            ("dataset", f"{g('samples', 0):,} samples, {_human(g('dataset_bytes', 0))}"),
+            ("cache", f"{_human(g('cache_bytes', 0))} of {_human(g('cache_budget', 0))} "
+                      f"({g('cache_samples', 0):,} samples; peak {_human(g('cache_peak', 0))}), "
+                      f"{g('evictions', 0):,} evictions"),
+            ("opens", f"{opens:,}, of samples the kernel held {kernel_opens:,} ({_share(kernel_opens, opens)})"),
+            ("reads", f"{served:,} reached the daemon: {_share(g('hits', 0), served)} from its cache, "
+                      f"{g('read_waits', 0):,} waited for a fetch, {g('misses', 0):,} missed; "
+                      f"{_human(g('bytes_served', 0))} served"),
+            ("backend", f"{_human(g('backend_bytes', 0))} in {g('backend_requests', 0):,} requests "
+                        f"({g('backend_samples', 0):,} samples), {g('backend_errors', 0):,} errors, "
+                        f"{g('backend_retries', 0):,} retries; EIO {g('eio', 0):,}"),
+            ("daemon", f"CPU {g('cpu_s', 0):.1f} s" + (f", {g('cpu_us_per_sample')} us per opened sample"
+                                                        if g("cpu_us_per_sample") is not None else ""))]
+    for name, node in sorted((g("nodes") or {}).items()):
+        rows.append((f"node {name}", f"{'DOWN' if node.get('down') else 'up'}, {node.get('requests', 0):,} "
+                                     f"requests, {_human(node.get('bytes', 0))}, {node.get('errors', 0):,} errors, "
+                                     f"{node.get('inflight', 0)} in flight"))
+    for rank, plan in sorted((g("plans") or {}).items(), key=lambda kv: int(kv[0])):
+        rows.append((f"rank {rank}", f"epoch {plan['epoch']}: {plan['cursor']:,} of {plan['length']:,} read "
+                                     f"({_share(plan['cursor'], plan['length'])}), {plan['ahead_ready']:,} of the "
+                                     f"next {plan['ahead_planned']:,} ready"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
 def cmd_stats(a) -> int:
+    from .client import find_mount
+    try:
+        find_mount(a.mnt)
+    except FileNotFoundError as e:  # (not a mount: the user's to fix)
+        raise UserError(str(e)) from None
     try:
         if a.watch:
             return _watch(a.mnt, a.interval)
@@ -258,18 +304,9 @@ def cmd_stats(a) -> int:
     except KeyboardInterrupt:
         return 0
     except OSError as e:
-        print(f"fusefs stats: {a.mnt}: {e.strerror or e} (is it a fusefs mount?)", file=sys.stderr)
+        print(f"fusefs stats: {a.mnt}: {e.strerror or e}", file=sys.stderr)
         return 1
-    if a.json:
-        print(json.dumps(stats, indent=1, sort_keys=True))
-    else:
-        width = max(map(len, stats))
-        for k in sorted(stats):
-            if isinstance(stats[k], dict):
-                for name, v in stats[k].items():
-                    print(f"{k}[{name}]  {json.dumps(v)}")
-            else:
-                print(f"{k:<{width}}  {stats[k]}")
+    print(json.dumps(stats, indent=1, sort_keys=True) if a.json else human_stats(stats))
     return 0
 
 
@@ -348,10 +385,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action=VersionAction,
                    help="fusefs's version, and the binding, fast path, native fetch, libfuse and "
                         "kernel it has")
-    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    # the options every command takes, before or after its name (`fusefs -v mount ...` and
+    # `fusefs mount ... -v` alike)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="log debug messages (as --log-level debug)")
+    common.add_argument("--log-level", choices=LOG_LEVELS, default=argparse.SUPPRESS,
+                        help="the least level logged (default info)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages (as --log-level debug)")
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="the least level logged (default info)")
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("pack", help="pack a folder tree into chunk files plus an index")
+    s = sub.add_parser("pack", parents=[common], help="pack a folder tree into chunk files plus an index")
     s.add_argument("src", help="the folder tree to pack (an ImageFolder, or any tree of files)")
     s.add_argument("dst", help="where the chunk files and the index go (on the parallel filesystem)")
     s.add_argument("--chunk-size", default="64MiB", help="target bytes per chunk (default 64MiB)")
@@ -372,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_pack)
 
-    s = sub.add_parser("mount", help="show a packed dataset as its original tree",
+    s = sub.add_parser("mount", parents=[common], help="show a packed dataset as its original tree",
                        epilog="Every option can also be given as -o name=value (e.g. -o cache_size=10%,"
                               "per_node=8,allow_other), as mount(8) passes an fstab line's options.")
     s.add_argument("dst", help="the packed folder (what `fusefs pack` wrote)")
@@ -456,29 +501,29 @@ def build_parser() -> argparse.ArgumentParser:
                         "$XDG_RUNTIME_DIR/fusefs or ~/.cache/fusefs; one file per mount point)")
     s.set_defaults(func=cmd_mount, parser=s)
 
-    s = sub.add_parser("umount", help="unmount a fusefs mount")
+    s = sub.add_parser("umount", parents=[common], help="unmount a fusefs mount")
     s.add_argument("mnt", help="the mount point")
     s.set_defaults(func=cmd_umount)
 
-    s = sub.add_parser("info", help="print what a packed dataset holds")
+    s = sub.add_parser("info", parents=[common], help="print what a packed dataset holds")
     s.add_argument("dst", help="the packed folder")
     s.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     s.add_argument("--chunks", action="store_true", help="also list every chunk and its node")
     s.set_defaults(func=cmd_info)
 
-    s = sub.add_parser("verify", help="check every checksum of a packed dataset")
+    s = sub.add_parser("verify", parents=[common], help="check every checksum of a packed dataset")
     s.add_argument("dst", help="the packed folder")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_verify)
 
-    s = sub.add_parser("stats", help="print a mount's statistics")
+    s = sub.add_parser("stats", parents=[common], help="print a mount's statistics")
     s.add_argument("mnt", help="the mount point (or any path inside it)")
     s.add_argument("--json", action="store_true", help="the whole statistics as JSON, for scripts")
     s.add_argument("-w", "--watch", action="store_true", help="print rates every interval until Ctrl-C")
     s.add_argument("--interval", type=float, default=1.0, help="seconds between --watch lines (default 1)")
     s.set_defaults(func=cmd_stats)
 
-    s = sub.add_parser("order", help="hand a mount an epoch's read order (docs/FORMAT.md) from a file")
+    s = sub.add_parser("order", parents=[common], help="hand a mount an epoch's read order (docs/FORMAT.md) from a file")
     s.add_argument("mnt", help="the mount point (or any path inside it)")
     s.add_argument("file", nargs="?", default="-",
                    help="the order (default: stdin): fusefs's binary format (docs/FORMAT.md), or text "
@@ -491,6 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 COMMANDS = ("pack", "mount", "umount", "info", "verify", "stats", "order")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 # (the pid: a background mount's log may hold another daemon's lines too: mount.own_lines)
 LOG_FORMAT = "%(asctime)s [%(process)d] %(name)s %(levelname)s %(message)s"
 
@@ -513,7 +559,8 @@ def main(argv=None) -> int:
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     a = build_parser().parse_args(argv)
     a.argv = argv
-    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO, format=LOG_FORMAT)
+    level = "debug" if a.verbose else a.log_level
+    logging.basicConfig(level=getattr(logging, level.upper()), format=LOG_FORMAT)
     try:
         return a.func(a)
     except UserError as e:  # every error a user can fix, with its exit code (2)

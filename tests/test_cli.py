@@ -106,7 +106,8 @@ def test_nonempty_mounts_over_files(tricky, tmp_path):
 
 @pytest.mark.parametrize("args,code,words", [
     (["pack", "{src}", "/proc/x"], EXIT_SYSTEM, ["/proc/x"]),
-    (["stats", "/tmp"], EXIT_SYSTEM, ["not inside a fusefs mount"]),
+    (["stats", "/tmp"], EXIT_USER, ["not inside a fusefs mount"]),
+    (["stats", "/tmp", "--watch"], EXIT_USER, ["not inside a fusefs mount"]),
     (["info", "{tmp}/none"], EXIT_USER, ["no index"]),
     (["verify", "{tmp}/none"], EXIT_USER, ["no index"]),
     (["mount", "{tmp}/none", "{tmp}"], EXIT_USER, ["no index"]),
@@ -194,3 +195,46 @@ def test_fusefs_order_takes_a_text_list_of_paths_or_ids(tricky, tmp_path):
         _one_error_line(_run("order", mnt, good, "--epoch", "3"), EXIT_USER, "--epoch is for a text list")
         plans = mount_stats(str(mnt))["plans"]
         assert plans["0"]["length"] == 3 and plans["2"]["epoch"] == 4  # (the refused changed nothing)
+
+
+def test_fusefs_stats_prints_a_short_table_for_people(tricky, tmp_path):
+    """Without --json: a line per subject (IEC sizes), one per storage node and one per
+    rank's order, figures that agree with --json's."""
+    import json
+    import re
+    from fusefs.client import mount_stats, write_order
+    mnt = tmp_path / "mnt"
+    with running_mount(tricky[1], mnt):
+        write_order(str(mnt), [2, 0, 1], epoch=4, rank=3)
+        for name in ("cat/img 000.jpg", "cat/img 001.jpg"):
+            (mnt / name).read_bytes()
+        r = _run("stats", mnt)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        lines = r.stdout.splitlines()
+        heads = [line.split("  ")[0].strip() for line in lines]
+        assert heads[:7] == ["mount", "dataset", "cache", "opens", "reads", "backend", "daemon"], heads
+        stats = mount_stats(str(mnt))
+        assert [h for h in heads if h.startswith("node ")] == [f"node {n}" for n in sorted(stats["nodes"])]
+        assert "rank 3" in heads and re.search(r"rank 3 +epoch 4: [0-3] of 3 read", r.stdout), r.stdout
+        assert f"{stats['samples']:,} samples" in r.stdout
+        assert not re.search(r"\d{7,}", r.stdout), r.stdout  # (no raw byte counts: IEC units)
+        assert re.search(r"\d\.\d (KiB|MiB|GiB)", r.stdout)
+        assert json.loads(_run("stats", mnt, "--json").stdout)["samples"] == stats["samples"]
+
+
+def test_global_options_are_taken_after_the_command_too(tricky, tmp_path):
+    """-v and --log-level before or after the command's name; a mount at --log-level
+    warning logs no info line, one at -v its debug lines."""
+    _, dst, _ = tricky
+    for args in (["-v", "info", dst], ["info", dst, "-v"], ["info", "--log-level", "error", dst]):
+        r = _run(*args)
+        assert r.returncode == 0, (args, r.stderr)
+    r = _run("info", dst, "--log-level", "loud")
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+    quiet, loud = tmp_path / "quiet", tmp_path / "loud"
+    with running_mount(dst, quiet, "--log-level", "warning") as (_, log):
+        (quiet / "cat" / "img 000.jpg").read_bytes()
+    assert " INFO " not in open(log).read()
+    with running_mount(dst, loud, "-v") as (_, log):
+        (loud / "cat" / "img 000.jpg").read_bytes()
+    assert " INFO " in open(log).read()
