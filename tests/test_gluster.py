@@ -14,45 +14,56 @@ import pytest
 from fusefs.index import INDEX_NAME, Index
 from fusefs.nodes import PATHINFO_XATTR, parse_pathinfo
 from fusefs.pack import pack
-from testkit.gluster import BRICKS, VOL, brick_pid
+from testkit.gluster import BRICKS, GLUSTER_SH as GLUSTER, GMNT, VOL, brick_pid, own_pids
 from trainer import mount_stats, write_order
 
 from testkit.mounts import running_mount
 
 from conftest import REPO, fusefs_cmd, read_tree
 
-GLUSTER = os.path.join(REPO, "scripts", "testbed", "gluster.sh")
-GMNT = "/mnt/fusefs-gluster"
 
 pytestmark = pytest.mark.gluster
 
 
 @pytest.fixture(scope="session")
 def volume():
+    """The test bed's volume, mounted; taken down at the end only if this run made it."""
+    existed = subprocess.run([GLUSTER, "exists"], capture_output=True, timeout=120).returncode == 0
     r = subprocess.run([GLUSTER, "up"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     try:
         yield GMNT
     finally:
-        subprocess.run([GLUSTER, "down"], capture_output=True, timeout=300)
+        if not existed:
+            subprocess.run([GLUSTER, "down"], capture_output=True, timeout=300)
+
+
+def _gone(pid: int) -> bool:
+    """Exited, or a zombie (a killed process lingers so until PID 1 reaps it)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("State:") and "Z" in line for line in f)
+    except OSError:
+        return True
 
 
 def test_up_recovers_from_a_killed_run(volume):
     """A run killed outright (as a CI machine's leftovers) leaves a stale client mount
-    (ENOTCONN on every access) and no brick or glusterd process: `up` must start clean."""
+    (ENOTCONN on every access) and none of the test bed's brick processes (nor its
+    glusterd, where it started one): `up` must start clean. Only the test bed's own
+    processes are killed (own_pids), never others of the machine's by name."""
     keep = os.path.join(volume, f"keep-{uuid.uuid4().hex[:8]}")
     with open(keep, "wb") as f:
         f.write(b"survives")
-    for name in ("glusterfs", "glusterfsd", "glusterd"):
-        subprocess.run(["pkill", "-9", "-x", name])
-    # Killed processes linger as zombies until PID 1 reaps them (seconds, here): `up` runs
-    # as soon as none is alive, so it must not take a zombie glusterd for a running one.
-    for _ in range(50):
-        states = subprocess.run(["ps", "-C", "glusterfs,glusterfsd,glusterd", "-o", "stat="],
-                                capture_output=True, text=True).stdout.split()
-        if all(st.startswith("Z") for st in states):
-            break
-        time.sleep(0.1)
+    pids = own_pids()
+    assert len(pids) >= 4, pids  # three bricks and the client at least
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    # `up` runs as soon as they are gone: it must not take a zombie for a running process
+    deadline = time.monotonic() + 30
+    while not all(_gone(p) for p in pids):
+        assert time.monotonic() < deadline, [p for p in pids if not _gone(p)]
+        time.sleep(0.05)
     with pytest.raises(OSError) as e:
         os.stat(volume)
     assert e.value.errno == errno.ENOTCONN
@@ -213,8 +224,8 @@ def test_injected_read_errors_are_retried_and_never_give_wrong_bytes(small_packe
     assert res["wrong"] == 0 and res["other_errors"] == 0
     assert res["backend_errors"] > 0 and res["retries"] > 0  # fusefs saw them and retried
     assert res["served"] + res["eio"] == len(rels) and res["served"] > len(rels) / 2
-    vol = subprocess.run(["gluster", "volume", "info", "fusefsvol"], capture_output=True,
-                         text=True).stdout
+    vol = subprocess.run(["gluster", "volume", "info", VOL], capture_output=True, text=True,
+                         timeout=60).stdout
     assert "error-gen" not in vol  # the volume change was undone
 
 

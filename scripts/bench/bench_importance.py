@@ -53,12 +53,9 @@ from common import REPO, run_trainer
 
 from fusefs.pack import pack
 from testkit.synth import make_digits, make_imagefolder
-from testkit.gluster import GLUSTER_SH
+from testkit.gluster import BRICKS, GLUSTER_SH, GMNT, VOL
 from testkit.mounts import running_mount
 
-GMNT = "/mnt/fusefs-gluster"
-VOL = os.environ.get("FUSEFS_GLUSTER_VOL", "fusefsvol")  # as gluster.sh
-BRICKS = os.environ.get("FUSEFS_GLUSTER_BRICKS", "/srv/fusefs-gluster")  # as gluster.sh
 
 
 def brick_reads() -> int:

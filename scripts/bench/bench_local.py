@@ -35,11 +35,10 @@ from testkit.synth import (
     make_digits,
     make_imagefolder,
 )
-from testkit.gluster import GLUSTER_SH
+from testkit.gluster import GLUSTER_SH, GMNT
 from testkit.mounts import running_mount
 from trainer import mount_stats
 
-GMNT = "/mnt/fusefs-gluster"
 READER = os.path.join(REPO, "scripts", "workloads", "imagefolder_reader.py")
 ORDERS = [("random", "random", 1), ("chunks G=1", "chunks", 1), ("chunks G=4", "chunks", 4),
           ("chunks G=16", "chunks", 16), ("echo", "echo", 1)]

@@ -39,11 +39,10 @@ from common import REPO, CpuMeter, JsonLines, commit as common_commit, cpu_secon
 
 from fusefs.pack import pack
 from testkit.synth import make_imagefolder
-from testkit.gluster import GLUSTER_SH, copy_tree
+from testkit.gluster import GLUSTER_SH, GMNT, copy_tree
 from testkit.mounts import running_mount
 from trainer.hints import mount_stats
 
-GMNT = "/mnt/fusefs-gluster"
 READER = os.path.join(REPO, "scripts", "workloads", "imagefolder_reader.py")
 
 

@@ -41,12 +41,10 @@ import numpy as np
 from common import REPO, JsonLines, run_trainer
 
 from fusefs.pack import pack
-from testkit.gluster import GLUSTER_SH
+from testkit.gluster import BRICKS, GLUSTER_SH, GMNT
 from testkit.mounts import running_mount
 from testkit.synth import make_hardness
 
-GMNT = "/mnt/fusefs-gluster"  # as gluster.sh
-BRICKS = os.environ.get("FUSEFS_GLUSTER_BRICKS", "/srv/fusefs-gluster")  # as gluster.sh
 
 
 def run(a, mode: str, seed: int, packed: str, test: str) -> list[dict]:

@@ -4,6 +4,11 @@
 #   scripts/testbed/gluster.sh up [--delay-ms MS]   start glusterd, create/start the volume, mount it
 #   scripts/testbed/gluster.sh down                 unmount, stop and delete the volume, stop glusterd
 #   scripts/testbed/gluster.sh status
+#   scripts/testbed/gluster.sh exists               exit 0 if the volume is there
+#
+# The volume, its bricks' folder and its mount point are FUSEFS_GLUSTER_VOL, _BRICKS and
+# _MNT (testkit/gluster.py reads the same). Nothing else of the machine's GlusterFS is
+# touched: `down` stops this volume, and glusterd only if this script started it.
 #
 # Idempotent: `up` twice is one volume. --delay-ms adds MS milliseconds to every lookup,
 # stat, open and read on the bricks with the debug translator delay-gen. Options like it
@@ -16,6 +21,10 @@ BRICKS=${FUSEFS_GLUSTER_BRICKS:-/srv/fusefs-gluster}
 MNT=${FUSEFS_GLUSTER_MNT:-/mnt/fusefs-gluster}
 HOST=$(hostname)
 G="gluster --mode=script"
+# What this script started, so that `down` stops that and nothing else: the pid of a
+# glusterd it started (none is recorded when one was already running: the machine's).
+STATE=/run/fusefs-testbed
+GLUSTERD_PID="$STATE/$VOL.glusterd.pid"
 
 # A process of that name that is not a zombie. A killed daemon stays a zombie until PID 1
 # reaps it, which in a container can take seconds: seen here, right after `pkill -9`.
@@ -23,10 +32,24 @@ running() { ps -C "$1" -o stat= | grep -v '^Z' >/dev/null; }
 
 ensure_glusterd() {
     if ! running glusterd; then
-        glusterd --log-level=WARNING
-        for _ in $(seq 50); do $G pool list >/dev/null 2>&1 && return 0; sleep 0.2; done
+        install -d -m 0700 "$STATE"
+        glusterd --log-level=WARNING -p "$GLUSTERD_PID.new"
+        for _ in $(seq 50); do
+            if $G pool list >/dev/null 2>&1; then
+                mv -f "$GLUSTERD_PID.new" "$GLUSTERD_PID"
+                return 0
+            fi
+            sleep 0.2
+        done
         echo "gluster.sh: glusterd did not start" >&2; exit 1
     fi
+}
+# The pid recorded for the glusterd this script started, if that process still runs.
+our_glusterd() {
+    local pid
+    [ -f "$GLUSTERD_PID" ] || return 1
+    pid=$(cat "$GLUSTERD_PID")
+    [ -n "$pid" ] && [ "$(cat /proc/"$pid"/comm 2>/dev/null)" = glusterd ] && echo "$pid"
 }
 
 vol_exists() { $G volume info "$VOL" >/dev/null 2>&1; }
@@ -155,6 +178,10 @@ warn_free_space() {
     fi
 }
 
+# Unmount, stop and delete this volume (its brick processes stop with it; its client
+# with the unmount), and stop glusterd only if this script started it and no other volume
+# is left: no process is stopped by its name, so another volume of the machine's, and its
+# mounts, go on.
 down() {
     drop_mount
     if command -v glusterd >/dev/null; then
@@ -164,12 +191,15 @@ down() {
             $G volume stop "$VOL" force >/dev/null 2>&1 || true
             $G volume delete "$VOL" >/dev/null || true
         fi
-        pkill -x glusterfsd 2>/dev/null || true
-        pkill -x glusterfs 2>/dev/null || true
-        pkill -x glusterd 2>/dev/null || true
-        for _ in $(seq 100); do running glusterd || running glusterfsd || running glusterfs || break; sleep 0.1; done
+        local pid
+        if pid=$(our_glusterd) && [ -z "$($G volume list 2>/dev/null | grep -v '^No volumes present')" ]; then
+            kill "$pid" 2>/dev/null || true
+            for _ in $(seq 100); do [ -d /proc/"$pid" ] && ! grep -q '^State:.*Z' /proc/"$pid"/status 2>/dev/null || break; sleep 0.1; done
+        fi
+        rm -f "$GLUSTERD_PID"
     fi
     rm -rf "$BRICKS"
+    rmdir "$MNT" 2>/dev/null || true  # (the mount point `up` made, if empty)
     echo "gluster.sh: $VOL removed"
 }
 
@@ -177,5 +207,7 @@ case "${1:-}" in
     up) shift; up "$@" ;;
     down) down ;;
     status) ensure_glusterd; $G volume info "$VOL"; mount_alive && echo "$MNT: mounted" || echo "$MNT: not mounted" ;;
-    *) echo "usage: $0 up [--delay-ms MS] | down | status" >&2; exit 2 ;;
+    # exit 0 if the volume exists (without starting glusterd: a machine without one has none)
+    exists) running glusterd && vol_exists ;;
+    *) echo "usage: $0 up [--delay-ms MS] | down | status | exists" >&2; exit 2 ;;
 esac

@@ -42,7 +42,12 @@ def copy_tree(src: str, dst: str, threads: int = 16) -> None:
         shutil.copystat(d, os.path.join(dst, os.path.relpath(d, src)))
 
 
-VOL, GMNT, BRICKS = "fusefsvol", "/mnt/fusefs-gluster", "/srv/fusefs-gluster"
+# The test bed's volume, its mount point and its bricks' folder: gluster.sh's, which reads the
+# same environment (one set of names for the script, the tests and the benchmarks; another
+# volume of the machine's is never touched)
+VOL = os.environ.get("FUSEFS_GLUSTER_VOL", "fusefsvol")
+GMNT = os.environ.get("FUSEFS_GLUSTER_MNT", "/mnt/fusefs-gluster")
+BRICKS = os.environ.get("FUSEFS_GLUSTER_BRICKS", "/srv/fusefs-gluster")
 G = ["gluster", "--mode=script"]
 
 
@@ -104,6 +109,41 @@ def brick_pid(brick: str) -> int:
     if not live:
         raise RuntimeError(f"no glusterfsd for {brick}")
     return live[0]
+
+
+def client_pid(mnt: str = GMNT) -> int | None:
+    """The GlusterFS client process serving the mount at mnt (its command line names it)."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and os.path.basename(argv[0]) == b"glusterfs" and os.fsencode(mnt) in argv \
+                and not _zombie(int(name)):
+            return int(name)
+    return None
+
+
+def own_pids() -> list[int]:
+    """The processes of this test bed's own: its volume's three bricks, the client of its
+    mount, and glusterd if gluster.sh started it (its record in /run/fusefs-testbed).
+    Killing these, and only these, stands for a crash of the test bed."""
+    pids = [brick_pid(f"{BRICKS}/b{k}") for k in (1, 2, 3)]
+    client = client_pid()
+    if client is not None:
+        pids.append(client)
+    try:
+        with open(f"/run/fusefs-testbed/{VOL}.glusterd.pid") as f:
+            pid = int(f.read().strip())
+        with open(f"/proc/{pid}/comm") as f:
+            if f.read().strip() == "glusterd":
+                pids.append(pid)
+    except (OSError, ValueError):
+        pass
+    return pids
 
 
 def read_epoch(mnt: str, rels: list[str], digests: dict, readers: int = 4,
