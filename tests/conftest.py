@@ -11,7 +11,9 @@ import ctypes
 import mmap
 import os
 import pwd
+import random
 import sys
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))  # testkit: the harness the tests share
 
 from testkit.mounts import resolve, running_mount  # noqa: E402
+from fusefs import order as orderfmt
 from fusefs.pack import pack
 
 
@@ -344,3 +347,90 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# ---- shared by several test modules ------------------------------------------------------
+EPOCH_DEADLINE_S = 300.0  # (pytest's own limit is 600 s)
+
+
+async def run_epoch(core, ids, readers=3, jitter=8, seed=0, check=None, order_bytes=None,
+                    deadline: float = EPOCH_DEADLINE_S):
+    """Readers take the order's positions roughly in sequence (a shared queue, shuffled in
+    small windows the way DataLoader workers interleave), read each whole, close it; the
+    epoch fails (trio.TooSlowError) if it takes longer than `deadline` seconds (a hang is a
+    failure, well within pytest's own limit)."""
+    rng = random.Random(seed)
+    queue = list(ids)
+    for i in range(0, len(queue), jitter):
+        part = queue[i:i + jitter]
+        rng.shuffle(part)
+        queue[i:i + jitter] = part
+    got = []
+
+    async def reader():
+        while queue:
+            sid = queue.pop(0)
+            data = await read_whole(core, sid)
+            got.append(sid)
+            if check is not None:
+                check(sid, data)
+            await trio.sleep(0)
+
+    with trio.fail_after(deadline):
+        async with trio.open_nursery() as n:
+            await n.start(core.run)
+            core.set_order(0, order_bytes or orderfmt.encode(ids))
+            async with trio.open_nursery() as readers_n:
+                for _ in range(readers):
+                    readers_n.start_soon(reader)
+            n.cancel_scope.cancel()
+    return got
+
+
+def exact_within_budget(core, files):
+    """A run_epoch check: every read has the source's bytes and the cache (with what it
+    has reserved) stays within its budget."""
+    paths = {i: os.fsdecode(core.index.file_path(i)) for i in range(core.index.n_files)}
+
+    def check(sid, blob):
+        assert blob == files[paths[sid]]
+        assert core.cache.used + core.cache.reserved <= core.cache.budget
+    return check
+
+
+def _rank_reads(args):
+    import xxhash
+    from trainer import HintedSampler
+    mnt, rels, rank = args
+    paths = [os.path.join(mnt, r) for r in rels]
+    sampler = HintedSampler(paths, num_replicas=2, rank=rank, seed=5, local_rank=0)
+    sampler.set_epoch(1)
+    got = []
+    for i in sampler:
+        with open(paths[i], "rb") as f:
+            got.append((rels[i], xxhash.xxh3_64_intdigest(f.read())))
+    return got, [rels[i] for i in sampler.indices(2)]  # (and this rank's next share)
+
+
+def check_two_nodes(dst, rels, digests, tmp_path):
+    """Two mounts of the packed set dst stand in for two training nodes, one process of a
+    world of 2 on each: together they read every sample of rels (an even count) exactly
+    once, with the bytes of `digests` (xxh3), each mount fetching only its own share."""
+    from fusefs.client import mount_stats
+    rels = sorted(rels)
+    mnts = [str(tmp_path / f"node{k}") for k in range(2)]
+    with running_mount(dst, mnts[0], "--cache-size", "200%"), \
+            running_mount(dst, mnts[1], "--cache-size", "200%"):
+        with ProcessPoolExecutor(2) as pool:
+            results = list(pool.map(_rank_reads, [(mnts[r], rels, r) for r in range(2)]))
+        shares = [share for share, _ in results]
+        assert sorted(r for share in shares for r, _ in share) == rels  # all, exactly once
+        assert all(h == digests[r] for share in shares for r, h in share)
+        for mnt, (share, nxt) in zip(mnts, results):
+            s = mount_stats(mnt)
+            assert s["plans"]["0"]["length"] == len(share) == len(rels) // 2
+            assert s["plans"]["0"]["next_length"] == len(nxt)
+            # its own shares (this epoch's, and the next one's read ahead), nothing else
+            mine = {r for r, _ in share} | set(nxt)
+            assert len(share) <= s["backend_samples"] <= len(mine), s
+            assert len(mine) < len(rels)

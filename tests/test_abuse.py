@@ -18,7 +18,7 @@ from fusefs.local import LocalTier, LocalTierError
 
 from conftest import (TRY, as_attacker, as_root, attack, craft_index, make_core, resident_bytes_of,
                       serves_on)
-from test_readahead import exact_within_budget, run_epoch
+from conftest import exact_within_budget, run_epoch
 
 OTHER = pwd.getpwnam("nobody").pw_uid  # a user other than the daemon's
 

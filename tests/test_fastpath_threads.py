@@ -3,7 +3,6 @@
 loop what it cannot answer, whose replies libfuse writes to the fd the request came from.
 Many readers hammer one set of samples while the cache evicts under them: every byte
 right, every thread at work, the daemon's accounting whole."""
-import os
 import subprocess
 import sys
 import threading

@@ -231,7 +231,7 @@ def test_injected_read_errors_are_retried_and_never_give_wrong_bytes(small_packe
 
 def test_two_mounts_on_the_volume_as_two_nodes_read_the_epoch_once(small_packed, tmp_path):
     """The two-node check of test_hints, on a set packed onto the GlusterFS volume."""
-    from test_hints import check_two_nodes
+    from conftest import check_two_nodes
     packed, rels, digests = small_packed
     check_two_nodes(packed, rels, digests, tmp_path)
 

@@ -18,7 +18,7 @@ from testkit.mounts import running_mount
 from trainer import HintedSampler, write_order
 from trainer.hints import mount_ids, mount_stats
 
-from conftest import REPO, page_cache_holds, read_tree
+from conftest import REPO, check_two_nodes, page_cache_holds, read_tree
 
 
 class Paths(list):
@@ -392,41 +392,6 @@ def test_samples_the_kernel_holds_are_not_fetched_again_until_it_drops_pages(tri
         assert dropped["pushed"] >= len(rels) - 2 * MIN_DROPS, dropped
         write_order(mnt, [ids[os.fsencode(r)] for r in rels], epoch=3)
         assert not mount_stats(mnt)["kernel_drops"]  # a new order counts drops afresh
-
-
-def _rank_reads(args):
-    mnt, rels, rank = args
-    paths = [os.path.join(mnt, r) for r in rels]
-    sampler = HintedSampler(Paths(paths), num_replicas=2, rank=rank, seed=5, local_rank=0)
-    sampler.set_epoch(1)
-    got = []
-    for i in sampler:
-        with open(paths[i], "rb") as f:
-            got.append((rels[i], xxhash.xxh3_64_intdigest(f.read())))
-    return got, [rels[i] for i in sampler.indices(2)]  # (and this rank's next share)
-
-
-def check_two_nodes(dst, rels, digests, tmp_path):
-    """Two mounts of the packed set dst stand in for two training nodes, one process of a
-    world of 2 on each: together they read every sample of rels (an even count) exactly
-    once, with the bytes of `digests` (xxh3), each mount fetching only its own share."""
-    rels = sorted(rels)
-    mnts = [str(tmp_path / f"node{k}") for k in range(2)]
-    with running_mount(dst, mnts[0], "--cache-size", "200%"), \
-            running_mount(dst, mnts[1], "--cache-size", "200%"):
-        with ProcessPoolExecutor(2) as pool:
-            results = list(pool.map(_rank_reads, [(mnts[r], rels, r) for r in range(2)]))
-        shares = [share for share, _ in results]
-        assert sorted(r for share in shares for r, _ in share) == rels  # all, exactly once
-        assert all(h == digests[r] for share in shares for r, h in share)
-        for mnt, (share, nxt) in zip(mnts, results):
-            s = mount_stats(mnt)
-            assert s["plans"]["0"]["length"] == len(share) == len(rels) // 2
-            assert s["plans"]["0"]["next_length"] == len(nxt)
-            # its own shares (this epoch's, and the next one's read ahead), nothing else
-            mine = {r for r, _ in share} | set(nxt)
-            assert len(share) <= s["backend_samples"] <= len(mine), s
-            assert len(mine) < len(rels)
 
 
 def test_two_mounts_as_two_nodes_read_the_epoch_once_each_prefetching_its_share(tricky, tmp_path):

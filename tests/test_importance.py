@@ -18,7 +18,7 @@ from trainer import ImportanceSampler, LossTracker, WithIndex, reevaluate, split
 from trainer.hints import mount_stats
 
 from conftest import make_core
-from test_readahead import exact_within_budget, run_epoch
+from conftest import exact_within_budget, run_epoch
 
 
 class Paths(list):

@@ -13,7 +13,7 @@ from testkit.mounts import running_mount
 from trainer import mount_stats
 
 from conftest import make_core, refused_mount
-from test_readahead import exact_within_budget, run_epoch
+from conftest import exact_within_budget, run_epoch
 
 
 def _tier(dst, folder, budget):

@@ -11,7 +11,7 @@ from trainer import HintedSampler, chunk_block_order, echo_order, mount_chunks
 from trainer.orders import echo_fresh
 
 from conftest import make_core
-from test_readahead import exact_within_budget, run_epoch
+from conftest import exact_within_budget, run_epoch
 
 
 def _groups(order, chunk_of, group):

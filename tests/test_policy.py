@@ -11,7 +11,7 @@ from fusefs.cache import SampleCache
 from fusefs.policy import Policy
 
 from conftest import make_core, whole_set
-from test_readahead import run_epoch
+from conftest import run_epoch
 
 
 def belady_min(seq, sizes, budget: int, start: int = 0) -> int:

@@ -1,7 +1,6 @@
 """The order-driven read-ahead, per-node batching and evict-after-use cache, on the core
 (no mount): readers run as trio tasks against Core with its prefetcher running."""
 import os
-import random
 import threading
 import time
 
@@ -19,48 +18,7 @@ from fusefs.prefetch import default_readahead
 from fusefs.store import ChunkStore
 from fusefs.entries import FsError
 
-from conftest import make_core, read_whole, whole_set
-
-
-async def run_epoch(core, ids, readers=3, jitter=8, seed=0, check=None, order_bytes=None):
-    """Readers take the order's positions roughly in sequence (a shared queue, shuffled in
-    small windows the way DataLoader workers interleave), read each whole, close it."""
-    rng = random.Random(seed)
-    queue = list(ids)
-    for i in range(0, len(queue), jitter):
-        part = queue[i:i + jitter]
-        rng.shuffle(part)
-        queue[i:i + jitter] = part
-    got = []
-
-    async def reader():
-        while queue:
-            sid = queue.pop(0)
-            data = await read_whole(core, sid)
-            got.append(sid)
-            if check is not None:
-                check(sid, data)
-            await trio.sleep(0)
-
-    async with trio.open_nursery() as n:
-        await n.start(core.run)
-        core.set_order(0, order_bytes or orderfmt.encode(ids))
-        async with trio.open_nursery() as readers_n:
-            for _ in range(readers):
-                readers_n.start_soon(reader)
-        n.cancel_scope.cancel()
-    return got
-
-
-def exact_within_budget(core, files):
-    """A run_epoch check: every read has the source's bytes and the cache (with what it
-    has reserved) stays within its budget."""
-    paths = {i: os.fsdecode(core.index.file_path(i)) for i in range(core.index.n_files)}
-
-    def check(sid, blob):
-        assert blob == files[paths[sid]]
-        assert core.cache.used + core.cache.reserved <= core.cache.budget
-    return check
+from conftest import exact_within_budget, make_core, read_whole, run_epoch, whole_set
 
 
 @given(data=st.data())

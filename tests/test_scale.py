@@ -3,7 +3,6 @@ each per-sample operation is run at two sizes a hundred times apart and its cost
 bytecode instructions (sys.settrace's opcode events: what Python does, never the clock);
 the C it calls (dicts, heapq, numpy) is O(1) or O(log n) by construction. The whole at
 ImageNet's count is scripts/bench/bench_scale.py (and bench_hotpath.py's `scale` row)."""
-import os
 import sys
 
 import numpy as np

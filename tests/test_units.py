@@ -190,3 +190,19 @@ def test_the_daemons_heap_grows_in_few_steps():
     steps = {how: int(subprocess.check_output([sys.executable, "-c", _HEAP_STEPS, how]))
              for how in ("tuned", "default")}
     assert steps["tuned"] <= 3 and steps["default"] >= 100, steps
+
+
+def test_no_test_module_imports_another():
+    """Helpers several test modules share live in conftest.py or scripts/testkit: a test
+    module imported by another runs its module-level code twice and hides who owns what."""
+    import ast
+    import pathlib
+    here = pathlib.Path(__file__).parent
+    modules = {p.stem for p in here.glob("test_*.py")}
+    found = []
+    for path in here.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.name}: {n}" for n in names if n.split(".")[0] in modules]
+    assert found == []
