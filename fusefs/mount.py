@@ -267,13 +267,19 @@ async def _main(core: Core, loop: dict, fast: fastpath.FastPath | None, stops: S
         nursery.cancel_scope.cancel()
 
 
+RUNTIME_ENV = "FUSEFS_RUNTIME_DIR"  # the runtime folder instead of the user's default
+
+
 def runtime_path(mnt: str, suffix: str) -> str:
-    """A file of the mount at mnt in the user's runtime folder: /run/fusefs for root, else
-    $XDG_RUNTIME_DIR/fusefs or ~/.cache/fusefs; named by the mount point's base name and a
-    hash of its whole path, then suffix: `.log` (a background mount's log unless --log
-    says), `.sock` (the control socket)."""
+    """A file of the mount at mnt in the user's runtime folder: $FUSEFS_RUNTIME_DIR if set
+    (an absolute path), else /run/fusefs for root, $XDG_RUNTIME_DIR/fusefs or
+    ~/.cache/fusefs; named by the mount point's base name and a hash of its whole path,
+    then suffix: `.log` (a background mount's log unless --log says), `.sock` (the control
+    socket). The folder must be the user's own (own_folder checks it)."""
     mnt = os.path.abspath(mnt)
-    if os.geteuid() == 0:
+    if os.environ.get(RUNTIME_ENV, "").startswith("/"):
+        folder = os.environ[RUNTIME_ENV]
+    elif os.geteuid() == 0:
         folder = "/run/fusefs"
     elif os.environ.get("XDG_RUNTIME_DIR", "").startswith("/"):
         folder = os.path.join(os.environ["XDG_RUNTIME_DIR"], "fusefs")

@@ -12,6 +12,7 @@ import mmap
 import os
 import pwd
 import random
+import subprocess
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
@@ -112,6 +113,25 @@ SLOW_MODULES = {"test_abuse", "test_cli", "test_clients", "test_demo", "test_fau
                 "test_hints", "test_hybrid", "test_imagefolder", "test_importance", "test_local",
                 "test_metrics", "test_mount", "test_orders", "test_pack", "test_package",
                 "test_pyfuse3_patched", "test_swap", "test_untrusted", "test_fastpath_threads"}
+
+
+def pytest_configure(config):
+    """The daemons the tests start keep their logs and control sockets in a runtime folder
+    of this run's (FUSEFS_RUNTIME_DIR), removed at its end: nothing is left in /run/fusefs.
+    (Under /run for root: a second user the tests make must reach the sockets in it.)"""
+    import tempfile
+    from fusefs.mount import RUNTIME_ENV
+    if RUNTIME_ENV not in os.environ:
+        folder = tempfile.mkdtemp(prefix="fusefs-tests-", dir="/run" if os.geteuid() == 0 else None)
+        os.environ[RUNTIME_ENV] = folder
+        config._fusefs_runtime = folder
+
+
+def pytest_unconfigure(config):
+    import shutil
+    folder = getattr(config, "_fusefs_runtime", None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -246,32 +266,64 @@ as_root = pytest.mark.skipif(os.geteuid() != 0, reason="a second user needs root
 
 
 def _run(*cmd):
-    import subprocess
-    subprocess.run(cmd, check=True, capture_output=True)
+    subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+
+
+# The accounts the attacker fixture made and has not removed yet, a line each ("userdel
+# NAME"): a run killed before its teardown leaves them here, and the next run removes them
+# first. Root's own folder in /run, never a guessable name in /tmp.
+MADE_ACCOUNTS = "/run/fusefs-tests/accounts"
+
+
+def _record_made(cmds: list) -> None:
+    os.makedirs(os.path.dirname(MADE_ACCOUNTS), mode=0o700, exist_ok=True)
+    with open(MADE_ACCOUNTS, "w") as f:
+        f.write("".join(" ".join(c) + "\n" for c in cmds))
+
+
+def _remove_made() -> None:
+    """Remove the accounts a killed run left (as MADE_ACCOUNTS lists them), then the list."""
+    try:
+        with open(MADE_ACCOUNTS) as f:
+            cmds = [line.split() for line in f if line.strip()]
+    except FileNotFoundError:
+        return
+    for cmd in cmds:
+        if cmd and cmd[0] in ("userdel", "groupdel") and len(cmd) == 2:
+            subprocess.run(cmd, capture_output=True, timeout=60)
+    os.unlink(MADE_ACCOUNTS)
+    try:
+        os.rmdir(os.path.dirname(MADE_ACCOUNTS))
+    except OSError:
+        pass
 
 
 @pytest.fixture(scope="module")
 def attacker():
     """(uid, gid, control_gid): a user with no rights on this node but their own, and a
-    group (CONTROLLERS) they are put in when a test says so; both made for this module."""
+    group (CONTROLLERS) they are put in when a test says so; both made for this module and
+    removed after it, failed or not (and by the next run, if this one is killed first)."""
     import grp
+    _remove_made()
     made = []
     try:
         try:
             grp.getgrnam(CONTROLLERS)
         except KeyError:
-            _run("groupadd", "--system", CONTROLLERS)
             made.append(("groupdel", CONTROLLERS))
+            _record_made(made)
+            _run("groupadd", "--system", CONTROLLERS)
         try:
             pwd.getpwnam(ATTACKER)
         except KeyError:
-            _run("useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", ATTACKER)
             made.insert(0, ("userdel", ATTACKER))
+            _record_made(made)
+            _run("useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                 "--comment", "fusefs tests (removed after the run)", ATTACKER)
         user = pwd.getpwnam(ATTACKER)
         yield user.pw_uid, user.pw_gid, grp.getgrnam(CONTROLLERS).gr_gid
     finally:
-        for cmd in made:
-            _run(*cmd)
+        _remove_made()  # (what `made` lists, as recorded)
 
 
 def as_attacker(attacker, code: str, *args, controls=False, stdin=None):

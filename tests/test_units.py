@@ -206,3 +206,36 @@ def test_no_test_module_imports_another():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             found += [f"{path.name}: {n}" for n in names if n.split(".")[0] in modules]
     assert found == []
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="makes a user (CI runs as root)")
+def test_accounts_a_killed_run_left_are_removed_by_the_next():
+    """The attacker fixture records each account before it makes it; a run killed before
+    its teardown leaves the record, and the next run's fixture removes what it lists."""
+    import os
+    import pwd
+    from conftest import MADE_ACCOUNTS, _record_made, _remove_made
+    name = "fusefs-leftover"
+    _record_made([("userdel", name)])  # (recorded first, as the fixture does)
+    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+                   check=True, capture_output=True, timeout=60)
+    try:
+        _remove_made()  # what the next run does first
+        with pytest.raises(KeyError):
+            pwd.getpwnam(name)
+        assert not os.path.exists(MADE_ACCOUNTS)
+    finally:
+        subprocess.run(["userdel", name], capture_output=True, timeout=60)
+
+
+def test_the_runtime_folder_is_the_environments_when_set(monkeypatch, tmp_path):
+    """FUSEFS_RUNTIME_DIR moves a daemon's log and control socket (the tests set it for
+    the whole run: nothing of theirs is left in /run/fusefs)."""
+    import os
+    from fusefs import mount
+    monkeypatch.setenv(mount.RUNTIME_ENV, str(tmp_path))
+    assert os.path.dirname(mount.runtime_path("/data/x", ".sock")) == str(tmp_path)
+    monkeypatch.setenv(mount.RUNTIME_ENV, "relative/not/taken")
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    want = "/run/fusefs" if os.geteuid() == 0 else os.path.expanduser("~/.cache/fusefs")
+    assert os.path.dirname(mount.default_log_path("/data/x")) == want
