@@ -550,6 +550,31 @@ def from_mount_helper(argv: list[str]) -> list[str]:
     return argv
 
 
+def mount_helper(argv=None) -> int:
+    """`mount.fuse.fusefs`, the helper mount(8) runs for an fstab line (or `mount -t
+    fuse.fusefs`) of type fuse.fusefs: `mount.fuse.fusefs DST MNT [-sfnv] [-N NS] [-o OPTS]
+    [-t TYPE]`, as mount(8) calls every helper. It mounts in the background (mount(8) waits
+    for it) with OPTS, fusefs's and FUSE's, as `-o` gives them to `fusefs mount`. An admin
+    links it where mount(8) looks: `ln -s VENV/bin/mount.fuse.fusefs /sbin/`."""
+    p = argparse.ArgumentParser(prog="mount.fuse.fusefs", description=mount_helper.__doc__.splitlines()[0])
+    p.add_argument("dst")
+    p.add_argument("mnt")
+    p.add_argument("-o", action="append", default=[])
+    p.add_argument("-t", help="the type mount(8) names (fuse.fusefs)")
+    p.add_argument("-N", help="a mount namespace (not supported)")
+    for flag in ("-s", "-n", "-v"):  # sloppy, no mtab, verbose: nothing to do for fusefs
+        p.add_argument(flag, action="store_true")
+    p.add_argument("-f", action="store_true", help="fake: do everything but mount")
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if a.N:
+        print("mount.fuse.fusefs: -N (another mount namespace) is not supported", file=sys.stderr)
+        return UserError.exit_code
+    if a.f:
+        return 0
+    return main(["mount", "--background", a.dst, a.mnt, *(["-o", ",".join(a.o)] if a.o else []),
+                 *(["-v"] if a.v else [])])
+
+
 def main(argv=None) -> int:
     argv = from_mount_helper(list(sys.argv[1:] if argv is None else argv))
     if argv[:1] == ["mount"] and not {"--background", "-b"} & set(argv):

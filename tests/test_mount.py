@@ -286,6 +286,33 @@ def test_mount_t_fuse_fusefs_with_fstab_options_and_umount(tricky, tmp_path):
         stop_mount(mnt)
 
 
+def test_the_mount_helper_mounts_as_mount8_calls_it(tricky, tmp_path):
+    """`mount.fuse.fusefs` (the entry point pip installs; an admin links it into /sbin,
+    where mount(8) looks for `mount.fuse.fusefs` first) called as mount(8) calls a helper:
+    DST MNT -o OPTS with the fstab line's options (nosuid,nodev among them), -n, -t. It
+    mounts in the background; the mount is nosuid,nodev and takes fusefs's options. -f
+    (fake) mounts nothing."""
+    src, dst, _ = tricky
+    helper = os.path.join(os.path.dirname(sys.executable), "mount.fuse.fusefs")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    opts = "rw,nosuid,nodev,cache_size=1MiB,_netdev,x-systemd.automount"
+    r = subprocess.run([helper, dst, str(mnt), "-f", "-o", opts], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and not is_mounted(mnt), r.stderr
+    try:
+        r = subprocess.run([helper, dst, str(mnt), "-n", "-o", opts, "-t", "fuse.fusefs"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        line = next(line for line in open("/proc/mounts") if f" {mnt} " in line)
+        assert " fuse.fusefs " in line and {"ro", "nosuid", "nodev"} <= set(line.split()[3].split(","))
+        assert mount_stats(str(mnt))["cache_budget"] == 1 << 20
+        assert read_tree(mnt) == read_tree(src)
+    finally:
+        stop_mount(mnt)
+    r = subprocess.run([helper, dst, str(mnt), "-N", "/proc/1/ns/mnt"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "not supported" in r.stderr and not is_mounted(mnt)
+
+
 def test_dash_o_takes_every_mount_option_by_name():
     from fusefs.cli import apply_mount_options, build_parser
     a = build_parser().parse_args(["mount", "D", "M", "-o", "cache_size=10%,per-node=8,no_kernel_cache",

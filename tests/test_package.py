@@ -87,7 +87,8 @@ def test_the_sdist_needs_no_libfuse_and_its_wheel_installs_without_any_dev_packa
     assert any("libfuse3" in n for n in grafted) and any("libxxhash" in n for n in grafted), grafted
     assert any(n.endswith("licenses/LICENSE") for n in names)
     entry = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "fusefs = fusefs.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+    entries = zipfile.ZipFile(wheel).read(entry).decode()
+    assert "fusefs = fusefs.cli:main" in entries and "mount.fuse.fusefs = fusefs.cli:mount_helper" in entries
 
     # a user who is not root: a venv of their own (Debian's Python, the wheel's version),
     # no compiler, no index
