@@ -51,11 +51,34 @@ def _valid():
     (lambda b: b[:16] + (10**15).to_bytes(8, "little") + b[24:], "does not fit"),
     (lambda b: b[:40] + bytes([b[40] ^ 1]) + b[41:], "checksum"),
     (lambda b: b[:20], "truncated"),
+    (lambda b: b[:12] + (1).to_bytes(4, "little") + b[16:], "unknown flags"),
+    (lambda b: _rechecksummed(b, lambda t: t.__setitem__(0, t[0] + 1)), "not contiguous"),
 ])
 def test_bad_headers_are_refused_with_a_reason(mutate, message):
     bad = mutate(_valid())
     with pytest.raises(chunk.ChunkError, match=message):
-        chunk.read_header(io.BytesIO(bad), len(bad))
+        chunk.parse_header(bad)
+
+
+def test_a_header_read_short_of_its_tables_is_refused():
+    """Fewer bytes than the header or its tables take, from a file whose size would hold
+    them (a short read)."""
+    raw = _valid()
+    with pytest.raises(chunk.ChunkError, match="truncated tables"):
+        chunk.parse_header(raw[:chunk.HEAD_SIZE + 8], file_size=len(raw))
+    with pytest.raises(chunk.ChunkError, match="truncated header"):
+        chunk.read_header(io.BytesIO(raw[:20]), len(raw))
+
+
+def _rechecksummed(raw: bytes, edit) -> bytes:
+    """raw with its tables (offsets first) edited and their checksum made valid again."""
+    import xxhash
+    n = int.from_bytes(raw[16:24], "little")
+    end = chunk.data_start(n)
+    tables = np.frombuffer(raw[chunk.HEAD_SIZE:end], "<u8").copy()
+    edit(tables)
+    return (raw[:24] + xxhash.xxh3_64_intdigest(tables.tobytes()).to_bytes(8, "little") + tables.tobytes()
+            + raw[end:])
 
 
 def test_file_size_must_match_the_header():

@@ -28,6 +28,23 @@ def test_bad_orders_are_refused_with_a_reason(data, why):
         order.parse(data, n_samples=5, max_entries=50)
 
 
+@pytest.mark.parametrize("field, value, why", [(8, 2, "version 2"), (12, 4, "unknown flags")])
+def test_a_header_field_out_of_range_is_refused(field, value, why):
+    raw = bytearray(order.encode([0, 1]))
+    raw[field:field + 4] = value.to_bytes(4, "little")
+    with pytest.raises(order.OrderError, match=why):
+        order.parse(bytes(raw), n_samples=5)
+
+
+@pytest.mark.parametrize("ids, importance, why", [
+    ([[0, 1]], None, "one-dimensional"), ([-1], None, r"0 \.\. 2\*\*32-1"), ([2 ** 32], None, "2\\*\\*32"),
+    ([0, 1], [1.0], "1 importance values for 2 ids"), ([0], [float("inf")], "finite"),
+])
+def test_what_cannot_be_encoded_is_refused(ids, importance, why):
+    with pytest.raises(order.OrderError, match=why):
+        order.encode(ids, importance=importance)
+
+
 @given(st.binary(max_size=200))
 @settings(max_examples=300, deadline=None)
 def test_random_bytes_never_crash_the_parser(data):
