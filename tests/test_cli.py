@@ -241,3 +241,22 @@ def test_global_options_are_taken_after_the_command_too(tricky, tmp_path):
     with running_mount(dst, loud, "-v") as (_, log):
         (loud / "cat" / "img 000.jpg").read_bytes()
     assert " INFO " in open(log).read()
+
+
+@pytest.mark.parametrize("command", ["info", "verify", "mount"])
+def test_a_crafted_index_that_passes_its_checksums_is_refused_by_every_command(tricky, tmp_path, command):
+    """An index edited by hand with its checksums made valid again (two samples of a chunk
+    overlapping): `fusefs info`, `verify` and `mount` each refuse it, exit 2, one line
+    naming the reason, no traceback, nothing mounted."""
+    import shutil
+    from conftest import craft_index
+    from fusefs.index import INDEX_NAME
+    dst = tmp_path / "dst"
+    shutil.copytree(tricky[1], dst)
+    raw = (dst / INDEX_NAME).read_bytes()
+    (dst / INDEX_NAME).write_bytes(craft_index(raw, lambda k, a: a.__setitem__(1, a[0]) if k == "offset" else None))
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    args = [command, dst] + ([mnt] if command == "mount" else [])
+    _one_error_line(_run(*args), EXIT_USER, "overlap")
+    assert not is_mounted(mnt)

@@ -450,3 +450,30 @@ def test_new_order_mid_epoch_replaces_the_old(three_nodes):
     trio.run(go)
     assert core.cache.peak <= core.cache.budget
 
+
+
+def test_every_backend_request_holds_one_storage_nodes_samples(three_nodes):
+    """A fetch batch (a miss with its companions, or a read-ahead batch) is one node's
+    samples: each backend request goes to one node, and the per-node statistics charge each
+    sample to its own node (a batch of mixed nodes was charged to its first sample's)."""
+    dst, files = three_nodes
+    probe = make_core(dst)
+    ids = np.random.default_rng(3).permutation(probe.index.n_files).tolist()
+    core = make_core(dst, cache_bytes=int(probe.index.total_bytes * 0.2), batch=8)
+    node_of = core.fetcher.node_of
+    batches = []
+    real = core.store.read_batch
+
+    def recording(sids, *args, **kw):
+        batches.append(list(sids))
+        return real(sids, *args, **kw)
+    core.store.read_batch = recording
+    trio.run(run_epoch, core, ids, 3, 16, 0, exact_within_budget(core, files))
+    assert batches and all(len({node_of(s) for s in b}) == 1 for b in batches), \
+        [sorted({node_of(s) for s in b}) for b in batches if len({node_of(s) for s in b}) > 1][:3]
+    fetched = {}
+    for b in batches:
+        for s in b:
+            fetched[node_of(s)] = fetched.get(node_of(s), 0) + 1
+    stats = core.statistics()["nodes"]
+    assert {core.fetcher.node_names.index(name): s["samples"] for name, s in stats.items()} == fetched
