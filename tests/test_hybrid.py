@@ -312,3 +312,17 @@ def test_resume_restores_parameters_exactly(tmp_path):
             assert torch.equal(t, want[name]), name
     again.close()
     assert trainer(tmp_path / "empty").resume() is None
+
+
+@pytest.mark.parametrize("tc, tg", [(2.0, 1.0), (4.0, 1.0), (1.0, 1.0)])
+def test_the_cpu_replica_gets_its_share_tg_over_tc_plus_tg(tc, tg):
+    """When NC is free at every batch, it is given batches until it has had R = TG / (TC +
+    TG) of the epoch's (the part it keeps up with while both are busy), the rest go to NG:
+    a CPU 2x slower than the accelerator gets a third, 4x slower a fifth, as fast a half."""
+    ht = trainer()
+    ht.cpu_active, ht.gain = True, cpu_gain(tc, tg)
+    given = ht._given
+    for _ in range(600):
+        given["cpu" if ht._cpu_takes() else "accel"] += 1
+    assert given["cpu"] == pytest.approx(600 * tg / (tc + tg), abs=1), given
+    ht.close()
