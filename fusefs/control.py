@@ -16,17 +16,15 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import stat
-import threading
-import time
 from dataclasses import dataclass
 from typing import Callable
 
 from . import client
 from .client import MAX_RANKS
 from .entries import WRITE_FLAGS, Attr, FsError, OpenResult
+from .throttle import throttled
 
 FH_BASE = 1 << 62  # control handles live far above every inode number
 RENDER_EVERY = 0.25  # seconds: the stats and metrics are rendered at most this often
@@ -54,20 +52,6 @@ class ControlFile:
     def render(self, fresh: bool = False) -> bytes:
         """The file's content for a reader (fresh: a trusted one, see _Throttled)."""
         return b""
-
-
-def throttled(make: Callable[[], object], every: float) -> Callable[..., object]:
-    """make, called at most every `every` seconds: get() returns its last result in between,
-    get(fresh=True) calls it anyway. Thread-safe (the metrics server's threads share one)."""
-    lock, last = threading.Lock(), {"at": -math.inf, "value": None}
-
-    def get(fresh: bool = False):
-        with lock:
-            now = time.monotonic()
-            if fresh or now - last["at"] >= every:
-                last["value"], last["at"] = make(), now
-            return last["value"]
-    return get
 
 
 class _Throttled(ControlFile):

@@ -28,7 +28,7 @@ from prometheus_client.core import (
 )
 
 from . import __version__
-from .control import throttled
+from .throttle import throttled
 
 # (stats key, metric name without the fusefs_ prefix, help): totals since the mount started
 COUNTERS = (

@@ -239,3 +239,30 @@ def test_the_runtime_folder_is_the_environments_when_set(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     want = "/run/fusefs" if os.geteuid() == 0 else os.path.expanduser("~/.cache/fusefs")
     assert os.path.dirname(mount.default_log_path("/data/x")) == want
+
+
+def test_fusefs_modules_import_one_another_without_a_loop():
+    """The modules of fusefs/ (imports at any depth, lazy ones too) form no cycle: each can
+    be read knowing only the modules below it."""
+    import ast
+    import pathlib
+    root = pathlib.Path(__file__).parent.parent / "fusefs"
+    graph = {}
+    for path in root.glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                deps |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+        graph[path.stem] = deps & {p.stem for p in root.glob("*.py")}
+    state = {}
+
+    def visit(m, stack):
+        state[m] = "open"
+        for d in sorted(graph.get(m, ())):
+            assert state.get(d) != "open", " -> ".join(stack + [m, d])
+            if d not in state:
+                visit(d, stack + [m])
+        state[m] = "done"
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
