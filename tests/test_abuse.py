@@ -207,7 +207,8 @@ def test_stats_opened_in_a_loop_by_another_user_are_rendered_at_most_every_quart
     from fusefs import control
     calls = []
     now = [1000.0]
-    monkeypatch.setattr(control.time, "monotonic", lambda: now[0])
+    from fusefs import throttle
+    monkeypatch.setattr(throttle.time, "monotonic", lambda: now[0])
     ns = control.ControlNamespace(_hooks(statistics=lambda: calls.append(1) or {"opens": len(calls)}), 100)
     ino = ns.lookup(b"stats").ino
     texts = {ns.read(ns.open(ino, os.O_RDONLY, OTHER).fh, 0, 1 << 16) for _ in range(1000)}
