@@ -10,6 +10,7 @@ import sys
 
 from .config import CACHE_SIZE, DEFAULTS, STOP_SIGNALS, ConfigError, MountConfig, default_fast_threads
 from .errors import UserError
+from .runtime import LOG_FILE_ENV, RotatingLog
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
           "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12,
@@ -131,9 +132,23 @@ def parse_group(text: str | None) -> int | None:
     return _by_name_or_number(text, lambda name: grp.getgrnam(name).gr_gid, "group")
 
 
+def log_to_file(path: str, max_bytes: int, std: bool) -> None:
+    """Every log line to the file at path from now on, rotated past max_bytes (runtime.
+    RotatingLog); std: stdout and stderr are that file (a background daemon's)."""
+    handler = RotatingLog(path, max_bytes, std=std)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    for old in root.handlers[:]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+
+
 def cmd_mount(a) -> int:
     from .mount import clear_dead_mount, missing_native, open_dataset, serve, start_background
     apply_mount_options(a)
+    log_file = os.environ.pop(LOG_FILE_ENV, None)  # (set for the daemon of a background mount)
+    if log_file or (a.log and not a.background):
+        log_to_file(log_file or a.log, parse_size(a.log_max_size), std=bool(log_file))
     if a.background:  # (in the foreground, serve clears a dead mount itself)
         if clear_dead_mount(a.mnt):
             print(f"fusefs mount: {a.mnt} was a dead mount (its daemon had died): cleared it",
@@ -497,8 +512,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: no HTTP server)")
     s.add_argument("--metrics-address", default=DEFAULTS.metrics_address, metavar="ADDR",
                    help=f"address of the metrics server (default {DEFAULTS.metrics_address})")
-    s.add_argument("--log", help="log file with --background (default: /run/fusefs/NAME-HASH.log for root, else "
-                        "$XDG_RUNTIME_DIR/fusefs or ~/.cache/fusefs; one file per mount point)")
+    s.add_argument("--log", "--log-file", dest="log",
+                   help="log to this file (default: stderr in the foreground, for journald; with "
+                        "--background /run/fusefs/NAME-HASH.log for root, else $XDG_RUNTIME_DIR/fusefs "
+                        "or ~/.cache/fusefs, one file per mount point)")
+    s.add_argument("--log-max-size", default="16MiB", metavar="SIZE",
+                   help="a log file is renamed to FILE.1 (replacing an older one) and begun anew past "
+                        "this size (default 16MiB)")
     s.set_defaults(func=cmd_mount, parser=s)
 
     s = sub.add_parser("umount", parents=[common], help="unmount a fusefs mount")

@@ -4,13 +4,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import hashlib
 import logging
 import os
 import re
 import select
 import signal
-import stat
 import subprocess
 import sys
 import threading
@@ -27,6 +25,7 @@ from .fs import KernelCache, Operations
 from .index import INDEX_NAME, Index, IndexFormatError
 from .local import LocalTier, LocalTierError
 from .mounts import fusermount, why_fuse_refused
+from .runtime import LOG_FILE_ENV, default_log_path, open_log, own_folder, runtime_path
 from .store import NATIVE as store_native_built, ChunkStore, StoreError
 
 log = logging.getLogger("fusefs")
@@ -267,69 +266,6 @@ async def _main(core: Core, loop: dict, fast: fastpath.FastPath | None, stops: S
         nursery.cancel_scope.cancel()
 
 
-RUNTIME_ENV = "FUSEFS_RUNTIME_DIR"  # the runtime folder instead of the user's default
-
-
-def runtime_path(mnt: str, suffix: str) -> str:
-    """A file of the mount at mnt in the user's runtime folder: $FUSEFS_RUNTIME_DIR if set
-    (an absolute path), else /run/fusefs for root, $XDG_RUNTIME_DIR/fusefs or
-    ~/.cache/fusefs; named by the mount point's base name and a hash of its whole path,
-    then suffix: `.log` (a background mount's log unless --log says), `.sock` (the control
-    socket). The folder must be the user's own (own_folder checks it)."""
-    mnt = os.path.abspath(mnt)
-    if os.environ.get(RUNTIME_ENV, "").startswith("/"):
-        folder = os.environ[RUNTIME_ENV]
-    elif os.geteuid() == 0:
-        folder = "/run/fusefs"
-    elif os.environ.get("XDG_RUNTIME_DIR", "").startswith("/"):
-        folder = os.path.join(os.environ["XDG_RUNTIME_DIR"], "fusefs")
-    else:
-        folder = os.path.join(os.path.expanduser("~"), ".cache", "fusefs")
-    tag = hashlib.sha256(os.fsencode(mnt)).hexdigest()[:10]
-    name = os.path.basename(mnt)[:40] or "root"  # (a socket's path has at most 107 bytes)
-    return os.path.join(folder, f"{name}-{tag}{suffix}")
-
-
-def default_log_path(mnt: str) -> str:
-    return runtime_path(mnt, ".log")
-
-
-def own_folder(folder: str) -> None:
-    """Make folder if missing (0755: others reach the control sockets in it, each file is
-    protected by its own mode) and check that it is this user's, writable by no one else
-    and not a link; MountError if not."""
-    os.makedirs(folder, mode=0o755, exist_ok=True)
-    st = os.lstat(folder)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise MountError(f"{folder}: the runtime folder must be your own, writable by no one else")
-    if st.st_mode & 0o055 != 0o055:  # (made 0700 by an older fusefs: others must reach the sockets)
-        os.chmod(folder, stat.S_IMODE(st.st_mode) | 0o055)
-
-
-def open_log(path: str, own: bool = False) -> int:
-    """A descriptor of the log file at path, opened for appending without following a
-    symbolic link, made 0600; only a regular file of this user's with no other name is
-    taken. own: the folder is the user's runtime folder (own_folder)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if own:
-        own_folder(folder)
-    try:  # (non-blocking: a FIFO without a reader fails at once instead of waiting)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-                     | os.O_NONBLOCK, 0o600)
-    except OSError as e:
-        why = {errno.ELOOP: "a symbolic link", errno.ENXIO: "not a regular file"}.get(e.errno, e.strerror)
-        raise MountError(f"log file {path}: {why}") from None
-    st = os.fstat(fd)
-    why = ("not a regular file" if not stat.S_ISREG(st.st_mode)
-           else f"owned by uid {st.st_uid}, not by this user ({os.geteuid()})" if st.st_uid != os.geteuid()
-           else "it has other names (hard links)" if st.st_nlink > 1 else None)
-    if why is not None:
-        os.close(fd)
-        raise MountError(f"log file {path}: {why}; give a log file of your own")
-    os.set_blocking(fd, True)
-    return fd
-
-
 READY_FD = "FUSEFS_READY_FD"  # the pipe a background mount's daemon says "ready" on
 
 
@@ -378,7 +314,7 @@ def start_background(argv: list[str], mnt: str, log_path: str | None, timeout: f
     try:
         proc = subprocess.Popen([sys.executable, "-m", "fusefs", *argv], stdin=subprocess.DEVNULL,
                                 stdout=fd, stderr=fd, start_new_session=True, pass_fds=(ready_w,),
-                                env=dict(os.environ, **{READY_FD: str(ready_w)}))
+                                env=dict(os.environ, **{READY_FD: str(ready_w), LOG_FILE_ENV: log_path}))
     finally:
         os.close(fd)
         os.close(ready_w)

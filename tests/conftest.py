@@ -120,7 +120,7 @@ def pytest_configure(config):
     of this run's (FUSEFS_RUNTIME_DIR), removed at its end: nothing is left in /run/fusefs.
     (Under /run for root: a second user the tests make must reach the sockets in it.)"""
     import tempfile
-    from fusefs.mount import RUNTIME_ENV
+    from fusefs.runtime import RUNTIME_ENV
     if RUNTIME_ENV not in os.environ:
         folder = tempfile.mkdtemp(prefix="fusefs-tests-", dir="/run" if os.geteuid() == 0 else None)
         os.environ[RUNTIME_ENV] = folder

@@ -264,20 +264,20 @@ def test_a_truncated_then_restored_chunk_serves_again(tricky, tmp_path):
 
 # ---- logs --------------------------------------------------------------------------------
 def test_a_background_log_is_neither_in_tmp_nor_reached_through_a_symlink(tmp_path, monkeypatch):
-    from fusefs import mount
-    assert not mount.default_log_path("/mnt/data").startswith("/tmp")
-    assert mount.default_log_path("/a/data") != mount.default_log_path("/b/data")
+    from fusefs import runtime
+    assert not runtime.default_log_path("/mnt/data").startswith("/tmp")
+    assert runtime.default_log_path("/a/data") != runtime.default_log_path("/b/data")
     victim = tmp_path / "victim"
     victim.write_text("root's file\n")
     link = tmp_path / "log"
     link.symlink_to(victim)
-    with pytest.raises(mount.MountError, match="symbolic link"):
-        mount.open_log(str(link))
+    with pytest.raises(runtime.RuntimeFolderError, match="symbolic link"):
+        runtime.open_log(str(link))
     os.mkfifo(tmp_path / "fifo")
-    with pytest.raises(mount.MountError, match="not a regular file"):
-        mount.open_log(str(tmp_path / "fifo"))
+    with pytest.raises(runtime.RuntimeFolderError, match="not a regular file"):
+        runtime.open_log(str(tmp_path / "fifo"))
     assert victim.read_text() == "root's file\n"
-    fd = mount.open_log(str(tmp_path / "new.log"))
+    fd = runtime.open_log(str(tmp_path / "new.log"))
     os.close(fd)
     assert stat.S_IMODE(os.stat(tmp_path / "new.log").st_mode) == 0o600
 

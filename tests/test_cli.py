@@ -260,3 +260,38 @@ def test_a_crafted_index_that_passes_its_checksums_is_refused_by_every_command(t
     args = [command, dst] + ([mnt] if command == "mount" else [])
     _one_error_line(_run(*args), EXIT_USER, "overlap")
     assert not is_mounted(mnt)
+
+
+def test_a_log_file_is_rotated_at_its_size_and_the_daemon_goes_on(tricky, tmp_path):
+    """A background mount with --log-max-size 4KiB, given refused orders (a log line each)
+    until its log passed the size twice: the log was renamed to LOG.1 and begun anew (one
+    older file kept), neither holds much more than the size, the last refusal is in the
+    current one, and the mount serves on."""
+    from fusefs.client import OrderRefused, write_order
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    log = tmp_path / "bg.log"
+    r = _run("mount", "--background", "--log-file", log, "--log-max-size", "4KiB", tricky[1], mnt)
+    assert r.returncode == 0, r.stderr
+    try:
+        for k in range(80):
+            with pytest.raises(OrderRefused):
+                write_order(str(mnt), [0, 10 ** 6 + k])
+        old = tmp_path / "bg.log.1"
+        assert old.exists() and log.stat().st_size <= 4096 + 512 and old.stat().st_size <= 4096 + 512
+        assert f"unknown sample id {10 ** 6 + 79}" in log.read_text()
+        assert f"unknown sample id {10 ** 6 + 79}" not in old.read_text()
+        assert (mnt / "root file.txt").read_bytes() == tricky[2]["root file.txt"]
+    finally:
+        _run("umount", mnt)
+    assert not is_mounted(mnt)
+
+
+def test_a_foreground_mount_logs_to_its_log_file(tricky, tmp_path):
+    """--log-file in the foreground: the daemon's lines go to the file (stderr, journald's,
+    is the default), rotated as a background mount's."""
+    log = tmp_path / "fg.log"
+    with running_mount(tricky[1], tmp_path / "mnt", "--log-file", log) as (_, stderr_log):
+        (tmp_path / "mnt" / "root file.txt").read_bytes()
+        assert "mounted" in log.read_text()
+    assert "mounted" not in open(stderr_log).read()

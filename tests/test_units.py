@@ -232,13 +232,13 @@ def test_the_runtime_folder_is_the_environments_when_set(monkeypatch, tmp_path):
     """FUSEFS_RUNTIME_DIR moves a daemon's log and control socket (the tests set it for
     the whole run: nothing of theirs is left in /run/fusefs)."""
     import os
-    from fusefs import mount
-    monkeypatch.setenv(mount.RUNTIME_ENV, str(tmp_path))
-    assert os.path.dirname(mount.runtime_path("/data/x", ".sock")) == str(tmp_path)
-    monkeypatch.setenv(mount.RUNTIME_ENV, "relative/not/taken")
+    from fusefs import runtime
+    monkeypatch.setenv(runtime.RUNTIME_ENV, str(tmp_path))
+    assert os.path.dirname(runtime.runtime_path("/data/x", ".sock")) == str(tmp_path)
+    monkeypatch.setenv(runtime.RUNTIME_ENV, "relative/not/taken")
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     want = "/run/fusefs" if os.geteuid() == 0 else os.path.expanduser("~/.cache/fusefs")
-    assert os.path.dirname(mount.default_log_path("/data/x")) == want
+    assert os.path.dirname(runtime.default_log_path("/data/x")) == want
 
 
 def test_fusefs_modules_import_one_another_without_a_loop():
