@@ -326,7 +326,7 @@ def test_mutated_index_arrays_are_refused_or_load_whole(tricky, data):
     def edit(key, arr):
         if key in edits and len(arr):
             at, value = edits[key]
-            arr[at % len(arr)] = value % (np.iinfo(arr.dtype).max + 1) if arr.dtype.kind == "u" else value
+            arr[at % len(arr)] = np.asarray(value, dtype=np.int64).astype(arr.dtype)  # (wraps to its type)
     crafted = craft_index(raw, edit)
     try:
         ix = Index.from_bytes(crafted)
