@@ -297,6 +297,7 @@ def test_read_ahead_bytes_pushed_to_the_kernel_page_cache(tricky, tmp_path, mode
             assert s["cache_samples"] == len(rels)  # kept: room is not needed
 
 
+@pytest.mark.machine  # (the kernel forgets inodes only when the whole machine's are dropped)
 @pytest.mark.skipif(os.geteuid() != 0, reason="dropping the kernel's inodes needs root (CI runs as root)")
 def test_inodes_the_kernel_forgets_are_no_longer_taken_to_hold_pages(tricky, tmp_path):
     """When the kernel forgets a file's inode it drops its pages (the README's benchmark
