@@ -127,6 +127,25 @@ def pytest_configure(config):
         config._fusefs_runtime = folder
 
 
+def _testbed_exists() -> bool:
+    from testkit.gluster import GLUSTER_SH
+    try:
+        return subprocess.run([GLUSTER_SH, "exists"], capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _testbed_as_found():
+    """The GlusterFS test bed's volume is taken down at the end of the run if the run
+    brought it up (the demo leaves it up for its next run, as the benchmarks do)."""
+    existed = _testbed_exists()
+    yield
+    if not existed and _testbed_exists():
+        from testkit.gluster import GLUSTER_SH
+        subprocess.run([GLUSTER_SH, "down"], capture_output=True, timeout=300)
+
+
 def pytest_unconfigure(config):
     import shutil
     folder = getattr(config, "_fusefs_runtime", None)
