@@ -197,6 +197,7 @@ down() {
             for _ in $(seq 100); do [ -d /proc/"$pid" ] && ! grep -q '^State:.*Z' /proc/"$pid"/status 2>/dev/null || break; sleep 0.1; done
         fi
         rm -f "$GLUSTERD_PID"
+        rmdir "$STATE" 2>/dev/null || true  # (once no volume of the test bed's has a record in it)
     fi
     rm -rf "$BRICKS"
     rmdir "$MNT" 2>/dev/null || true  # (the mount point `up` made, if empty)
