@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import threading
 import time
 
@@ -84,8 +83,6 @@ def main() -> None:
     a = p.parse_args()
     results = JsonLines(a.results)
     dst, mnt = os.path.join(a.out, f"packed-{a.samples}"), os.path.join(a.out, f"mnt-{a.samples}")
-    if not os.path.exists(os.path.join(dst, "index.fusefs")):
-        shutil.rmtree(dst, ignore_errors=True)  # (a make_packed cut short)
     make_packed(dst, a.samples, progress=True, reuse=True)
     with side_by_side(a.against) as versions:
         for _ in range(a.rounds):

@@ -20,7 +20,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import shutil
 import time
 
 import numpy as np
@@ -89,8 +88,6 @@ def main() -> None:
     n = a.samples or (200_000 if a.quick else 1_281_000)
     results = JsonLines(a.results)
     dst, mnt = os.path.join(a.out, f"packed-{n}"), os.path.join(a.out, f"mnt-{n}")
-    if not os.path.exists(os.path.join(dst, "index.fusefs")):
-        shutil.rmtree(dst, ignore_errors=True)  # (a make_packed cut short)
     packed = make_packed(dst, n, progress=True, reuse=True)
     with side_by_side(a.against) as versions:
         for _ in range(a.rounds):

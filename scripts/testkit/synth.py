@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -185,7 +186,8 @@ def make_packed(dst: str, n: int, classes: int = 1000, size_range=(500, 3000),
     folders (imagenet_tree, `.bin`), class by class into chunks of about chunk_bytes: what
     a tree of 1.28M files packs into, made in about 15 s instead of the tree's hours. Each
     sample is a slice of random bytes (PackedSet.sample gives them back). reuse: a dst that
-    holds an index already is taken as made by the same call (nothing is written)."""
+    holds an index already is taken as made by the same call (nothing is written); anything
+    else in dst is removed first."""
     import xxhash
     from tqdm import tqdm
     from fusefs import chunk as chunkfmt
@@ -197,6 +199,7 @@ def make_packed(dst: str, n: int, classes: int = 1000, size_range=(500, 3000),
     starts = rng.integers(0, POOL_BYTES - size_range[1], n).astype(np.int64)
     if reuse and os.path.exists(os.path.join(dst, INDEX_NAME)):
         return PackedSet(dst, n, classes, seed, sizes, starts)
+    shutil.rmtree(dst, ignore_errors=True)  # (what a make_packed cut short left: no index)
     pool = np.random.default_rng(seed).bytes(POOL_BYTES)
     names, class_names, arrays, _ = imagenet_tree(n, classes, ".bin")
     # chunks: runs of samples of about chunk_bytes, in id order (pack's default)
