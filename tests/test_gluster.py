@@ -14,7 +14,7 @@ import pytest
 from fusefs.index import INDEX_NAME, Index
 from fusefs.nodes import PATHINFO_XATTR, parse_pathinfo
 from fusefs.pack import pack
-from testkit.gluster import BRICKS, GLUSTER_SH as GLUSTER, GMNT, VOL, brick_pid, own_pids
+from testkit.gluster import BRICKS, GLUSTER_SH as GLUSTER, GMNT, VOL, brick_pid, exited, own_pids
 from trainer import mount_stats, write_order
 
 from testkit.mounts import running_mount
@@ -38,15 +38,6 @@ def volume():
             subprocess.run([GLUSTER, "down"], capture_output=True, timeout=300)
 
 
-def _gone(pid: int) -> bool:
-    """Exited, or a zombie (a killed process lingers so until PID 1 reaps it)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return any(line.startswith("State:") and "Z" in line for line in f)
-    except OSError:
-        return True
-
-
 def test_up_recovers_from_a_killed_run(volume):
     """A run killed outright (as a CI machine's leftovers) leaves a stale client mount
     (ENOTCONN on every access) and none of the test bed's brick processes (nor its
@@ -61,8 +52,8 @@ def test_up_recovers_from_a_killed_run(volume):
         os.kill(pid, signal.SIGKILL)
     # `up` runs as soon as they are gone: it must not take a zombie for a running process
     deadline = time.monotonic() + 30
-    while not all(_gone(p) for p in pids):
-        assert time.monotonic() < deadline, [p for p in pids if not _gone(p)]
+    while not all(exited(p) for p in pids):
+        assert time.monotonic() < deadline, [p for p in pids if not exited(p)]
         time.sleep(0.05)
     with pytest.raises(OSError) as e:
         os.stat(volume)

@@ -106,7 +106,9 @@ def error_gen(percent: float) -> dict:
             "performance.quick-read": "off"}
 
 
-def _zombie(pid: int) -> bool:
+def exited(pid: int) -> bool:
+    """Whether process pid has ended: gone, or a zombie (a killed process lingers so until
+    PID 1 reaps it)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
@@ -117,7 +119,7 @@ def _zombie(pid: int) -> bool:
 def brick_pid(brick: str) -> int:
     """The live glusterfsd of brick (a killed one lingers as a zombie until it is reaped)."""
     out = sh("pgrep", "-f", f"glusterfsd.*{brick.replace('/', '-').lstrip('-')}", check=False).stdout.split()
-    live = [int(p) for p in out if not _zombie(int(p))]
+    live = [int(p) for p in out if not exited(int(p))]
     if not live:
         raise RuntimeError(f"no glusterfsd for {brick}")
     return live[0]
@@ -134,7 +136,7 @@ def client_pid(mnt: str = GMNT) -> int | None:
         except OSError:
             continue
         if argv and os.path.basename(argv[0]) == b"glusterfs" and os.fsencode(mnt) in argv \
-                and not _zombie(int(name)):
+                and not exited(int(name)):
             return int(name)
     return None
 
