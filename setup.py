@@ -16,7 +16,6 @@ Everything else is in pyproject.toml."""
 import os
 import shlex
 import subprocess
-import sys
 import sysconfig
 import tempfile
 
@@ -116,8 +115,7 @@ def extensions() -> list[Extension]:
     return out
 
 
-# (an sdist needs the sources only: nothing is cythonized or asked of libfuse3 for it)
-SDIST = len(sys.argv) > 1 and sys.argv[1] in ("sdist", "egg_info", "dist_info")
-setup(ext_modules=[] if SDIST else extensions(), cmdclass={"build_ext": BuildNative},
+# (nothing is cythonized or asked of libfuse3 before build_ext: an sdist needs neither)
+setup(ext_modules=extensions(), cmdclass={"build_ext": BuildNative},
       package_data={"fusefs.pyfuse3": ["py.typed", "*.pyi", "LICENSE"]},
       exclude_package_data={"fusefs": ["*.c", "*.h"], "fusefs.pyfuse3": ["*.c", "*.h", "*.pyx", "*.pxi", "*.pxd"]})
