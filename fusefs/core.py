@@ -126,21 +126,18 @@ def cpu_seconds() -> float:
 
 class Core:
     def __init__(self, index: Index, store: ChunkStore, config: MountConfig = DEFAULTS, *,
-                 local=None, kernel=None, uid: int | None = None, gid: int | None = None,
-                 control_socket: str | None = None):
+                 local=None, kernel=None, control_socket: str | None = None):
         """The dataset of index, its chunks read through store, with the mount's settings
         (config); local: the local cache tier (local.LocalTier) or None; kernel: the kernel
         page cache (fs.KernelCache, which fetched samples are pushed into as they arrive:
         docs/ARCHITECTURE.md, "Kernel page cache"), or None: every read is served by the
-        daemon; uid, gid: the files' owner (default: the daemon's); control_socket: the
-        control socket's path, which `.fusefs/control` links to (None: no link)."""
+        daemon; control_socket: the control socket's path, which `.fusefs/control` links
+        to (None: no link). The files' owner is config's uid and gid (None: the daemon's)."""
         self.index = index
         self.store = store
         self.local = local
-        uid = config.uid if uid is None else uid
-        gid = config.gid if gid is None else gid
-        self.uid = os.getuid() if uid is None else uid
-        self.gid = os.getgid() if gid is None else gid
+        self.uid = os.getuid() if config.uid is None else config.uid
+        self.gid = os.getgid() if config.gid is None else config.gid
         # the permission bits shown (--file-mode, --dir-mode, --umask over the packed ones)
         self.file_mode = presented_modes(index.mode, config.file_mode, config.umask)
         self.dir_mode = presented_modes(index.dir_mode, config.dir_mode, config.umask)

@@ -88,10 +88,10 @@ class RotatingLog(logging.Handler):
     (replacing an older one) and opened anew once it holds max_bytes. std: the process's
     stdout and stderr are that file too (a background daemon's): they follow it."""
 
-    def __init__(self, path: str, max_bytes: int = LOG_MAX_BYTES, std: bool = False, own: bool = False):
+    def __init__(self, path: str, max_bytes: int = LOG_MAX_BYTES, std: bool = False):
         super().__init__()
         self.path, self.max_bytes, self.std = path, max_bytes, std
-        self.fd = open_log(path, own=own)
+        self.fd = open_log(path)
         self.size = os.fstat(self.fd).st_size
         self.rotations = 0
 
