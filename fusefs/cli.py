@@ -263,8 +263,8 @@ def _watch(mnt: str, interval: float) -> int:
         kern = f"{100 * d['opens_pushed'] / d['opens']:6.1f}" if d["opens"] else f"{'-':>6}"
         hit = f"{100 * d['hits'] / served:6.1f}" if served else f"{'-':>6}"
         print(f"{d['opens'] / dt:8.0f} {d['bytes_served'] / dt / 1e6:7.1f} {kern} {hit} "
-              f"{d['read_waits']:6d} {d['misses']:6d} {d['backend_bytes'] / dt / 1e6:12.1f} {cur['cache_bytes'] / 1e6:9.1f} {ahead:6d} "
-              f"{d['evictions']:6d} {cpu} {req}", flush=True)
+              f"{d['read_waits']:6d} {d['misses']:6d} {d['backend_bytes'] / dt / 1e6:12.1f} "
+              f"{cur['cache_bytes'] / 1e6:9.1f} {ahead:6d} {d['evictions']:6d} {cpu} {req}", flush=True)
         prev, t_prev = cur, now
 
 
