@@ -6,10 +6,15 @@ and mounted with fusefs; scripts/workloads/train_hybrid.py trains through the mo
 /usr/bin/python3 (torchvision ImageFolder + DataLoader), same seeds, in three modes: the
 accelerator alone (a CPU replica stands in where torch sees no GPU), the CPU alone, and
 trainer.HybridTrainer (both). Models: the small CNN and ResNet-18 (CIFAR stem) at 32 px.
---rounds repeats the three modes in turn (A B C A B C) to show the spread on a noisy machine.
+--modes picks among the three; --seeds runs the modes in turn (A B C A B C), seed 0, 1, ...,
+so each mode's final accuracy has a mean and a spread, and a noisy machine's drift hits every
+mode alike. Each model's summary gives, per mode, the median samples/s, the final accuracy
+and the mean of the last three epochs (mean, sample std, min, max over the seeds), and the
+probe's verdict with its samples/s with the CPU replica on and off in each hybrid run.
 
 usage: .venv/bin/python scripts/bench/bench_hybrid.py [--models small,resnet18] [--epochs 15]
-                                                [--rounds 1] [--out out/bench_hybrid]
+                                                [--modes accel,cpu,hybrid] [--seeds 1]
+                                                [--out out/bench_hybrid]
 """
 from __future__ import annotations
 
@@ -31,9 +36,9 @@ from testkit.mounts import running_mount
 MODES = ("accel", "cpu", "hybrid")
 
 
-def train(mnt, test, model, mode, epochs, a, lines) -> list[dict]:
-    args = [mnt, test, "--mode", mode, "--model", model, "--epochs", str(epochs),
-            "--workers", str(a.workers), "--batch", str(a.batch)]
+def train(mnt, test, model, mode, seed, a, lines) -> list[dict]:
+    args = [mnt, test, "--mode", mode, "--model", model, "--epochs", str(a.epochs),
+            "--workers", str(a.workers), "--batch", str(a.batch), "--seed", str(seed)]
     if mode == "hybrid":
         snaps = os.path.join(a.out, "snapshots")
         shutil.rmtree(snaps, ignore_errors=True)
@@ -46,28 +51,43 @@ def train(mnt, test, model, mode, epochs, a, lines) -> list[dict]:
                  ) if mode == "hybrid" else ""
         print(f"  {model:<8} {mode:<6} epoch {row['epoch']:2d}: test acc {100 * row['test_acc']:.2f}%  "
               f"{row['samples_per_s']:8.1f} samples/s{extra}", flush=True)
-        lines.write(bench="bench_hybrid", **row)
+        lines.write(bench="bench_hybrid", seed=seed, **row)
     return run_trainer("train_hybrid.py", args, show, python=a.python)
 
 
+def spread(xs: list[float]) -> dict:
+    """Mean, sample std, min and max of accuracies, in points."""
+    pts = [100 * x for x in xs]
+    return {"mean": round(statistics.mean(pts), 2),
+            "std": round(statistics.stdev(pts), 2) if len(pts) > 1 else 0.0,
+            "min": round(min(pts), 2), "max": round(max(pts), 2)}
+
+
 def summarise(runs: dict) -> dict:
-    """Per mode: median over rounds of the mean samples/s of epochs 2.., final accuracy;
-    the ratios the targets name."""
+    """Per mode (one run per seed): median over seeds of the mean samples/s of epochs 2..,
+    the final accuracy and the mean accuracy of the last three epochs; the ratios between
+    modes; the probe's verdicts and on/off figures of the hybrid runs."""
     out = {}
     for mode, rounds in runs.items():
         rates = [statistics.mean(r["samples_per_s"] for r in rows[1:] or rows) for rows in rounds]
+        final = [rows[-1]["test_acc"] for rows in rounds]
         out[mode] = {"samples_per_s": round(statistics.median(rates), 1),
                      "samples_per_s_rounds": [round(x, 1) for x in rates],
-                     "final_acc": [rows[-1]["test_acc"] for rows in rounds]}
-    acc, cpu, hyb = out["accel"], out["cpu"], out["hybrid"]
-    out["hybrid_over_accel"] = round(hyb["samples_per_s"] / acc["samples_per_s"], 3)
-    out["hybrid_over_faster_alone"] = round(
-        hyb["samples_per_s"] / max(acc["samples_per_s"], cpu["samples_per_s"]), 3)
-    out["acc_gap_points"] = round(100 * (statistics.median(acc["final_acc"])
-                                         - statistics.median(hyb["final_acc"])), 2)
-    last = runs["hybrid"][-1][-1]
-    out["hybrid_cpu_active"] = last["cpu_active"]
-    out["hybrid_gain"] = last["gain"]
+                     "final_acc": final, "final": spread(final),
+                     "last3": spread([statistics.mean(r["test_acc"] for r in rows[-3:]) for rows in rounds])}
+    if "accel" in out and "hybrid" in out:
+        acc, hyb = out["accel"], out["hybrid"]
+        faster = max(out[m]["samples_per_s"] for m in out if m != "hybrid")
+        out["hybrid_over_accel"] = round(hyb["samples_per_s"] / acc["samples_per_s"], 3)
+        out["hybrid_over_faster_alone"] = round(hyb["samples_per_s"] / faster, 3)
+        out["acc_gap_points"] = round(acc["final"]["mean"] - hyb["final"]["mean"], 2)
+    if "hybrid" in out:
+        lasts = [rows[-1] for rows in runs["hybrid"]]
+        out["hybrid_cpu_active"] = lasts[-1]["cpu_active"]
+        out["hybrid_gain"] = lasts[-1]["gain"]
+        out["probes"] = [{"cpu_active": r["cpu_active"], "gain": round(r["gain"], 4),
+                          "samples_cpu": sum(x["samples_cpu"] for x in rows), **r.get("probe", {})}
+                         for r, rows in zip(lasts, runs["hybrid"])]
     return out
 
 
@@ -75,7 +95,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="small", help="comma-separated: small, resnet18 (default small)")
     p.add_argument("--epochs", type=int, default=15, help="epochs per run (default 15)")
-    p.add_argument("--rounds", type=int, default=1, help="runs of each mode, in turn (default 1)")
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated: accel, cpu, hybrid (default all)")
+    p.add_argument("--seeds", type=int, default=1, help="runs of each mode, in turn, seed 0, 1, ... (default 1)")
     p.add_argument("--batch", type=int, default=64, help="batch size (default 64)")
     p.add_argument("--workers", type=int, default=1, help="DataLoader worker processes (default 1)")
     p.add_argument("--python", default="/usr/bin/python3",
@@ -84,6 +105,9 @@ def main() -> int:
     p.add_argument("--jsonl", help="append each epoch and each model's summary as a JSON line here "
                                    "as it is measured (default OUT/bench_hybrid.jsonl)")
     a = p.parse_args()
+    modes = a.modes.split(",")
+    if not set(modes) <= set(MODES):
+        p.error(f"unknown mode: {', '.join(sorted(set(modes) - set(MODES)))}")
     os.makedirs(a.out, exist_ok=True)
     digits = os.path.join(a.out, "digits")
     make_digits(digits)
@@ -101,19 +125,19 @@ def main() -> int:
     runs: dict = {}
     summary: dict = {}
     for model in a.models.split(","):
-        runs[model] = {m: [] for m in MODES}
-        for _ in range(a.rounds):
-            for mode in MODES:
-                with running_mount(packed, mnt, "--cache-size", "100%"):
+        runs[model] = {m: [] for m in modes}
+        with running_mount(packed, mnt, "--cache-size", "100%"):
+            for seed in range(a.seeds):
+                for mode in modes:
                     runs[model][mode].append(train(mnt, os.path.join(digits, "test"), model, mode,
-                                                   a.epochs, a, lines))
+                                                   seed, a, lines))
         summary[model] = summarise(runs[model])
         lines.write(bench="bench_hybrid", model=model, summary=summary[model], gpu=gpu, epochs=a.epochs,
                     batch=a.batch, workers=a.workers)
         print(json.dumps({model: summary[model]}, indent=1), flush=True)
     with open(os.path.join(a.out, "bench_hybrid.json"), "w") as f:
         json.dump({"summary": summary, "runs": runs, "gpu": gpu, "machine": machine, "commit": commit,
-                   "epochs": a.epochs, "rounds": a.rounds, "workers": a.workers, "batch": a.batch}, f,
+                   "epochs": a.epochs, "seeds": a.seeds, "workers": a.workers, "batch": a.batch}, f,
                   indent=1)
     import matplotlib
     matplotlib.use("Agg")

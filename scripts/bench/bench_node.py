@@ -7,8 +7,9 @@ packed next to it. For each loader (raw: the file's bytes, with a SHA-256 of eac
 collate; decode: torchvision's default PIL loader, RandomResizedCrop(224), a random flip and
 ToTensor, the ImageNet training transform) and each worker count of --workers,
 torchvision's ImageFolder + DataLoader(batch_size=64) (scripts/workloads/imagefolder_reader.py under --python, a Python
-separate from fusefs's own: the unmodified training code) reads the set once to warm every
-cache (not counted), then --epochs epochs in fresh shuffled orders, from:
+separate from fusefs's own: the unmodified training code) reads --epochs epochs in fresh
+shuffled orders, after a plain read of every file by the benchmark itself has warmed every
+cache (not counted), from:
 
   loose    the source folder (the page cache holds every file after the warm-up)
   fusefs   `fusefs mount --cache-size 120%` over the packed copy, read through
@@ -22,7 +23,8 @@ cache (not counted), then --epochs epochs in fresh shuffled orders, from:
            into --out): what a FUSE daemon costs at least, without Python
 
 each with a fresh daemon per row. A row gives samples/s per counted epoch, the ratio of
-its mean to loose's (same loader and workers, same run), and per sample the CPU of the
+its mean to loose's (same loader and workers, same run) and of each epoch to that mean
+(ratio_epochs: the spread), and per sample the CPU of the
 daemon (its own getrusage) and of the loader's processes, how busy the cores were, the FUSE
 requests the daemon answered per sample, by type, and for fusefs the samples it fetched from
 the chunks in the counted epochs (none when its cache holds the set). Issue 17's targets, on a
@@ -60,6 +62,21 @@ def read(python: str, root: str, loader: str, workers: int, epochs: int, seed: i
     return run_trainer("imagefolder_reader.py", args, python=python)[0]
 
 
+def warm(root: str) -> None:
+    """Read every file under root once, in this process (threads): the warm-up that fills
+    the page cache and the daemons' caches, without a second loader process's start."""
+    from concurrent.futures import ThreadPoolExecutor
+    paths = [os.path.join(d, n) for d, _, names in os.walk(root) for n in names
+             if not n.startswith(".")]
+
+    def whole(path):
+        with open(path, "rb", buffering=0) as f:
+            while f.read(1 << 20):
+                pass
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(whole, paths))
+
+
 def daemon_stats(root: str, name: str | None) -> dict:
     if name is None:
         return {}
@@ -69,12 +86,12 @@ def daemon_stats(root: str, name: str | None) -> dict:
 
 def measure(python: str, root: str, loader: str, workers: int, epochs: int, hinted: bool,
             stats: str | None = None) -> dict:
-    """One warm-up epoch, then `epochs` counted ones: their samples/s, the loader's CPU per
-    sample and the cores' busy share (measured by the reader around each epoch), and from
+    """A warm-up read of every file (warm), then `epochs` counted ones: their samples/s, the
+    loader's CPU per sample and the cores' busy share (measured by the reader around each epoch), and from
     the daemon's statistics file `stats` (a name under root) its CPU (getrusage), FUSE
     requests per sample by type and the samples it fetched over the counted run (the reader's scan
     of the tree included)."""
-    read(python, root, loader, workers, 1, 0, hinted)
+    warm(root)
     before = daemon_stats(root, stats)
     eps = read(python, root, loader, workers, epochs, 1, hinted)["epochs"]
     after = daemon_stats(root, stats)
@@ -143,7 +160,7 @@ def main() -> int:
     p.add_argument("--workers", default="4,8,16", help="DataLoader worker counts, comma-separated")
     p.add_argument("--loaders", default="raw,decode", help="raw and/or decode, comma-separated")
     p.add_argument("--systems", default=",".join(SYSTEMS), help="which of loose,fusefs,fusefs_python,minimal,minimal_c to run")
-    p.add_argument("--epochs", type=int, default=2, help="counted epochs after the warm-up one")
+    p.add_argument("--epochs", type=int, default=2, help="counted epochs after the warm-up read")
     p.add_argument("--python", default="/usr/bin/python3",
                    help="the readers' Python (needs torch and torchvision)")
     p.add_argument("--out", default=os.path.join(REPO, "out", "bench_node"))
@@ -183,6 +200,7 @@ def main() -> int:
                     base = mean
                 elif base:
                     row["ratio_to_loose"] = round(mean / base, 3)
+                    row["ratio_epochs"] = [round(x / base, 3) for x in row["samples_per_s"]]
                 results["rows"].append(row)
                 lines.write(bench="bench_node", files=a.files, epochs=a.epochs, **row)
                 rates = " / ".join(f"{x:,.0f}" for x in row["samples_per_s"])

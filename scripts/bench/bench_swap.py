@@ -16,8 +16,16 @@ stood in for by a copy of every saved tensor (resident 0).
 Step times are medians of `--rounds-timed` rounds, each running `--steps` steps of every
 row in turn, so drift on a noisy machine hits all rows alike.
 
+--budgets runs the rows once per budget (a scheduler learned for each), --rows picks the
+rows (no_swap always runs: the others are measured against it). On CUDA --fit caps the
+process's GPU memory at (1 + FIT) times the no-swap step's peak, so that the batch fits
+only just without swapping, as on a GPU whose memory the model fills (0: no cap). Each
+row also gives the process's host RSS after its step and the peak RSS while it ran.
+
 usage: .venv/bin/python scripts/bench/bench_swap.py [--models cnn,transformer] [--batch 64]
-           [--budget 0.6] [--rounds 40] [--steps 3] [--rounds-timed 5] [--out out/bench_swap]
+           [--budgets 0.6,0.8] [--rows no_swap,checkpoint,learned] [--fit 0.05] [--rounds 40]
+           [--transformer 6,256,128]
+           [--steps 3] [--rounds-timed 5] [--out out/bench_swap]
 """
 from __future__ import annotations
 
@@ -67,8 +75,12 @@ class Transformer(nn.Module):
         return self.head(x.mean(1))
 
 
+TRANSFORMER = {"layers": 6, "d": 256, "seq": 128}  # --transformer LAYERS,D,SEQ
+
+
 def transformer():
-    m = Transformer()
+    m = Transformer(layers=TRANSFORMER["layers"], d=TRANSFORMER["d"], heads=max(1, TRANSFORMER["d"] // 32),
+                    seq=TRANSFORMER["seq"])
     return m, list(m.blocks), lambda b, dev: (torch.randn(b, m.seq, m.d, device=dev),
                                               torch.randint(0, 10, (b,), device=dev))
 
@@ -201,15 +213,43 @@ def largest_batch_cuda(enter, dev, model, make, start, hooks, host_limit):
     return largest_batch(fits, start)
 
 
-def bench_model(name, a, dev, lines) -> tuple[dict, list]:
+def fit_memory(model, x, y, dev, fit: float) -> int | None:
+    """CUDA with fit > 0: cap this process's GPU memory at (1 + fit) times a no-swap step's
+    peak (one step measured uncapped); returns the cap in bytes (None: no cap)."""
+    if dev.type != "cuda" or fit <= 0:
+        return None
+    torch.cuda.set_per_process_memory_fraction(1.0, dev)
+    torch.cuda.synchronize(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    step(model, x, y)
+    torch.cuda.synchronize(dev)
+    model.zero_grad(set_to_none=True)
+    total = torch.cuda.get_device_properties(dev).total_memory
+    cap = int((1 + fit) * torch.cuda.max_memory_allocated(dev))
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), dev)
+    return cap
+
+
+def bench_model(name, a, dev, lines) -> tuple[dict, dict]:
+    """Every budget's rows for one model: {budget: result}, {budget: the plans measured}."""
     model, blocks, make = MODELS[name]()
     model = model.to(dev)
     x, y = make(a.batch, dev)
+    results, points = {}, {}
+    for budget in a.budgets:
+        cap = fit_memory(model, x, y, dev, a.fit)
+        results[budget], points[budget] = bench_budget(name, model, blocks, make, x, y, budget, cap, a, dev,
+                                                       lines)
+    return results, points
+
+
+def bench_budget(name, model, blocks, make, x, y, budget, cap, a, dev, lines) -> tuple[dict, list]:
     host_limit = int(a.host_limit * psutil.virtual_memory().total)
-    sched = SwapScheduler(model, budget=a.budget, segments=a.segments, steps_per_round=2, device=dev,
+    sched = SwapScheduler(model, budget=budget, segments=a.segments, steps_per_round=2, device=dev,
                           seed=0, host_limit=host_limit)
     watch = HostWatch(host_limit, lambda: sched.hooks.pool,
-                      f"{name}: learning, {a.rounds} rounds")
+                      f"{name}, budget {budget:.0%}: learning, {a.rounds} rounds")
     t0 = time.perf_counter()
     sched.pretrain(lambda b: step(model, *b), [(x, y)], rounds=a.rounds)
     learn_s = time.perf_counter() - t0
@@ -240,13 +280,15 @@ def bench_model(name, a, dev, lines) -> tuple[dict, list]:
 
     rows = {"no_swap": lambda: plan(0), "save_on_cpu": everything, "checkpoint": anchor,
             "swap_all": lambda: plan(2 ** len(sched.units) - 1), "learned": lambda: plan(learned)}
+    rows = {row: enter for row, enter in rows.items() if row == "no_swap" or row in a.rows}
     def one_step():  # (the swap pool handed out afresh: the last step's transfers are done)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         sched.hooks.reset_counts()
         step(model, x, y)
     step_s = side_by_side(rows, one_step, a.rounds_timed, a.steps, watch)
-    res = {"batch": a.batch, "budget": a.budget, "rounds": sched.rounds, "learn_s": learn_s,
+    res = {"batch": a.batch, "budget": budget, "memory_cap_bytes": cap, "rounds": sched.rounds,
+           **({"shape": dict(TRANSFORMER)} if name == "transformer" else {}), "learn_s": learn_s,
            "plan": sched.plan_dict(learned), "converged_by_itself": converged,
            "failed_plans": len(sched.failed)}
     lines.write(bench="bench_swap", model=name, **res, step_s=step_s)
@@ -255,6 +297,7 @@ def bench_model(name, a, dev, lines) -> tuple[dict, list]:
         res["memory_limit_bytes"] = int(a.memory_limit * torch.cuda.get_device_properties(dev).total_memory)
     for row, enter in rows.items():
         watch.enter(f"memory of {row}")
+        watch.peak = 0
         sched.hooks.reset_counts()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
@@ -267,18 +310,21 @@ def bench_model(name, a, dev, lines) -> tuple[dict, list]:
             memory = 0  # every saved tensor was copied out
         else:
             memory = sched.hooks.resident_bytes
-        res[row] = {"memory": memory, "step_s": step_s[row], "time_ratio": step_s[row] / step_s["no_swap"]}
+        res[row] = {"memory": memory, "step_s": step_s[row], "time_ratio": step_s[row] / step_s["no_swap"],
+                    "host_rss": watch.rss(), "host_rss_peak": max(watch.peak, watch.rss())}
         if dev.type == "cuda" and row in a.largest_rows.split(","):
             res[row]["largest_batch"] = largest_batch_cuda(enter, dev, model, make, a.batch, sched.hooks,
                                                            host_limit)
-        lines.write(bench="bench_swap", model=name, row=row, batch=a.batch, budget=a.budget,
+        lines.write(bench="bench_swap", model=name, row=row, batch=a.batch, budget=budget, memory_cap_bytes=cap,
                     memory_limit_bytes=res.get("memory_limit_bytes"), **res[row])
     for row in rows:
         res[row]["memory_share"] = res[row]["memory"] / res["no_swap"]["memory"]
     res["host_rss_peak"] = watch.peak
-    res["learned_within_budget"] = res["learned"]["memory_share"] <= a.budget
-    res["learned_vs_checkpoint_time"] = res["learned"]["step_s"] / res["checkpoint"]["step_s"]
-    sched.save(os.path.join(a.out, f"swap_q_{name}.npz"))
+    if "learned" in res:
+        res["learned_within_budget"] = res["learned"]["memory_share"] <= budget
+        if "checkpoint" in res:
+            res["learned_vs_checkpoint_time"] = res["learned"]["step_s"] / res["checkpoint"]["step_s"]
+    sched.save(os.path.join(a.out, f"swap_q_{name}_{budget:g}.npz"))
     sched.hooks.remove()
     return res, points
 
@@ -289,7 +335,14 @@ def main() -> int:
                    help="comma-separated: cnn, transformer, resnet50 (default: resnet50,transformer on "
                         "CUDA, cnn,transformer on CPU)")
     p.add_argument("--batch", type=int, default=None, help="batch size (default 128 on CUDA, 32 on CPU)")
-    p.add_argument("--budget", type=float, default=0.6, help="memory budget, share of no-swap (default 0.6)")
+    p.add_argument("--budgets", default="0.6",
+                   help="memory budgets, shares of no-swap, comma-separated (default 0.6)")
+    p.add_argument("--rows", default="no_swap,save_on_cpu,checkpoint,swap_all,learned",
+                   help="the rows, comma-separated (default all; no_swap always runs)")
+    p.add_argument("--fit", type=float, default=0.0,
+                   help="CUDA: cap GPU memory at (1 + FIT) x the no-swap peak (default 0: no cap)")
+    p.add_argument("--transformer", default="6,256,128",
+                   help="the transformer stack's layers, width and sequence length (default 6,256,128)")
     p.add_argument("--segments", type=int, default=6, help="units of a plan (default 6)")
     p.add_argument("--rounds", type=int, default=40, help="learning rounds of the scheduler (default 40)")
     p.add_argument("--steps", type=int, default=3, help="steps per row and timing round (default 3)")
@@ -305,6 +358,12 @@ def main() -> int:
     p.add_argument("--jsonl", help="append each model's rows as JSON lines here as they are measured "
                                    "(default OUT/bench_swap.jsonl)")
     a = p.parse_args()
+    a.budgets = [float(b) for b in a.budgets.split(",")]
+    a.rows = a.rows.split(",")
+    TRANSFORMER.update(zip(("layers", "d", "seq"), (int(v) for v in a.transformer.split(","))))
+    known = ("no_swap", "save_on_cpu", "checkpoint", "swap_all", "learned")
+    if not set(a.rows) <= set(known):
+        p.error(f"unknown row: {', '.join(sorted(set(a.rows) - set(known)))}")
     os.makedirs(a.out, exist_ok=True)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     a.batch = a.batch or (128 if dev.type == "cuda" else 32)
@@ -316,35 +375,46 @@ def main() -> int:
     points = {}
     what = "peak CUDA memory" if dev.type == "cuda" else "resident saved activations"
     for name in models:
-        res, points[name] = bench_model(name, a, dev, lines)
-        out["models"][name] = res
-        print(f"{name}: batch {a.batch}, budget {a.budget:.0%}: learned {res['plan']} after "
-              f"{res['rounds']} rounds ({res['learn_s']:.1f} s)")
-        for row in ("no_swap", "save_on_cpu", "checkpoint", "swap_all", "learned"):
-            r = res[row]
-            line = (f"  {row:<12} {what} {r['memory'] / 1e6:9.2f} MB ({100 * r['memory_share']:5.1f}%)"
-                    f"   step {1e3 * r['step_s']:8.2f} ms ({r['time_ratio']:.2f}x)")
-            if "largest_batch" in r:
-                line += f"   largest batch {r['largest_batch']}"
-            print(line, flush=True)
-        print(f"  learned plan within the budget: {res['learned_within_budget']}; step time "
-              f"{res['learned_vs_checkpoint_time']:.2f}x checkpointing's")
+        out["models"][name], points[name] = bench_model(name, a, dev, lines)
+        for budget, res in out["models"][name].items():
+            print(f"{name}: batch {a.batch}, budget {budget:.0%}: learned {res['plan']} after "
+                  f"{res['rounds']} rounds ({res['learn_s']:.1f} s)"
+                  + (f"; GPU memory capped at {res['memory_cap_bytes'] / 2**30:.2f} GiB"
+                     if res["memory_cap_bytes"] else ""))
+            for row in known:
+                if row not in res:
+                    continue
+                r = res[row]
+                line = (f"  {row:<12} {what} {r['memory'] / 1e6:9.2f} MB ({100 * r['memory_share']:5.1f}%)"
+                        f"   step {1e3 * r['step_s']:8.2f} ms ({r['time_ratio']:.2f}x)"
+                        f"   host RSS {r['host_rss'] / 2**30:5.2f} GiB")
+                if "largest_batch" in r:
+                    line += f"   largest batch {r['largest_batch']}"
+                print(line, flush=True)
+            if "learned_within_budget" in res:
+                print(f"  learned plan within the budget: {res['learned_within_budget']}"
+                      + (f"; step time {res['learned_vs_checkpoint_time']:.2f}x checkpointing's"
+                         if "learned_vs_checkpoint_time" in res else ""))
     with open(os.path.join(a.out, "bench_swap.json"), "w") as f:
         json.dump(out, f, indent=1)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4), squeeze=False)
-    for ax, name in zip(axes[0], models):
-        res = out["models"][name]
+    panels = [(name, budget) for name in models for budget in a.budgets]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, (name, budget) in zip(axes[0], panels):
+        res = out["models"][name][budget]
         base = res["no_swap"]
-        ax.scatter([q["step_s"] / base["step_s"] for q in points[name]],
-                   [100 * q["memory"] / base["memory"] for q in points[name]], s=12, c="grey",
+        ax.scatter([q["step_s"] / base["step_s"] for q in points[name][budget]],
+                   [100 * q["memory"] / base["memory"] for q in points[name][budget]], s=12, c="grey",
                    label="plans measured while learning")
-        for i, row in enumerate(("no_swap", "save_on_cpu", "checkpoint", "swap_all", "learned")):
-            ax.scatter([res[row]["time_ratio"]], [100 * res[row]["memory_share"]], s=50, c=f"C{i}", label=row)
-        ax.axhline(100 * a.budget, ls="--", c="k", lw=0.8, label="budget")
-        ax.set(title=f"{name} ({out['device']})", xlabel="step time / no swap", ylabel=f"{what}, % of no swap")
+        for i, row in enumerate(known):
+            if row in res:
+                ax.scatter([res[row]["time_ratio"]], [100 * res[row]["memory_share"]], s=50, c=f"C{i}",
+                           label=row)
+        ax.axhline(100 * budget, ls="--", c="k", lw=0.8, label="budget")
+        ax.set(title=f"{name}, budget {budget:.0%} ({out['device']})", xlabel="step time / no swap",
+               ylabel=f"{what}, % of no swap")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(a.out, "bench_swap.png"), dpi=100)

@@ -23,9 +23,20 @@ of a noisy machine hits every mode alike:
               samples below the mean loss dropped, the kept ones weighted 1/(1-prune), full
               epochs in the last eighth
 
+--local packs the set into a local folder instead (no GlusterFS: the GPU node); its chunk
+files then leave the page cache before each epoch. --model resnet18 --device auto trains
+ResNet-18 (CIFAR stem) on the GPU where there is one, with --workers loader workers and
+--batch; --parallel-seeds trains the seeds of a mode at once, each through its own mount
+(the modes still run one after another, so each mode's time is measured under the same
+load).
+
 usage: .venv/bin/python scripts/bench/bench_unbiased.py [--train 20000] [--test 5000]
            [--epochs 20] [--seeds 3] [--modes full,importance,unbiased] [--keep 0.7]
-           [--prune 0.5] [--delay-ms 2] [--cache-size 10%] [--static-cache 30%]
+           [--prune 0.5] [--warmup 3] [--delay-ms 2] [--cache-size 10%] [--static-cache 30%]
+           [--local] [--model small|resnet18] [--device cpu|auto|cuda] [--workers 2]
+           [--batch 64] [--parallel-seeds] [--python /usr/bin/python3]
+On the GPU node: python3 scripts/bench/bench_unbiased.py --local --model resnet18 --device auto
+           --python python3 --parallel-seeds --warmup 2 --results $OUT/figures.jsonl
 """
 from __future__ import annotations
 
@@ -35,6 +46,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -48,10 +60,13 @@ from testkit.synth import make_hardness
 
 
 def run(a, mode: str, seed: int, packed: str, test: str) -> list[dict]:
-    """One training run through a fresh mount: its rows, one per epoch."""
-    mnt = os.path.join(a.out, "mnt")
-    name = os.path.relpath(packed, GMNT)
-    evict = [f"--evict={p}" for p in [packed, *sorted(glob.glob(os.path.join(BRICKS, "*", name)))]]
+    """One training run through a fresh mount of its own: its rows, one per epoch."""
+    mnt = os.path.join(a.out, f"mnt-{seed}")
+    if a.local:
+        evict = [f"--evict={packed}"]
+    else:
+        name = os.path.relpath(packed, GMNT)
+        evict = [f"--evict={p}" for p in [packed, *sorted(glob.glob(os.path.join(BRICKS, "*", name)))]]
 
     def show(row):
         print(f"  {mode:<10} seed {seed} epoch {row['epoch']:2d}: trained {row['trained']:6d} "
@@ -61,7 +76,11 @@ def run(a, mode: str, seed: int, packed: str, test: str) -> list[dict]:
                        "--no-kernel-cache"):
         return run_trainer("train_importance.py", [mnt, test, "--mode", mode, "--epochs", str(a.epochs),
                                                    "--keep", str(a.keep), "--prune", str(a.prune),
-                                                   "--seed", str(seed), *evict], show)
+                                                   "--seed", str(seed), "--warmup", str(a.warmup),
+                                                   "--model", a.model,
+                                                   "--device", a.device, "--workers", str(a.workers),
+                                                   "--batch", str(a.batch), *evict],
+                           show, python=a.python)
 
 
 def summary(runs: dict[str, list[dict]]) -> dict[str, dict]:
@@ -110,37 +129,60 @@ def main() -> int:
     p.add_argument("--modes", default="full,importance,unbiased")
     p.add_argument("--keep", type=float, default=0.7, help="importance (rank) mode's share kept")
     p.add_argument("--prune", type=float, default=0.5, help="unbiased mode's share dropped below the mean loss")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="full epochs before the first importance epoch (the loss window)")
     p.add_argument("--delay-ms", type=int, default=2)
     p.add_argument("--cache-size", default="10%")
     p.add_argument("--static-cache", default="30%")
+    p.add_argument("--local", action="store_true",
+                   help="pack into a local folder under --out, no GlusterFS (the GPU node)")
+    p.add_argument("--model", choices=("small", "resnet18"), default="small")
+    p.add_argument("--device", choices=("cpu", "auto", "cuda"), default="cpu")
+    p.add_argument("--workers", type=int, default=2, help="loader workers per training run")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--parallel-seeds", action="store_true", help="train a mode's seeds at once")
+    p.add_argument("--python", default="/usr/bin/python3",
+                   help="the trainers' Python (needs torch and torchvision; python3 on the GPU node)")
     p.add_argument("--out", default=os.path.join(REPO, "out", "bench_unbiased"))
     JsonLines.argument(p, "bench_unbiased")
     a = p.parse_args()
     lines = JsonLines(a.results)
     os.makedirs(a.out, exist_ok=True)
-    subprocess.run(["bash", GLUSTER_SH, "up", "--delay-ms", str(a.delay_ms)], check=True)
+    if not a.local:
+        subprocess.run(["bash", GLUSTER_SH, "up", "--delay-ms", str(a.delay_ms)], check=True)
     root = os.path.join(a.out, f"hardness-{a.train}-{a.test}")
     make_hardness(root, a.train, a.test)
-    packed = os.path.join(GMNT, f"unbiased-{a.train}")
+    packed = os.path.join(a.out if a.local else GMNT, f"unbiased-{a.train}")
     if not os.path.exists(os.path.join(packed, "index.fusefs")):
         pack(os.path.join(root, "train"), packed, chunk_bytes=4 << 20, force=True, progress=False,
              mix_classes=True)
     modes = a.modes.split(",")
     runs: dict[str, list[dict]] = {m: [] for m in modes}
-    setting = {"train": a.train, "test": a.test, "epochs": a.epochs, "keep": a.keep, "prune": a.prune,
-               "delay_ms": a.delay_ms, "cache_size": a.cache_size, "static_cache": a.static_cache}
-    for seed in range(a.seeds):
-        for mode in modes:
-            rows = run(a, mode, seed, packed, os.path.join(root, "test"))
-            r = {"part": "run", "mode": mode, "seed": seed, "final_acc": rows[-1]["test_acc"],
-                 "acc_per_epoch": [x["test_acc"] for x in rows],
-                 "seconds": round(sum(x["seconds"] for x in rows), 2),
-                 "backend_bytes": sum(x.get("backend_bytes", 0) for x in rows),
-                 "trained": sum(x["trained"] for x in rows), "reevaluated": sum(x["reevaluated"] for x in rows),
-                 **setting}
-            runs[mode].append(r)
-            print(json.dumps({k: v for k, v in r.items() if k != "acc_per_epoch"}), flush=True)
-            lines.write(bench="bench_unbiased", **r)
+    setting = {"train": a.train, "test": a.test, "epochs": a.epochs, "warmup": a.warmup, "keep": a.keep,
+               "prune": a.prune,
+               "delay_ms": None if a.local else a.delay_ms, "cache_size": a.cache_size,
+               "static_cache": a.static_cache, "model": a.model, "backend": "local" if a.local else "gluster",
+               "workers": a.workers, "batch": a.batch, "parallel_seeds": a.parallel_seeds}
+
+    def one(mode: str, seed: int) -> dict:
+        rows = run(a, mode, seed, packed, os.path.join(root, "test"))
+        r = {"part": "run", "mode": mode, "seed": seed, "final_acc": rows[-1]["test_acc"],
+             "acc_per_epoch": [x["test_acc"] for x in rows],
+             "seconds": round(sum(x["seconds"] for x in rows), 2),
+             "backend_bytes": sum(x.get("backend_bytes", 0) for x in rows),
+             "trained": sum(x["trained"] for x in rows), "reevaluated": sum(x["reevaluated"] for x in rows),
+             **setting}
+        print(json.dumps({k: v for k, v in r.items() if k != "acc_per_epoch"}), flush=True)
+        lines.write(bench="bench_unbiased", **r)
+        return r
+    if a.parallel_seeds:  # mode after mode, each mode's seeds at once
+        with ThreadPoolExecutor(a.seeds) as pool:
+            for mode in modes:
+                runs[mode] = list(pool.map(lambda seed: one(mode, seed), range(a.seeds)))
+    else:  # seed after seed, the modes in turn: a noisy machine's drift hits every mode alike
+        for seed in range(a.seeds):
+            for mode in modes:
+                runs[mode].append(one(mode, seed))
     for mode, s in summary(runs).items():
         print(json.dumps({"mode": mode, **s}), flush=True)
         lines.write(bench="bench_unbiased", part="summary", mode=mode, **s, **setting)

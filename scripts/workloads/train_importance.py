@@ -21,13 +21,16 @@ training without hints or mount statistics, to time the training side alone.
 
 usage: train_importance.py ROOT TEST --mode full|importance|unbiased [--epochs 15] [--keep 0.7] [--prune 0.5]
                            [--warmup 3] [--seed 0] [--workers 2] [--batch 64] [--drop-caches]
+                           [--model small|resnet18] [--device auto|cpu|cuda]
                            [--evict PATH ...]
                            [--order random|chunks|echo] [--group G] [--reuse-mb 512]
 
 --order (with --mode full) trains on HintedSampler's order modes: chunk-block orders with
 G chunks per shuffle group, or data echoing (trainer/orders.py). --reuse-mb (with
 --mode importance): memory for the re-evaluation's decoded batches, which training then
-uses instead of reading those samples again (0: read them again).
+uses instead of reading those samples again (0: read them again). --model resnet18 trains
+ResNet-18 with the CIFAR stem (3 channels, train_hybrid.py's) instead of the small CNN;
+--device auto trains on the GPU where torch sees one.
 """
 import argparse
 import json
@@ -108,14 +111,24 @@ def main():
     p.add_argument("--order", default="random", choices=("random", "chunks", "echo"))
     p.add_argument("--group", type=int, default=1)
     p.add_argument("--reuse-mb", type=float, default=512)
+    p.add_argument("--model", choices=("small", "resnet18"), default="small")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu")
     a = p.parse_args()
+    dev = torch.device("cuda" if a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available())
+                       else "cpu")
 
     torch.manual_seed(a.seed)
     torch.set_num_threads(1)
-    tf = transforms.Compose([transforms.Grayscale(1), transforms.Resize((32, 32)), transforms.ToTensor()])
+    channels = 1 if a.model == "small" else 3
+    tf = transforms.Compose([transforms.Grayscale(channels), transforms.Resize((32, 32)), transforms.ToTensor()])
     train = datasets.ImageFolder(a.root, transform=tf)
     test = DataLoader(datasets.ImageFolder(a.test, transform=tf), batch_size=256)
-    model = small_cnn(len(train.classes))
+    if a.model == "small":
+        model = small_cnn(len(train.classes))
+    else:
+        from train_hybrid import resnet18_cifar
+        model = resnet18_cifar(len(train.classes))
+    model = model.to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=a.epochs)
     criterion = nn.CrossEntropyLoss(reduction="none")
@@ -150,7 +163,7 @@ def main():
         n_re = 0
         t_split = time.perf_counter()
         if sampled:
-            n_re = sampler.reevaluate(model, reloader, criterion)
+            n_re = sampler.reevaluate(model, reloader, criterion, device=dev)
         t_re = time.perf_counter()
         s_mid = stats_of(a.root) if n_re else {}
         trained = 0
@@ -158,14 +171,17 @@ def main():
         for x, y, idx in (sampler.batches(loader) if sampled else loader):
             if t_first is None:
                 t_first = time.perf_counter()
+            x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
             losses = criterion(model(x), y)
             tracker.record(idx, losses)
             opt.zero_grad()
-            (losses * sampler.weights(idx) if a.mode == "unbiased" else losses).mean().backward()
+            (losses * sampler.weights(idx).to(dev) if a.mode == "unbiased" else losses).mean().backward()
             opt.step()
             trained += len(idx)
         tracker.end_epoch()
         sched.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
         seconds = time.perf_counter() - t0
         c1 = cpu_times()
         s1 = stats_of(a.root)
