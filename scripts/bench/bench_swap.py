@@ -218,7 +218,8 @@ def fit_memory(model, x, y, dev, fit: float) -> int | None:
     peak (one step measured uncapped); returns the cap in bytes (None: no cap)."""
     if dev.type != "cuda" or fit <= 0:
         return None
-    torch.cuda.set_per_process_memory_fraction(1.0, dev)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    torch.cuda.set_per_process_memory_fraction(1.0, index)
     torch.cuda.synchronize(dev)
     torch.cuda.reset_peak_memory_stats(dev)
     step(model, x, y)
@@ -227,7 +228,7 @@ def fit_memory(model, x, y, dev, fit: float) -> int | None:
     total = torch.cuda.get_device_properties(dev).total_memory
     cap = int((1 + fit) * torch.cuda.max_memory_allocated(dev))
     torch.cuda.empty_cache()
-    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), dev)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), index)
     return cap
 
 
@@ -293,7 +294,7 @@ def bench_budget(name, model, blocks, make, x, y, budget, cap, a, dev, lines) ->
            "failed_plans": len(sched.failed)}
     lines.write(bench="bench_swap", model=name, **res, step_s=step_s)
     if dev.type == "cuda" and a.memory_limit:
-        torch.cuda.set_per_process_memory_fraction(a.memory_limit, dev)
+        torch.cuda.set_per_process_memory_fraction(a.memory_limit, torch.cuda.current_device())
         res["memory_limit_bytes"] = int(a.memory_limit * torch.cuda.get_device_properties(dev).total_memory)
     for row, enter in rows.items():
         watch.enter(f"memory of {row}")
