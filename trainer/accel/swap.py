@@ -24,7 +24,8 @@ forward and its backward to hide the transfers. 2^K plans: small enough to learn
 of rounds. `units="types"` keeps one unit per layer type.
 
 The scheduler (SwapScheduler). A plan is one bit per unit (1: swap); an action flips one
-unit's bit (or keeps the plan). Each round (`steps_per_round` steps) measures the median
+unit's bit (or keeps the plan). The first step is a warm-up, not measured (it sizes the
+swap pool and cuts the segments). Each round (`steps_per_round` steps) measures the median
 step time t and the peak memory m of the current plan (CUDA: max_memory_allocated; else
 the hooks' count of the saved bytes that stay resident). With a budget B (bytes, or a
 share of the no-swap plan's memory m0), the reward is 1 - t / t0 for a plan within B and
@@ -424,8 +425,10 @@ class SwapScheduler:
         yield self
         if cuda:
             torch.cuda.synchronize(self.device)
-        self._times.append(time.perf_counter() - t0)
-        self._mems.append(self._memory())
+        if self._profiled:  # (the first step is a warm-up: on a GPU its peak holds the
+            # libraries' one-time workspaces, which made the no-swap reference too high)
+            self._times.append(time.perf_counter() - t0)
+            self._mems.append(self._memory())
         if not self.hooks.pool.sized:  # the first step: the most any plan can swap
             self.hooks.pool.reserve(PinnedPool.room(self.hooks.saved_sizes))
         if not self._profiled:  # the first step, with nothing swapped: cut the segments
