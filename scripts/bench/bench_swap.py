@@ -186,6 +186,15 @@ def side_by_side(rows, run, rounds, steps, watch):
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def empty_host_cache() -> None:
+    """Give the pinned host memory torch's caching allocator keeps after a free back to the
+    system (where this torch can): each try of the largest-batch search has a swap pool of
+    its own, and on the GPU node the freed ones, kept, took the host's RSS to 65 GiB."""
+    release = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
+    if release is not None:
+        release()
+
+
 def largest_batch_cuda(enter, dev, model, make, start, hooks, host_limit):
     """CUDA only: the largest batch (to within 1/16) whose step fits in the memory limit.
     Each try has a swap pool of its own, the one at `start` scaled to its batch (within
@@ -210,6 +219,7 @@ def largest_batch_cuda(enter, dev, model, make, start, hooks, host_limit):
             model.zero_grad(set_to_none=True)
             hooks.pool = trained
             torch.cuda.empty_cache()
+            empty_host_cache()
     return largest_batch(fits, start)
 
 
@@ -313,7 +323,7 @@ def bench_budget(name, model, blocks, make, x, y, budget, cap, a, dev, lines) ->
             memory = sched.hooks.resident_bytes
         res[row] = {"memory": memory, "step_s": step_s[row], "time_ratio": step_s[row] / step_s["no_swap"],
                     "host_rss": watch.rss(), "host_rss_peak": max(watch.peak, watch.rss())}
-        if dev.type == "cuda" and row in a.largest_rows.split(","):
+        if dev.type == "cuda" and a.memory_limit and row in a.largest_rows.split(","):
             res[row]["largest_batch"] = largest_batch_cuda(enter, dev, model, make, a.batch, sched.hooks,
                                                            host_limit)
         lines.write(bench="bench_swap", model=name, row=row, batch=a.batch, budget=budget, memory_cap_bytes=cap,
@@ -349,7 +359,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=3, help="steps per row and timing round (default 3)")
     p.add_argument("--rounds-timed", type=int, default=5, help="interleaved timing rounds (default 5)")
     p.add_argument("--memory-limit", type=float, default=0.5,
-                   help="CUDA: share of the GPU's memory for the largest-batch search (default 0.5)")
+                   help="CUDA: share of the GPU's memory for the largest-batch search (default 0.5; "
+                        "0: no search)")
     p.add_argument("--largest-rows", default="no_swap,save_on_cpu,checkpoint,swap_all,learned",
                    help="CUDA: the rows whose largest batch is searched (comma-separated; default all)")
     p.add_argument("--host-limit", type=float, default=0.6,
