@@ -7,8 +7,9 @@ Tables: mount (bench_mount: index, pack, random reads), order (bench_order: the 
 on the GlusterFS test bed), clients (bench_clients: fio and tar), faults (faults.py), soak
 (soak.py), memory (bench_memory.py), hammer (bench_hammer.py), commit (bench_commit.py), scale (bench_scale.py), each from the benchmark's last run (its rows share `started`); gpu-node
 (bench_node on the GPU node: loose files, fusefs and the minimal C daemon by loader and
-workers), gpu-hybrid (bench_hybrid's summaries) and gpu-swap (bench_swap's rows, or the exit
-status of its part where it did not finish).
+workers), gpu-hybrid (bench_hybrid's epoch rows, by model, mode and seed), gpu-swap
+(bench_swap's rows, and the exit status of each swap part that ended without them) and
+gpu-importance (bench_unbiased --local on the node).
 
 usage: .venv/bin/python scripts/bench/tables.py [--check]
 """
@@ -169,8 +170,8 @@ def gpu_node(rows: list[dict]) -> str:
     call's other systems (ratios are within one call, side by side)."""
     node = [r for r in rows if r.get("bench") == "bench_node"]
     out = ["| loader | workers | loose files, samples/s | fusefs | minimal C daemon "
-           "| daemon CPU per sample, fusefs / minimal C | commit, date |",
-           "|---|---|---|---|---|---|---|"]
+           "| fusefs / loose, per counted epoch | daemon CPU per sample, fusefs / minimal C | commit, date |",
+           "|---|---|---|---|---|---|---|---|"]
     for loader in ("raw", "decode"):
         for w in sorted({r["workers"] for r in node if r["loader"] == loader}):
             runs = [r["run"] for r in node if (r["loader"], r["workers"], r["system"]) == (loader, w, "loose")]
@@ -186,39 +187,86 @@ def gpu_node(rows: list[dict]) -> str:
 
             cpu = " / ".join(f"{got[s]['daemon_cpu_us_per_sample']:.0f} us" if s in got else "-"
                              for s in ("fusefs", "minimal_c"))
+            epochs = got.get("fusefs", {}).get("ratio_epochs")
+            spread = slashed(epochs, "{:.2f}") if epochs else "-"
             out.append(f"| {loader} | {w} | {mean(got['loose']['samples_per_s']):,.0f} | {cell('fusefs')} "
-                       f"| {cell('minimal_c')} | {cpu} | {where(got['loose'])} |")
+                       f"| {cell('minimal_c')} | {spread} | {cpu} | {where(got['loose'])} |")
     return "\n".join(out)
+
+
+def sd(xs: list[float]) -> float:
+    m = mean(xs)
+    return (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else 0.0
 
 
 def gpu_hybrid(rows: list[dict]) -> str:
-    out = ["| model | GPU only, samples/s | CPU only | HybridTrainer | hybrid / GPU only "
-           "| final accuracy, GPU only / CPU only / hybrid | CPU replica at the end | commit, date |",
-           "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if r.get("bench") != "bench_hybrid" or "summary" not in r:
-            continue
-        s = r["summary"]
-        acc = " / ".join(f"{100 * s[m]['final_acc'][-1]:.1f}%" for m in ("accel", "cpu", "hybrid"))
-        out.append(f"| {r['model']} | {s['accel']['samples_per_s']:,.0f} | {s['cpu']['samples_per_s']:,.0f} "
-                   f"| {s['hybrid']['samples_per_s']:,.0f} | {s['hybrid_over_accel']:.2f}x | {acc} "
-                   f"| {'training' if s['hybrid_cpu_active'] else 'off'} (gain {s['hybrid_gain']:.3f}) "
-                   f"| {where(r)} |")
+    """Per model, from the epoch rows of its last seeded run (a run cut short counts the
+    seeds it finished): GPU only against HybridTrainer, final accuracy mean and spread
+    over the seeds, samples/s (median over seeds of epochs 2..), and the probe's verdicts."""
+    epochs = [r for r in rows if r.get("bench") == "bench_hybrid" and "seed" in r and "epoch" in r]
+    out = ["| model | mode | seeds | final test accuracy, mean ± sd (min-max) | samples/s, epochs 2.. "
+           "| CPU replica (probe: on / off samples/s) | commit, date |",
+           "|---|---|---|---|---|---|---|"]
+    for model in dict.fromkeys(r["model"] for r in epochs):
+        mine = [r for r in epochs if r["model"] == model]
+        run = max(r["started"] for r in mine)
+        mine = [r for r in mine if r["started"] == run]
+        n_epochs = max(r["epoch"] for r in mine) + 1
+        for mode in dict.fromkeys(r["mode"] for r in mine):
+            runs = {}
+            for r in mine:
+                if r["mode"] == mode:
+                    runs.setdefault(r["seed"], []).append(r)
+            done = [sorted(rs, key=lambda r: r["epoch"]) for rs in runs.values() if len(rs) == n_epochs]
+            if not done:
+                continue
+            acc = [100 * rs[-1]["test_acc"] for rs in done]
+            rate = sorted(mean([r["samples_per_s"] for r in rs[1:]]) for rs in done)[len(done) // 2]
+            cpu = "-"
+            if mode == "hybrid":
+                verdicts = []
+                for rs in done:
+                    p = rs[-1].get("probe") or {}
+                    on_off = (f"{mean(p['on']):,.0f} / {mean(p['off']):,.0f}" if p.get("on") and p.get("off")
+                              else "-")
+                    verdicts.append(f"{'on' if rs[-1]['cpu_active'] else 'off'} ({on_off})")
+                cpu = "; ".join(verdicts)
+            out.append(f"| {model} | {'GPU only' if mode == 'accel' else mode} | {len(done)} "
+                       f"| {mean(acc):.2f}% ± {sd(acc):.2f} ({min(acc):.2f}-{max(acc):.2f}) | {rate:,.0f} "
+                       f"| {cpu} | {where(done[-1][-1])} |")
+    out += ["", f"{n_epochs} epochs of load_digits (1,437 training images, 360 test) per run."] if epochs else []
     return "\n".join(out)
 
 
+def gpu_importance(rows: list[dict]) -> str:
+    """bench_unbiased on the GPU node (ResNet-18 through a local mount)."""
+    return unbiased([r for r in rows if r.get("bench") == "bench_unbiased"])
+
+
 def gpu_swap(rows: list[dict]) -> str:
+    """bench_swap's rows on the node (the latest run of each model and budget), then the
+    exit status of every swap part or command that ended without rows."""
     swap = [r for r in rows if r.get("bench") == "bench_swap" and "row" in r]
-    if swap:
-        out = ["| model | row | peak CUDA memory | step | largest batch | commit, date |",
-               "|---|---|---|---|---|---|"]
-        for r in swap:
-            out.append(f"| {r['model']} | {r['row']} | {r['memory'] / 1e9:.2f} GB | {1e3 * r['step_s']:.1f} ms "
-                       f"({r['time_ratio']:.2f}x) | {r.get('largest_batch', '-')} | {where(r)} |")
-        return "\n".join(out)
-    parts = [r for r in rows if r.get("part") == "swap"]
-    out = ["| call | exit status | seconds |", "|---|---|---|"]
-    out += [f"| {r['run']} | {r['rc']}{' (killed)' if r['rc'] == 137 else ''} | {r['seconds']} |" for r in parts]
+    out = ["| model, batch | budget | row | peak CUDA memory (share of no swap) | step (vs no swap) "
+           "| host RSS after its step | commit, date |", "|---|---|---|---|---|---|---|"]
+    latest = {}
+    for r in swap:
+        latest[(r["model"], r["budget"])] = r["started"]
+    for r in swap:
+        if latest[(r["model"], r["budget"])] != r["started"]:
+            continue
+        base = next(x for x in swap if x["started"] == r["started"] and x["model"] == r["model"]
+                    and x["budget"] == r["budget"] and x["row"] == "no_swap")
+        out.append(f"| {r['model']}, {r['batch']} | {r['budget']:.0%} | {r['row']} | {r['memory'] / 1e9:.2f} GB "
+                   f"({r['memory'] / base['memory']:.0%}) | {1e3 * r['step_s']:.1f} ms ({r['time_ratio']:.2f}x) "
+                   f"| {r['host_rss'] / 2**30:.1f} GiB | {where(r)} |" if "host_rss" in r else
+                   f"| {r['model']}, {r['batch']} | {r['budget']:.0%} | {r['row']} | {r['memory'] / 1e9:.2f} GB "
+                   f"| {1e3 * r['step_s']:.1f} ms ({r['time_ratio']:.2f}x) | - | {where(r)} |")
+    parts = [r for r in rows if r.get("part") == "swap" and r.get("rc")]
+    out += ["", "| call | exit status | seconds | what stopped it |", "|---|---|---|---|"]
+    why = {137: "killed by the kernel (host memory)", 3: "bench_swap's host-memory watch", 124: "its timeout"}
+    out += [f"| {r['run']} | {r['rc']} | {r['seconds']} | {r.get('error') or r.get('note') or why.get(r['rc'], '-')} |"
+            for r in parts]
     return "\n".join(out)
 
 
@@ -309,7 +357,7 @@ TABLES = {"mount": (mount, "bench_mount.jsonl"), "unbiased": (unbiased, "bench_u
           "commit": (commit, "bench_commit.jsonl"), "scale": (scale, "bench_scale.jsonl"), "order": (order, "bench_order.jsonl"),
           "clients": (clients, "bench_clients.jsonl"), "faults": (faults, "faults.jsonl"),
           "soak": (soak, "soak.jsonl"), "gpu-node": (gpu_node, "gpu-node.jsonl"), "gpu-hybrid": (gpu_hybrid, "gpu-node.jsonl"),
-          "gpu-swap": (gpu_swap, "gpu-node.jsonl")}
+          "gpu-swap": (gpu_swap, "gpu-node.jsonl"), "gpu-importance": (gpu_importance, "gpu-node.jsonl")}
 
 
 def render(doc: str) -> tuple[str, list[str]]:
