@@ -2,7 +2,9 @@
 
 Every mount is started as a subprocess (`python -m fusefs mount`, foreground) and torn
 down in `finally`: `fusermount3 -u -z` if it is still in /proc/mounts (dead mounts too),
-then terminate, then kill. No test leaves a mount or a daemon behind.
+then terminate, then kill. No test leaves a mount or a daemon behind: a test that hangs on
+one (a stopped daemon, say) has its daemons killed and its mounts unmounted at nine tenths
+of its time limit (testkit.guard), so it fails and cleans up within it.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))  # testkit: the harness the tests share
 
 from testkit.mounts import resolve, running_mount  # noqa: E402
+from testkit.guard import pytest_runtest_call  # noqa: E402,F401  (the hook, for every test)
 from fusefs import order as orderfmt
 from fusefs.pack import pack
 
@@ -112,7 +115,8 @@ def corrupt_sample(dst, copy, rel: str, at: int = 0):
 SLOW_MODULES = {"test_abuse", "test_cli", "test_clients", "test_demo", "test_faults", "test_gluster",
                 "test_hints", "test_hybrid", "test_imagefolder", "test_importance", "test_local",
                 "test_metrics", "test_mount", "test_orders", "test_pack", "test_package",
-                "test_pyfuse3_patched", "test_swap", "test_untrusted", "test_fastpath_threads"}
+                "test_pyfuse3_patched", "test_swap", "test_untrusted", "test_fastpath_threads",
+                "test_harness"}
 
 
 def pytest_configure(config):

@@ -31,6 +31,7 @@ def running_mount(dst, mnt, *args, timeout: float = 60.0, python: str = sys.exec
         proc = subprocess.Popen([python, "-m", "fusefs", "mount", str(dst), str(mnt), *map(str, args)],
                                 stdout=logf, stderr=subprocess.STDOUT, env=env,
                                 preexec_fn=_die_with(os.getpid()))
+    LIVE[str(mnt)] = proc
     try:
         deadline = time.monotonic() + timeout
         while not is_mounted(mnt):
@@ -41,7 +42,27 @@ def running_mount(dst, mnt, *args, timeout: float = 60.0, python: str = sys.exec
             time.sleep(0.02)
         yield proc, log_path
     finally:
+        LIVE.pop(str(mnt), None)
         stop_mount(mnt, proc)
+
+
+# The daemons running_mount has started and not yet stopped, by mount point: what
+# abort_all ends when a test runs out of time (testkit.guard).
+LIVE: dict[str, subprocess.Popen] = {}
+
+
+def abort_all() -> list[str]:
+    """Kill every daemon running_mount holds (SIGKILL: it ends a stopped process too), so
+    that a read blocked on one fails with an error, then unmount what they served, lazily;
+    returns those mount points. The running_mount calls still clean up as they end."""
+    aborted = list(LIVE)
+    for mnt, proc in list(LIVE.items()):
+        if proc.poll() is None:
+            proc.kill()
+    for mnt in aborted:
+        if is_mounted(mnt):
+            fusermount(mnt, lazy=True)
+    return aborted
 
 
 def _die_with(owner: int):
