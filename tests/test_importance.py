@@ -578,3 +578,37 @@ def test_the_training_workload_runs_unbiased_epochs(tmp_path):
     trained = [row["trained"] for row in rows]
     assert trained[:3] == [n] * 3 and all(t < n for t in trained[3:5]) and trained[5] == n
     assert rows[-1]["test_acc"] > 0.5
+
+
+def test_the_training_workload_weights_each_loss_by_the_unbiased_samplers_weight():
+    """train_importance.py's step multiplies each sample's loss by the sampler's weight
+    before the mean: the gradient it takes is the weighted one, not the plain mean's (one
+    sample of weight 2 and one of weight 0 give the first sample's gradient, doubled, over
+    two). Run under Debian's Python (the workload's torchvision)."""
+    import subprocess
+    from conftest import REPO
+    code = """
+import sys, torch
+from torch import nn
+sys.path.insert(0, sys.argv[1])
+from train_importance import train_step
+from trainer import LossTracker
+torch.manual_seed(0)
+model = nn.Linear(3, 2)
+x, y, idx = torch.randn(2, 3), torch.tensor([0, 1]), torch.tensor([0, 1])
+opt = torch.optim.SGD(model.parameters(), lr=0.0)
+criterion = nn.CrossEntropyLoss(reduction="none")
+train_step(model, opt, criterion, x, y, idx, LossTracker(2), weights=lambda i: torch.tensor([2.0, 0.0]))
+got = model.weight.grad.clone()
+model.zero_grad()
+(2 * criterion(model(x[:1]), y[:1]).sum() / 2).backward()
+assert torch.allclose(got, model.weight.grad), (got, model.weight.grad)
+train_step(model, opt, criterion, x, y, idx, LossTracker(2))
+model2 = nn.Linear(3, 2); model2.load_state_dict(model.state_dict())
+criterion(model2(x), y).mean().backward()
+assert torch.allclose(model.weight.grad, model2.weight.grad)
+print("ok")
+"""
+    r = subprocess.run(["/usr/bin/python3", "-c", code, os.path.join(REPO, "scripts", "workloads")],
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO), timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]

@@ -91,6 +91,17 @@ def accuracy(model, loader) -> float:
     return right / max(total, 1)
 
 
+def train_step(model, opt, criterion, x, y, idx, tracker, weights=None):
+    """One step: each sample's loss recorded, their mean weighted by weights(idx) (the
+    unbiased sampler's: 1 / (1 - prune) for a kept well-learned sample) when given, so that
+    the epoch's gradient is the full epoch's in expectation."""
+    losses = criterion(model(x), y)
+    tracker.record(idx, losses)
+    opt.zero_grad()
+    (losses * weights(idx).to(losses.device) if weights is not None else losses).mean().backward()
+    opt.step()
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("root")
@@ -172,11 +183,8 @@ def main():
             if t_first is None:
                 t_first = time.perf_counter()
             x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-            losses = criterion(model(x), y)
-            tracker.record(idx, losses)
-            opt.zero_grad()
-            (losses * sampler.weights(idx).to(dev) if a.mode == "unbiased" else losses).mean().backward()
-            opt.step()
+            train_step(model, opt, criterion, x, y, idx, tracker,
+                       sampler.weights if a.mode == "unbiased" else None)
             trained += len(idx)
         tracker.end_epoch()
         sched.step()
