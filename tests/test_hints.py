@@ -86,6 +86,38 @@ def test_four_readers_with_the_order_set_get_every_byte(tricky, tmp_path):
         assert stats["open_handles"] == 0
 
 
+class Digests(Paths):
+    """A dataset of the files' digests, read whole: what a loader's workers do per sample."""
+
+    def __getitem__(self, i):
+        with open(list.__getitem__(self, i), "rb") as f:
+            return i, hash(f.read())
+
+
+def test_four_loader_workers_and_a_tenth_of_the_set_cached_fetch_each_sample_once(three_nodes, tmp_path):
+    """Through a mount with --cache-size 10%: DataLoader's four worker processes read the
+    order HintedSampler wrote, and each sample is fetched from the chunks exactly once,
+    nearly every read served from the cache or a fetch already under way: the cache keeps
+    what the order needs soonest."""
+    from torch.utils.data import DataLoader
+    dst, files = three_nodes
+    mnt = str(tmp_path / "mnt")
+    with running_mount(dst, mnt, "--cache-size", "10%", "--no-kernel-cache"):
+        regular = sorted(files)
+        data = Digests(os.path.join(mnt, r) for r in regular)
+        # (lookahead off: with it, the next epoch's first samples are read ahead too)
+        sampler = HintedSampler(data, seed=3, lookahead=False)
+        loader = DataLoader(data, batch_size=8, sampler=sampler, num_workers=4)
+        got = [(int(i), int(d)) for idx, digests in loader for i, d in zip(idx, digests)]
+        s = mount_stats(mnt)
+    assert sorted(i for i, _ in got) == list(range(len(regular)))
+    assert all(d == hash(files[regular[i]]) for i, d in got)
+    assert s["backend_samples"] == len(regular), s["backend_samples"]
+    assert s["cache_peak"] <= s["cache_budget"] and s["eio"] == 0
+    served = s["hits"] + s["read_waits"] + s["misses"]
+    assert s["hits"] + s["read_waits"] >= 0.95 * served, (s["hits"], s["read_waits"], s["misses"])
+
+
 def test_a_bad_order_is_refused_with_its_reason_and_the_old_one_stays(tricky, tmp_path):
     """A bad order is refused with the reason (OrderRefused, from the control socket), is
     named in the log, and the previous order stays; the order files show the order in
