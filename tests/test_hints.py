@@ -87,18 +87,24 @@ def test_four_readers_with_the_order_set_get_every_byte(tricky, tmp_path):
 
 
 class Digests(Paths):
-    """A dataset of the files' digests, read whole: what a loader's workers do per sample."""
+    """A dataset of the files' digests, read whole: what a loader's workers do per sample.
+    Each file's pages then leave the kernel's page cache (as with a set larger than the
+    node's memory), so that a second read of it reaches the daemon."""
 
     def __getitem__(self, i):
         with open(list.__getitem__(self, i), "rb") as f:
-            return i, hash(f.read())
+            digest = hash(f.read())
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        return i, digest
 
 
 def test_four_loader_workers_and_a_tenth_of_the_set_cached_fetch_each_sample_once(three_nodes, tmp_path):
     """Through a mount with --cache-size 10%: DataLoader's four worker processes read the
     order HintedSampler wrote, and each sample is fetched from the chunks exactly once,
     nearly every read served from the cache or a fetch already under way: the cache keeps
-    what the order needs soonest."""
+    what the order needs soonest. (Batches of 2: the loader's window of samples in flight,
+    4 workers x 2 batches, stays well inside the cache's ~30 samples, as at a real set's
+    size.)"""
     from torch.utils.data import DataLoader
     dst, files = three_nodes
     mnt = str(tmp_path / "mnt")
@@ -107,7 +113,7 @@ def test_four_loader_workers_and_a_tenth_of_the_set_cached_fetch_each_sample_onc
         data = Digests(os.path.join(mnt, r) for r in regular)
         # (lookahead off: with it, the next epoch's first samples are read ahead too)
         sampler = HintedSampler(data, seed=3, lookahead=False)
-        loader = DataLoader(data, batch_size=8, sampler=sampler, num_workers=4)
+        loader = DataLoader(data, batch_size=2, sampler=sampler, num_workers=4)  # (see below)
         got = [(int(i), int(d)) for idx, digests in loader for i, d in zip(idx, digests)]
         s = mount_stats(mnt)
     assert sorted(i for i, _ in got) == list(range(len(regular)))
@@ -116,6 +122,35 @@ def test_four_loader_workers_and_a_tenth_of_the_set_cached_fetch_each_sample_onc
     assert s["cache_peak"] <= s["cache_budget"] and s["eio"] == 0
     served = s["hits"] + s["read_waits"] + s["misses"]
     assert s["hits"] + s["read_waits"] >= 0.95 * served, (s["hits"], s["read_waits"], s["misses"])
+
+
+def test_echo_epochs_through_a_mount_fetch_each_fresh_sample_once(three_nodes, tmp_path):
+    """Data echoing through a mount: HintedSampler(mode="echo") writes the epoch's order
+    (half the set fresh, each fresh sample twice, the second time a batch or two later),
+    DataLoader's workers read it, and the daemon fetches each fresh sample once: its echo
+    is served from the daemon's cache, which keeps it because the order says it is needed
+    again. (Batches of 2, as above: with batches of 8 the loader's 64
+    samples in flight are twice the cache, and echoes held for their second read and the
+    read-ahead crowd each other out.)"""
+    from torch.utils.data import DataLoader
+    dst, files = three_nodes
+    mnt = str(tmp_path / "mnt")
+    with running_mount(dst, mnt, "--cache-size", "10%", "--no-kernel-cache"):
+        regular = sorted(files)
+        data = Digests(os.path.join(mnt, r) for r in regular)
+        sampler = HintedSampler(data, seed=5, mode="echo", batch_size=2, lookahead=False)
+        loader = DataLoader(data, batch_size=2, sampler=sampler, num_workers=4)
+        got = [(int(i), int(d)) for idx, digests in loader for i, d in zip(idx, digests)]
+        written = orderfmt.parse(open(os.path.join(mnt, ".fusefs", "order"), "rb").read(), len(regular)).ids
+        ids = mount_ids(mnt)
+        s = mount_stats(mnt)
+    read = [i for i, _ in got]
+    fresh = set(read)
+    assert len(read) == 2 * len(fresh) and all(read.count(i) == 2 for i in fresh)
+    assert written.tolist() == [ids[os.fsencode(regular[i])] for i in read]  # the order read
+    assert all(d == hash(files[regular[i]]) for i, d in got)
+    assert s["backend_samples"] == len(fresh), (s["backend_samples"], len(fresh))
+    assert s["opens"] == len(read) and s["eio"] == 0
 
 
 def test_a_bad_order_is_refused_with_its_reason_and_the_old_one_stays(tricky, tmp_path):
