@@ -17,7 +17,7 @@ queue drops the write, counted in `dropped`). Admission within the size budget: 
 sample has a priority (`set_priorities`, higher stays). When DIR is full, a sample is
 written only if residents of strictly lower priority can be removed to make room; ties keep
 what is there (no churn). The core sets priorities from the order: its importance values
-when it carries them, else how soon the order needs the sample (see Core._tier_priorities).
+when it carries them, else how soon the order needs the sample (Policy.tier_priorities).
 
 Reads (`read_many`) run in the fetch worker threads, never on the event loop.
 

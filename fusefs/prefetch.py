@@ -64,7 +64,7 @@ class Prefetcher:
                  kernel_holds=lambda sid: False):
         """index: sample sizes and chunks; policy: the plans and next-use keys; cache: where
         room is reserved; fetcher: node queues' requests; fetch_batch(sids, reserved,
-        claimed=...): runs a batch and delivers its samples (Core.fetch_batch);
+        claimed=...): runs a batch and delivers its samples (Reads.fetch_batch);
         kernel_holds(sid): whether the kernel page cache holds the sample (not read ahead)."""
         self.index, self.policy, self.cache, self.fetcher = index, policy, cache, fetcher
         self.fetch_batch = fetch_batch
