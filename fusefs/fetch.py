@@ -20,7 +20,7 @@ import trio
 
 from .config import DEFAULTS
 from .histogram import Histogram
-from .store import CorruptSample
+from .store import MAX_GAP, CorruptSample
 
 log = logging.getLogger("fusefs")
 
@@ -118,7 +118,7 @@ class Fetcher:
     """
 
     def __init__(self, store, *, per_node: int = DEFAULTS.per_node, batch: int = DEFAULTS.batch,
-                 max_gap: int = 256 << 10, retries: int = DEFAULTS.retries, backoff: float = 0.1,
+                 max_gap: int = MAX_GAP, retries: int = DEFAULTS.retries, backoff: float = 0.1,
                  io_timeout: float = DEFAULTS.io_timeout, local=None):
         self.store = store
         self.local = local  # a LocalTier looked in before the backend, or None

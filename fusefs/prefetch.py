@@ -11,6 +11,8 @@ from collections import OrderedDict
 import numpy as np
 import trio
 
+from .store import MAX_READ
+
 log = logging.getLogger("fusefs")
 
 # The read-ahead looks at most this many order positions in one turn of the event loop (a new
@@ -58,7 +60,7 @@ class Prefetcher:
     have work.
     """
 
-    MAX_BATCH_BYTES = 16 << 20
+    MAX_BATCH_BYTES = MAX_READ  # a run of one chunk's queued samples is read in one request
 
     def __init__(self, index, policy, cache, fetcher, fetch_batch, readahead: int | None = None,
                  kernel_holds=lambda sid: False):

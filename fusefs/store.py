@@ -32,6 +32,11 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 # A group of a batch's reads (ChunkStore.read_batch) goes on past its least reads while it
 # has taken less than this: fast reads then come in one or two groups a batch.
 GROUP_S = 0.001
+# Samples of one chunk at most MAX_GAP bytes apart are read in one read, the gap read through
+# (_fetchio.c's SCRATCH, which holds such gaps, is the same number: a test checks), and one
+# read takes at most MAX_READ bytes (the read-ahead's runs of one chunk too).
+MAX_GAP = 256 << 10
+MAX_READ = 16 << 20
 
 
 class StoreError(UserError):
@@ -212,7 +217,8 @@ class ChunkStore:
             return ShortRead(chunk, sample, held, int(ix.size[sid]))
         return CorruptSample(chunk, sample, "checksum mismatch")
 
-    def coalesce(self, sids, max_gap: int = 256 << 10, max_read: int = 16 << 20) -> list[tuple[int, int, int, list[int]]]:
+    def coalesce(self, sids, max_gap: int = MAX_GAP,
+                 max_read: int = MAX_READ) -> list[tuple[int, int, int, list[int]]]:
         """Group samples into reads: (chunk, offset, length, sids) with samples of one chunk
         that are adjacent or at most max_gap bytes apart merged into one read of at most
         max_read bytes, and only while the bytes read in between (not wanted) stay within
@@ -242,7 +248,7 @@ class ChunkStore:
         reads.sort(key=lambda r: min(first[s] for s in r[3]))
         return reads
 
-    def read_batch(self, sids, max_gap: int = 256 << 10, on_read=None, *,
+    def read_batch(self, sids, max_gap: int = MAX_GAP, on_read=None, *,
                    first_alone: bool = False, group_s: float = GROUP_S) -> tuple[dict, int, int]:
         """Read several samples with as few reads as the layout allows, in the order of
         sids (see coalesce), in groups: each group is one call without the GIL and one

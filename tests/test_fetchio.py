@@ -36,6 +36,16 @@ def same(a, b) -> bool:
     return type(a) is bytes and type(b) is bytes and a == b
 
 
+def test_the_c_reads_scratch_holds_the_gaps_the_python_side_reads_through():
+    """One number, two languages: _fetchio.c's SCRATCH (where a gap between two samples of
+    one read goes) is store.MAX_GAP (the largest gap coalesce reads through)."""
+    import re
+    from conftest import REPO
+    c = open(os.path.join(REPO, "fusefs", "_fetchio.c")).read()
+    shift = re.search(r"#define SCRATCH \((\d+) << (\d+)\)", c)
+    assert shift and int(shift.group(1)) << int(shift.group(2)) == storemod.MAX_GAP
+
+
 def test_the_compiled_reads_are_built_and_used(tricky):
     """scripts/setup.sh builds them (setup.py); the figures in docs are measured with them."""
     src, dst, files = tricky
