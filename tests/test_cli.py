@@ -54,7 +54,7 @@ def test_a_background_mount_reports_success_only_once_it_serves(tricky, tmp_path
             line = next(line for line in f if line.split()[1] == str(mnt))
         assert line.split()[0] == os.path.abspath(dst) and line.split()[2] == "fuse.fusefs"
         assert line.split()[3].split(",")[0] == "ro"  # (orders come over the control socket)
-        r = subprocess.run(["findmnt", "-n", "-o", "SOURCE,FSTYPE,OPTIONS", str(mnt)], capture_output=True, text=True)
+        r = subprocess.run(["findmnt", "-n", "-o", "SOURCE,FSTYPE,OPTIONS", str(mnt)], capture_output=True, text=True, timeout=300)
         assert r.stdout.split()[:2] == [os.path.abspath(dst), "fuse.fusefs"] and r.stdout.split()[2].startswith("ro,")
     finally:
         _run("umount", mnt)

@@ -13,7 +13,7 @@ from testkit.mounts import running_mount
 def tar_sha256(root) -> str:
     """sha256 of `tar --sort=name -cf - .` in root: names, modes, owners, mtimes and bytes."""
     out = subprocess.run("tar --sort=name -cf - . | sha256sum", shell=True, cwd=root,
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True, check=True, timeout=300)
     return out.stdout.split()[0]
 
 

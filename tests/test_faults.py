@@ -347,7 +347,7 @@ def test_dead_mount_is_cleared_by_mount_and_by_umount(tricky, tmp_path):
         for clear_with in ("mount", "umount"):
             with running_mount(dst, mnt) as (proc, _):
                 proc.send_signal(signal.SIGKILL)
-                proc.wait()
+                proc.wait(timeout=60)
                 with pytest.raises(OSError) as e:
                     os.listdir(mnt)
                 assert e.value.errno == errno.ENOTCONN and is_dead_mount(mnt)
@@ -356,10 +356,10 @@ def test_dead_mount_is_cleared_by_mount_and_by_umount(tricky, tmp_path):
                                        capture_output=True, text=True, timeout=60)
                     assert r.returncode == 0 and "dead mount" in r.stderr, r.stderr
                     assert read_tree(mnt) == read_tree(src)
-                    r = subprocess.run(fusefs_cmd("umount", mnt), capture_output=True, text=True)
+                    r = subprocess.run(fusefs_cmd("umount", mnt), capture_output=True, text=True, timeout=300)
                     assert r.returncode == 0
                 else:
-                    r = subprocess.run(fusefs_cmd("umount", mnt), capture_output=True, text=True)
+                    r = subprocess.run(fusefs_cmd("umount", mnt), capture_output=True, text=True, timeout=300)
                     assert r.returncode == 0 and "dead mount" in r.stderr, r.stderr
                 deadline = time.monotonic() + 10
                 while is_mounted(mnt) and time.monotonic() < deadline:

@@ -244,7 +244,7 @@ def test_a_reader_killed_mid_read_leaves_the_daemon_serving(tricky, tmp_path):
         passes(readers, 2)  # (each is in its third pass over the files when killed)
         for r in readers:
             r.send_signal(signal.SIGKILL)
-            r.wait()
+            r.wait(timeout=60)
         assert proc.poll() is None
         assert read_tree(mnt) == read_tree(src)
         deadline = time.monotonic() + 10
@@ -266,13 +266,13 @@ def test_readers_of_the_same_files_get_their_bytes_with_the_kernel_cache(tricky,
         try:
             passes(readers, 20)  # (each reader read every file 20 times, and no read failed)
             got = subprocess.run(["timeout", "20", "cat", os.path.join(mnt, "root file.txt")],
-                                 capture_output=True)
+                                 capture_output=True, timeout=300)
             assert got.returncode == 0 and got.stdout == files["root file.txt"], got.stderr
             assert mount_stats(mnt)["pushed"] > 0
         finally:
             for r in readers:
                 r.kill()
-                r.wait()
+                r.wait(timeout=60)
 
 
 @pytest.mark.parametrize("mode", ["daemon-opens", "python-opens", "no-kernel-cache"])

@@ -290,7 +290,7 @@ def test_a_killed_write_leaves_no_snapshot_that_resume_would_take(tmp_path):
         assert p.stdout.readline().strip() == "writing"
     finally:
         p.send_signal(signal.SIGKILL)
-        p.wait()
+        p.wait(timeout=60)
     names = sorted(os.listdir(tmp_path))
     assert names == ["snapshot-000000001.pt", "snapshot-000000002.pt.tmp"]
     snap = SnapshotWriter.latest(str(tmp_path))

@@ -177,7 +177,7 @@ def test_control_namespace_hidden_and_stats(tricky_mount):
     stats = mount_stats(mnt)
     assert stats["opens"] >= 1 and stats["bytes_served"] > 0 and stats["backend_reads"] >= 1
     assert stats["loop_tasks"] >= 1  # (tasks of pyfuse3's request loop started)
-    out = subprocess.run(fusefs_cmd("stats", mnt, "--json"), capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run(fusefs_cmd("stats", mnt, "--json"), capture_output=True, text=True, cwd=REPO, timeout=300)
     assert out.returncode == 0 and json.loads(out.stdout)["opens"] >= stats["opens"]
 
 
@@ -230,7 +230,7 @@ def test_clean_unmount(tricky, tmp_path, how):
     with running_mount(tricky[1], mnt) as (proc, _):
         assert os.listdir(mnt)
         if how == "umount":
-            r = subprocess.run(fusefs_cmd("umount", mnt), capture_output=True, text=True, cwd=REPO)
+            r = subprocess.run(fusefs_cmd("umount", mnt), capture_output=True, text=True, cwd=REPO, timeout=300)
             assert r.returncode == 0, r.stderr
         else:
             proc.send_signal(getattr(signal, how))
@@ -247,7 +247,7 @@ def test_background_mount_and_umount(tricky, tmp_path):
                            capture_output=True, text=True, cwd=REPO, timeout=60)
         assert r.returncode == 0, r.stderr
         assert is_mounted(mnt) and "cat" in os.listdir(mnt)
-        r = subprocess.run(fusefs_cmd("umount", mnt), capture_output=True, text=True, cwd=REPO)
+        r = subprocess.run(fusefs_cmd("umount", mnt), capture_output=True, text=True, cwd=REPO, timeout=300)
         assert r.returncode == 0, r.stderr
         deadline = time.monotonic() + 20
         while "unmounted" not in log.read_text() and time.monotonic() < deadline:
@@ -330,10 +330,10 @@ def test_dash_o_takes_every_mount_option_by_name():
 
 
 def test_version_and_help_name_every_default():
-    r = subprocess.run(fusefs_cmd("--version"), capture_output=True, text=True)
+    r = subprocess.run(fusefs_cmd("--version"), capture_output=True, text=True, timeout=300)
     from fusefs import __version__
     assert r.returncode == 0 and r.stdout.startswith(f"fusefs {__version__} (Python ")
-    r = subprocess.run(fusefs_cmd("mount", "--help"), capture_output=True, text=True)
+    r = subprocess.run(fusefs_cmd("mount", "--help"), capture_output=True, text=True, timeout=300)
     text = " ".join(r.stdout.split())
     for default in ("(default 256MiB)", "(default 4;", "(default 16;", "(default 300,", "(default on)",
                     "(default 127.0.0.1)"):
@@ -378,7 +378,7 @@ def test_a_killed_owner_leaves_no_mount(tricky, tmp_path):
         daemon = int(owner.stdout.readline())
         assert is_mounted(mnt)
         owner.kill()
-        owner.wait()
+        owner.wait(timeout=60)
         deadline = time.monotonic() + 20
         while is_mounted(mnt) and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -117,10 +117,10 @@ def test_the_sdist_needs_no_libfuse_and_its_wheel_installs_without_any_dev_packa
     # dependencies): the binding has the fast path and `fusefs --version` says so
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
-                    str(site), str(wheel)], check=True, capture_output=True)
+                    str(site), str(wheel)], check=True, capture_output=True, timeout=300)
     r = subprocess.run([sys.executable, "-c", "import fusefs.fastpath as f, fusefs._fetchio; "
                         "print(f.__file__, f.pyfuse3.FAST_PATH)"], capture_output=True, text=True,
-                       cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(site)))
+                       cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(site)), timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     where, available = r.stdout.split()
     assert where.startswith(str(site)) and available == "True"

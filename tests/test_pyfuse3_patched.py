@@ -119,7 +119,7 @@ def ram_daemon(tmp_path, files: dict, script: str | None = None):
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait()
+                proc.wait(timeout=60)
 
 
 def _read_all(paths):
@@ -278,7 +278,7 @@ def test_the_vendored_sources_are_what_the_script_writes_from_the_pinned_sdist(t
     """fusefs/pyfuse3 is pyfuse3 3.5.0's sdist (SHA-256 checked) with the patches applied:
     writing it anew changes nothing (an edit made there by hand, not in the script, fails)."""
     subprocess.run([sys.executable, os.path.join(REPO, "scripts", "pyfuse3_patched.py"), "--into",
-                    str(tmp_path / "pyfuse3")], check=True, capture_output=True)
+                    str(tmp_path / "pyfuse3")], check=True, capture_output=True, timeout=300)
     vendored = os.path.join(REPO, "fusefs", "pyfuse3")
     written = sorted(str(f.relative_to(tmp_path / "pyfuse3")) for f in (tmp_path / "pyfuse3").rglob("*") if f.is_file())
     assert written == sorted(list(patched.VENDORED) + ["LICENSE"] + [

@@ -13,7 +13,7 @@ import tables  # noqa: E402  (scripts/bench/tables.py)
 
 
 def test_the_docs_tables_are_those_the_results_give():
-    r = subprocess.run([sys.executable, TABLES, "--check"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, TABLES, "--check"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
 
 

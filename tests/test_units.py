@@ -135,7 +135,7 @@ def test_the_cli_reports_a_user_error_once_with_its_exit_code(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("fusefs info: ") and err.count("\n") == 1
     out = subprocess.run([sys.executable, "-m", "fusefs", "umount", str(tmp_path)], capture_output=True,
-                         text=True)
+                         text=True, timeout=300)
     assert out.returncode == 2 and out.stderr.startswith("fusefs umount: ") and "not mounted" in out.stderr
 
 
@@ -156,11 +156,11 @@ def test_the_benchmarks_cpu_meter_splits_the_cpu_by_who_spent_it():
         with CpuMeter(other=[other.pid]) as meter:
             other.stdin.write("go\n")
             other.stdin.flush()
-            subprocess.run([sys.executable, "-c", spin], check=True)
+            subprocess.run([sys.executable, "-c", spin], check=True, timeout=300)
             assert other.stdout.readline() == "done\n"
     finally:
         other.kill()
-        other.wait()
+        other.wait(timeout=60)
     assert meter.seconds["children"] >= 0.25
     assert meter.seconds["other"] >= 0.25
     assert 0.1 < meter.busy <= 1.0
@@ -187,7 +187,7 @@ def test_the_daemons_heap_grows_in_few_steps():
     """tune_malloc, which every mount runs: samples come from the heap, and the heap grows
     64 MiB a brk while the cache grows (glibc's default pad of 128 KiB took a brk every few
     samples, under the GIL)."""
-    steps = {how: int(subprocess.check_output([sys.executable, "-c", _HEAP_STEPS, how]))
+    steps = {how: int(subprocess.check_output([sys.executable, "-c", _HEAP_STEPS, how], timeout=300))
              for how in ("tuned", "default")}
     assert steps["tuned"] <= 3 and steps["default"] >= 100, steps
 

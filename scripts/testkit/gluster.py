@@ -64,7 +64,7 @@ G = ["gluster", "--mode=script"]
 
 
 def sh(*cmd, check=True):
-    return subprocess.run(cmd, check=check, capture_output=True, text=True)
+    return subprocess.run(cmd, check=check, capture_output=True, text=True, timeout=300)
 
 
 def restart_volume(options: dict | None) -> None:
