@@ -103,7 +103,7 @@ def test_pack_onto_gluster_names_each_chunks_brick_and_mounts(volume, tricky, tm
         assert len(seen_nodes) >= 2  # DHT spreads a dozen chunks over several bricks
 
         r = subprocess.run(fusefs_cmd("info", dst, "--json", "--chunks"), capture_output=True,
-                           text=True, cwd=REPO)
+                           text=True, cwd=REPO, timeout=300)
         assert r.returncode == 0, r.stderr
         info = json.loads(r.stdout)
         for path, node in info["chunk_nodes"].items():

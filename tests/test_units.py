@@ -2,6 +2,7 @@
 (errors to errnos, the read-only table, request counting), GlusterFS pathinfo parsing, the
 mount table's escapes, the mount settings' checks and the CLI's one error path."""
 import errno
+import os
 import stat
 import subprocess
 import sys
@@ -190,6 +191,25 @@ def test_the_daemons_heap_grows_in_few_steps():
     steps = {how: int(subprocess.check_output([sys.executable, "-c", _HEAP_STEPS, how], timeout=300))
              for how in ("tuned", "default")}
     assert steps["tuned"] <= 3 and steps["default"] >= 100, steps
+
+
+def test_every_subprocess_call_and_wait_in_the_tests_has_a_timeout():
+    """Nothing the tests start can hang them: every subprocess.run / check_output and every
+    process wait() in tests/ and scripts/testkit/ names a timeout (shorter than pytest's)."""
+    import ast
+    import glob
+    from conftest import REPO
+    missing = []
+    for path in glob.glob(f"{REPO}/tests/*.py") + glob.glob(f"{REPO}/scripts/testkit/*.py"):
+        for node in ast.walk(ast.parse(open(path).read())):
+            if not isinstance(node, ast.Call) or {"timeout", None} & {k.arg for k in node.keywords}:
+                continue
+            name = ast.unparse(node.func)
+            waits = isinstance(node.func, ast.Attribute) and node.func.attr == "wait" and not node.args
+            if name in ("subprocess.run", "subprocess.check_output", "subprocess.call") or (
+                    waits and name != "key.data.wait"):  # (a process that has exited: its status)
+                missing.append(f"{os.path.relpath(path, REPO)}:{node.lineno}: {name}")
+    assert not missing, "\n".join(missing)
 
 
 def test_no_test_module_imports_another():
