@@ -42,7 +42,7 @@ def _stat_fields(st: os.stat_result) -> tuple:
 
 def test_names_looked_up_in_c_have_the_attributes_the_loop_gives(tricky, tmp_path):
     """The fast path's thread answers the lookup of every dataset file's name from the
-    index's arrays (pyfuse3_fastpath.h: a binary search of the folder's run of files): the
+    index's arrays (fusefs/_fastpath.h: a binary search of the folder's run of files): the
     same inode and attributes as the loop's lookup gives (--no-fast-path); folders, the
     control folder, its files and names that are not there go to the loop."""
     _, dst, files = tricky

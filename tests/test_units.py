@@ -212,6 +212,16 @@ def test_every_subprocess_call_and_wait_in_the_tests_has_a_timeout():
     assert not missing, "\n".join(missing)
 
 
+def test_the_fast_paths_thread_limit_is_the_c_sides():
+    """One number, two languages: MountConfig's limit on --fast-threads is _fastpath.h's
+    FUSEFS_MAX_THREADS (the C side's arrays hold as many threads)."""
+    import re
+    from conftest import REPO
+    from fusefs.config import MAX_FAST_THREADS
+    header = open(os.path.join(REPO, "fusefs", "_fastpath.h")).read()
+    assert int(re.search(r"#define FUSEFS_MAX_THREADS (\d+)", header).group(1)) == MAX_FAST_THREADS
+
+
 def test_no_test_module_imports_another():
     """Helpers several test modules share live in conftest.py or scripts/testkit: a test
     module imported by another runs its module-level code twice and hides who owns what."""
