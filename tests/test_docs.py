@@ -1,7 +1,7 @@
 """Every name the docs cite exists: file paths, `fusefs.…`/`trainer.…` names and
 `Class.attribute` of the project's classes, in backticks in README.md, docs/*.md and the
-docstrings and comments of fusefs/ and trainer/ (the CHANGELOG tells history, and `out/…`
-is what benchmarks write)."""
+docstrings and comments of fusefs/, trainer/, scripts/ and tests/ (the CHANGELOG tells
+history, and `out/…` is what benchmarks write)."""
 import ast
 import glob
 import importlib
@@ -11,8 +11,8 @@ import re
 from conftest import REPO
 
 DOCS = [os.path.join(REPO, "README.md"), *sorted(glob.glob(os.path.join(REPO, "docs", "*.md"))),
-        # and the docstrings and comments of the product's code
-        *sorted(p for part in ("fusefs", "trainer") for p in glob.glob(os.path.join(REPO, part, "**", "*.py"),
+        # and the docstrings and comments of the code
+        *sorted(p for part in ("fusefs", "trainer", "scripts", "tests") for p in glob.glob(os.path.join(REPO, part, "**", "*.py"),
                                                                          recursive=True))]
 SOURCES = [p for part in ("fusefs", "trainer", "scripts")
            for p in glob.glob(os.path.join(REPO, part, "**", "*.py"), recursive=True)]
