@@ -108,7 +108,8 @@ def main():
         dt = time.perf_counter() - t0
         busy1, idle1 = cpu_times()
         ep = {"samples": count, "seconds": dt, "samples_per_s": count / dt, "bytes": nbytes,
-              "cpu_s": cpu_seconds() - cpu0, "busy": (busy1 - busy0) / max(1e-9, busy1 - busy0 + idle1 - idle0),
+              "cpu_s": cpu_seconds() - cpu0,
+              "busy": min(1.0, (busy1 - busy0) / max(1e-9, busy1 - busy0 + idle1 - idle0)),
               "tensor_sum": tensor_sum}
         if first_stats is not None:
             with open(stats_path) as f:
