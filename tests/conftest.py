@@ -139,13 +139,23 @@ def _testbed_exists() -> bool:
         return False
 
 
+_TESTBED_USED = []  # a test of this run that needs the test bed has run (marked gluster)
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gluster") is not None:
+        _TESTBED_USED.append(item.nodeid)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _testbed_as_found():
     """The GlusterFS test bed's volume is taken down at the end of the run if the run
-    brought it up (the demo leaves it up for its next run, as the benchmarks do)."""
+    brought it up (the demo leaves it up for its next run, as the benchmarks do): if it was
+    not there at the start, and a test of this run that needs it ran. (A run of other tests
+    beside one that uses the test bed, a second user's say, leaves it alone.)"""
     existed = _testbed_exists()
     yield
-    if not existed and _testbed_exists():
+    if not existed and _TESTBED_USED and _testbed_exists():
         from testkit.gluster import GLUSTER_SH
         subprocess.run([GLUSTER_SH, "down"], capture_output=True, timeout=300)
 

@@ -4,7 +4,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
+
+pytestmark = pytest.mark.gluster  # (the demo brings the test bed up)
 
 
 def test_demo_runs_and_prints_its_figures(tmp_path):
