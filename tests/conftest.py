@@ -119,6 +119,17 @@ SLOW_MODULES = {"test_abuse", "test_cli", "test_clients", "test_demo", "test_fau
                 "test_harness"}
 
 
+def _remove_dead_runs_folders(base: str) -> None:
+    """The runtime folders of earlier runs that were killed (their pid, in the name, is
+    gone): a killed run cannot remove its own."""
+    import re
+    import shutil
+    for name in os.listdir(base):
+        m = re.fullmatch(r"fusefs-tests-(\d+)-\w+", name)
+        if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+
+
 def pytest_configure(config):
     """The daemons the tests start keep their logs and control sockets in a runtime folder
     of this run's (FUSEFS_RUNTIME_DIR), removed at its end: nothing is left in /run/fusefs.
@@ -126,7 +137,9 @@ def pytest_configure(config):
     import tempfile
     from fusefs.runtime import RUNTIME_ENV
     if RUNTIME_ENV not in os.environ:
-        folder = tempfile.mkdtemp(prefix="fusefs-tests-", dir="/run" if os.geteuid() == 0 else None)
+        base = "/run" if os.geteuid() == 0 else tempfile.gettempdir()
+        _remove_dead_runs_folders(base)
+        folder = tempfile.mkdtemp(prefix=f"fusefs-tests-{os.getpid()}-", dir=base)
         os.environ[RUNTIME_ENV] = folder
         config._fusefs_runtime = folder
 
