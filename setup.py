@@ -107,7 +107,9 @@ def extensions() -> list[Extension]:
                         # (optimised as Python's own build is, as pyfuse3's build does)
                         extra_compile_args=["-DFUSE_USE_VERSION=32",
                                             "-Wno-unused-function", "-Wno-incompatible-pointer-types"],
-                        extra_link_args=["-lpthread", "-lrt"])
+                        extra_link_args=["-lpthread", "-lrt"],
+                        # (the C the generated source includes: a change to it rebuilds)
+                        depends=["fusefs/_fastpath.h"])
     out = [binding]
     if native_wanted():
         out.append(Extension("fusefs._fetchio", ["fusefs/_fetchio.c"], libraries=["xxhash"],
