@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import subprocess
 import time
 import uuid
@@ -240,3 +241,57 @@ def test_a_brick_restarted_mid_epoch_costs_a_pause_not_an_eio(small_packed, tmp_
     assert sum("does not answer" in line for line in res["log"]) == 1, res["log"]
     assert sum("answers again" in line for line in res["log"]) == 1, res["log"]
     assert not any("EIO" in line for line in res["log"]), res["log"]
+
+
+def _volume_state(vol: str, bricks: str, mnt: str) -> dict:
+    """What another volume of the machine's GlusterFS is: its options, its brick processes,
+    its mount, and its bricks' files (paths, sizes, digests; the bricks' own metadata
+    folder left out)."""
+    import hashlib
+    import re
+    info = subprocess.run(["gluster", "--mode=script", "volume", "info", vol], capture_output=True,
+                          text=True, timeout=120).stdout
+    # (its lines as a set: glusterd lists the options in no fixed order)
+    info = sorted(line.strip() for line in info.splitlines() if line.strip())
+    status = subprocess.run(["gluster", "--mode=script", "volume", "status", vol, "--xml"],
+                            capture_output=True, text=True, timeout=120).stdout
+    files = {}
+    for folder, dirs, names in os.walk(bricks):
+        dirs[:] = [d for d in dirs if d != ".glusterfs"]
+        for name in names:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                files[os.path.relpath(path, bricks)] = hashlib.sha256(f.read()).hexdigest()
+    mounts = [line.split()[:3] for line in open("/proc/mounts") if line.split()[1] == mnt]
+    return {"info": info, "brick_pids": sorted(re.findall(r"<pid>(\d+)</pid>", status)),
+            "mounts": mounts, "files": files}
+
+
+@pytest.mark.machine
+@pytest.mark.timeout(1500)
+def test_the_gluster_tests_leave_another_volume_of_the_machine_alone():
+    """With another volume of the machine's GlusterFS set up, started and mounted (another
+    name, bricks and mount point; delay-gen at 2 ms), `pytest -m gluster` leaves its
+    options, brick processes, mount and bricks' files as they were: the test bed touches its
+    own volume only, and stops only what it started."""
+    name = f"fusefs-other-{uuid.uuid4().hex[:6]}"
+    other = {"FUSEFS_GLUSTER_VOL": name, "FUSEFS_GLUSTER_BRICKS": f"/srv/{name}",
+             "FUSEFS_GLUSTER_MNT": f"/mnt/{name}"}
+    env = dict(os.environ, **other)
+    r = subprocess.run([GLUSTER, "up", "--delay-ms", "2"], env=env, capture_output=True, text=True, timeout=300)
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        with open(os.path.join(other["FUSEFS_GLUSTER_MNT"], "keep.bin"), "wb") as f:
+            f.write(os.urandom(100_000))
+        before = _volume_state(name, other["FUSEFS_GLUSTER_BRICKS"], other["FUSEFS_GLUSTER_MNT"])
+        assert before["brick_pids"] and before["mounts"] and "keep.bin" in str(before["files"])
+        inner = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gluster", "--deselect",
+             "tests/test_gluster.py::test_the_gluster_tests_leave_another_volume_of_the_machine_alone",
+             "tests"], cwd=REPO, capture_output=True, text=True, timeout=1200)
+        assert inner.returncode == 0, inner.stdout[-3000:] + inner.stderr[-2000:]
+        after = _volume_state(name, other["FUSEFS_GLUSTER_BRICKS"], other["FUSEFS_GLUSTER_MNT"])
+        assert after == before
+    finally:
+        subprocess.run([GLUSTER, "down"], env=env, capture_output=True, timeout=300)
+    assert not os.path.exists(other["FUSEFS_GLUSTER_BRICKS"])
