@@ -92,13 +92,13 @@ check)
     #   hybrid      bench_hybrid: the small CNN and ResNet-18, GPU only against hybrid, 3 seeds
     #   importance  bench_unbiased --local: ResNet-18 on the GPU through the mount, full /
     #               unbiased / rank, 3 seeds at once per mode
-    #   node_raw, node_decode  bench_node: loose / fusefs / minimal C daemon, 4 / 8 / 16
+    #   node_raw, node_decode  bench_node: loose / fusefs (default threads and one) / minimal C daemon, 4 / 8 / 16
     #               workers, 3 counted epochs each
     # Back in $OUT: figures.jsonl (every benchmark's lines, and each part's exit status and
     # seconds), check.log and the PNGs. Sizes and timeouts from the environment, for a
     # rehearsal on a small machine: SWAP_MODELS, SWAP_BATCH, SWAP_ROUNDS, TRANSFORMER,
     # HYBRID_MODELS, HYBRID_EPOCHS, SEEDS, TRAIN, TEST, IMP_EPOCHS, IMP_MODEL, FILES,
-    # DECODE_FILES, EPOCHS, WORKERS, LIMITS (seconds of each part, in the order above), TOTAL
+    # DECODE_FILES, EPOCHS, WORKERS, SYSTEMS (bench_node's), LIMITS (seconds of each part, in the order above), TOTAL
     # (seconds for the whole check: a part is cut to what is left) and PARTS (which parts to
     # run). PY is the Python that runs the benchmarks and the trainers (python3) and
     # SKIP_SETUP=1 uses it as it is (a rehearsal, fusefs installed already). The tree there
@@ -136,7 +136,7 @@ check)
         --device auto --train ${TRAIN:-10000} --test ${TEST:-2000} --epochs ${IMP_EPOCHS:-12} --warmup 2 \
         --seeds $seeds --parallel-seeds --workers 4 --batch 128 --out $work/unbiased --results "$OUT/figures.jsonl"
     node="$PY scripts/bench/bench_node.py --python $PY --workers ${WORKERS:-4,8,16}
-          --systems loose,fusefs,minimal_c --epochs ${EPOCHS:-3} --jsonl $OUT/figures.jsonl"
+          --systems ${SYSTEMS:-loose,fusefs,fusefs_n1,minimal_c} --epochs ${EPOCHS:-3} --jsonl $OUT/figures.jsonl"
     part node_raw "$l_raw" $node --files ${FILES:-8000} --loaders raw --out $work/node
     part node_decode "$l_decode" $node --files ${DECODE_FILES:-1500} --loaders decode --out $work/node_decode
     for f in swap/bench_swap.png hybrid/bench_hybrid.png unbiased/bench_unbiased.png node/bench_node.png \

@@ -15,6 +15,8 @@ cache (not counted), from:
   fusefs   `fusefs mount --cache-size 120%` over the packed copy, read through
            trainer.HintedSampler (after the warm-up the kernel page cache and the daemon's
            cache hold every sample)
+  fusefs_n1  the same with `--fast-threads 1`: the fast path on one thread (fusefs's default
+           is one per 4 cores; each fusefs row records its fast_threads)
   fusefs_python  the same with `--no-fast-path`: opens and releases answered on the
            daemon's Python loop (fusefs before e755446)
   minimal  scripts/bench/minimal_daemon.py over the source folder: every file in RAM,
@@ -31,7 +33,7 @@ the chunks in the counted epochs (none when its cache holds the set). Issue 17's
 16-core node: fusefs >= 0.9x loose for raw bytes and >= 0.95x decoded.
 
 usage: .venv/bin/python scripts/bench/bench_node.py [--files 20000] [--workers 4,8,16]
-           [--loaders raw,decode] [--systems loose,fusefs,fusefs_python,minimal,minimal_c] [--epochs 2]
+           [--loaders raw,decode] [--systems loose,fusefs,fusefs_n1,fusefs_python,minimal,minimal_c] [--epochs 2]
            [--python /usr/bin/python3] [--out out/bench_node]
 On the GPU node (docs/TESTING.md, "The GPU node"): python3 scripts/bench/bench_node.py --python python3
 """
@@ -45,11 +47,12 @@ import sys
 
 from common import REPO, JsonLines, build_minimal_c, commit as common_commit, minimal_daemon, run_trainer
 
+from fusefs.config import default_fast_threads
 from fusefs.pack import pack
 from testkit.synth import make_imagefolder
 from testkit.mounts import running_mount
 
-SYSTEMS = ("loose", "fusefs", "fusefs_python", "minimal", "minimal_c")
+SYSTEMS = ("loose", "fusefs", "fusefs_n1", "fusefs_python", "minimal", "minimal_c")
 
 
 def read(python: str, root: str, loader: str, workers: int, epochs: int, seed: int,
@@ -114,10 +117,13 @@ def run_system(system: str, a, src: str, packed: str, loader: str, workers: int)
     mnt = os.path.join(a.out, "mnt")
     if system == "loose":
         return measure(a.python, src, loader, workers, a.epochs, False, None)
-    if system in ("fusefs", "fusefs_python"):
-        extra = ("--no-fast-path",) if system == "fusefs_python" else ()
+    if system in ("fusefs", "fusefs_n1", "fusefs_python"):
+        extra = {"fusefs": (), "fusefs_n1": ("--fast-threads", "1"), "fusefs_python": ("--no-fast-path",)}[system]
         with running_mount(packed, mnt, "--cache-size", "120%", *extra) as (proc, _):
-            return measure(a.python, mnt, loader, workers, a.epochs, True, ".fusefs/stats")
+            row = measure(a.python, mnt, loader, workers, a.epochs, True, ".fusefs/stats")
+        if system != "fusefs_python":
+            row["fast_threads"] = 1 if system == "fusefs_n1" else default_fast_threads()
+        return row
     command = [build_minimal_c(a.out)] if system == "minimal_c" else None
     with minimal_daemon(src, mnt, command=command):
         return measure(a.python, mnt, loader, workers, a.epochs, False, ".minimal-stats")
@@ -129,7 +135,7 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     groups = sorted({(r["loader"], r["workers"]) for r in rows}, key=lambda g: (g[0] != "raw", g[1]))
-    colors = {"loose": "#808080", "fusefs": "#4878a8", "fusefs_python": "#98b8d8", "minimal": "#e0a040",
+    colors = {"loose": "#808080", "fusefs": "#4878a8", "fusefs_n1": "#2c4c70", "fusefs_python": "#98b8d8", "minimal": "#e0a040",
               "minimal_c": "#60a060"}
     width = 0.8 / len(SYSTEMS)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
@@ -159,7 +165,7 @@ def main() -> int:
     p.add_argument("--files", type=int, default=20_000)
     p.add_argument("--workers", default="4,8,16", help="DataLoader worker counts, comma-separated")
     p.add_argument("--loaders", default="raw,decode", help="raw and/or decode, comma-separated")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help="which of loose,fusefs,fusefs_python,minimal,minimal_c to run")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help="which of " + ",".join(SYSTEMS) + " to run")
     p.add_argument("--epochs", type=int, default=2, help="counted epochs after the warm-up read")
     p.add_argument("--python", default="/usr/bin/python3",
                    help="the readers' Python (needs torch and torchvision)")
@@ -210,7 +216,7 @@ def main() -> int:
                 if "requests_per_sample" in row:
                     extra += f" ({sum(row['requests_per_sample'].values()):.2f} requests"
                     extra += f", {row['fetched_samples']} fetched)" if "fetched_samples" in row else ")"
-                print(f"{loader:<6} {w:>2} workers  {system:<8} samples/s {rates}{extra}; loader CPU "
+                print(f"{loader:<6} {w:>2} workers  {system:<9} samples/s {rates}{extra}; loader CPU "
                       f"{row['loader_cpu_us_per_sample']:.0f} us/sample; cores "
                       f"{100 * row['machine_busy']:.0f}% busy", flush=True)
     with open(os.path.join(a.out, "bench_node.json"), "w") as f:

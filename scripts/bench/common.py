@@ -7,6 +7,7 @@ import contextlib
 import datetime
 import json
 import os
+import platform
 import shutil
 import socket
 import subprocess
@@ -41,13 +42,15 @@ def commit() -> str:
 
 
 def machine() -> str:
-    """This machine in a few words: its host name, its cores and the GPUs nvidia-smi lists."""
+    """This machine in a few words: its host name, its cores, its kernel's version and the
+    GPUs nvidia-smi lists."""
     gpus = ""
     if shutil.which("nvidia-smi"):
         names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                               capture_output=True, text=True).stdout.split("\n")
+                               capture_output=True, text=True, timeout=60).stdout.split("\n")
         gpus = ", ".join(n.strip() for n in names if n.strip())
-    return f"{socket.gethostname()}, {os.cpu_count()} cores" + (f", {gpus}" if gpus else "")
+    return (f"{socket.gethostname()}, {os.cpu_count()} cores, kernel {platform.release()}"
+            + (f", {gpus}" if gpus else ""))
 
 
 class JsonLines:
