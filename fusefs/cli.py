@@ -502,7 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default on; fusefs/_fastpath.h, docs/ARCHITECTURE.md)")
     s.add_argument("--fast-threads", type=int, metavar="N",
                    help="threads of the fast path, each reading its own clone of /dev/fuse (default: "
-                        f"one per 4 cores, 1 to 8: {default_fast_threads()} here)")
+                        f"one per 16 cores, 1 to 8: {default_fast_threads()} here)")
     s.add_argument("--willneed", action=argparse.BooleanOptionalAction, default=DEFAULTS.willneed,
                    help="ask the backend's client for all of a request's reads at once "
                         "(posix_fadvise WILLNEED), so it fetches them concurrently while the "

@@ -33,9 +33,11 @@ MAX_FAST_THREADS = 64  # (fusefs/_fastpath.h's FUSEFS_MAX_THREADS)
 
 
 def default_fast_threads() -> int:
-    """The fast path's threads by default: one for every 4 cores this process may run on, 1
-    to 8 (a 16-core node: 4; the readers' decoding workers keep the rest busy)."""
-    return max(1, min(8, len(os.sched_getaffinity(0)) // 4))
+    """The fast path's threads by default: one for every 16 cores this process may run on, 1
+    to 8 (a 16-core node: 1, a 64-core node: 4). On a 16-core node one thread read as fast as
+    four and spent 28-32 us of CPU per cached sample against their 42-43 (docs/BENCHMARKS.md,
+    "The GPU node"); one thread answers about 30,000 samples/s, so larger nodes get more."""
+    return max(1, min(8, len(os.sched_getaffinity(0)) // 16))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ cache (not counted), from:
            trainer.HintedSampler (after the warm-up the kernel page cache and the daemon's
            cache hold every sample)
   fusefs_n1  the same with `--fast-threads 1`: the fast path on one thread (fusefs's default
-           is one per 4 cores; each fusefs row records its fast_threads)
+           is one per 16 cores; each fusefs row records its fast_threads)
   fusefs_python  the same with `--no-fast-path`: opens and releases answered on the
            daemon's Python loop (fusefs before e755446)
   minimal  scripts/bench/minimal_daemon.py over the source folder: every file in RAM,
