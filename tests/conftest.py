@@ -142,6 +142,8 @@ def pytest_configure(config):
         folder = tempfile.mkdtemp(prefix=f"fusefs-tests-{os.getpid()}-", dir=base)
         os.environ[RUNTIME_ENV] = folder
         config._fusefs_runtime = folder
+    if os.geteuid() == 0:
+        _remove_made()  # (the accounts a killed run left, whatever this run tests)
 
 
 def _testbed_exists() -> bool:
@@ -316,32 +318,68 @@ def _run(*cmd):
 
 
 # The accounts the attacker fixture made and has not removed yet, a line each ("userdel
-# NAME"): a run killed before its teardown leaves them here, and the next run removes them
-# first. Root's own folder in /run, never a guessable name in /tmp.
+# NAME PID", PID the run's that made it): a run killed before its teardown leaves them here,
+# and the next run removes them when it starts. Root's own folder in /run, never a guessable
+# name in /tmp.
 MADE_ACCOUNTS = "/run/fusefs-tests/accounts"
 
 
 def _record_made(cmds: list) -> None:
+    """Record what this run made (cmds: (command, name) pairs, their undoing), beside what
+    other runs still alive made."""
     os.makedirs(os.path.dirname(MADE_ACCOUNTS), mode=0o700, exist_ok=True)
+    others = [c for c in _made_lines() if c[2] != str(os.getpid())]
     with open(MADE_ACCOUNTS, "w") as f:
-        f.write("".join(" ".join(c) + "\n" for c in cmds))
+        f.write("".join(" ".join(c) + "\n" for c in others + [(*c, str(os.getpid())) for c in cmds]))
+
+
+def _made_lines() -> list:
+    try:
+        with open(MADE_ACCOUNTS) as f:
+            lines = [line.split() for line in f]
+    except FileNotFoundError:
+        return []
+    return [c for c in lines if len(c) == 3 and c[0] in ("userdel", "groupdel") and c[2].isdigit()]
+
+
+def _kill_processes_of(name: str) -> None:
+    """Kill what still runs as the account `name` (this test suite's own, about to go: a
+    process left running would keep userdel from removing it)."""
+    import psutil
+    try:
+        uid = pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return
+    for p in psutil.process_iter(["uids"]):
+        try:
+            if uid in p.info["uids"]:
+                p.kill()
+        except (psutil.Error, TypeError):
+            pass
 
 
 def _remove_made() -> None:
-    """Remove the accounts a killed run left (as MADE_ACCOUNTS lists them), then the list."""
-    try:
-        with open(MADE_ACCOUNTS) as f:
-            cmds = [line.split() for line in f if line.strip()]
-    except FileNotFoundError:
+    """Undo what MADE_ACCOUNTS lists of this run and of runs no longer alive (a killed
+    run's): their processes killed, then the accounts removed; a line whose command failed
+    stays for the next run, and the list goes when it is empty."""
+    keep = []
+    for cmd, name, pid in _made_lines():
+        if pid != str(os.getpid()) and os.path.exists(f"/proc/{pid}"):
+            keep.append((cmd, name, pid))  # (another run's, still going)
+            continue
+        if cmd == "userdel":
+            _kill_processes_of(name)
+        rc = subprocess.run([cmd, name], capture_output=True, timeout=60).returncode
+        if rc not in (0, 6):  # (6: no such user or group)
+            keep.append((cmd, name, pid))
+    if keep:
+        with open(MADE_ACCOUNTS, "w") as f:
+            f.write("".join(" ".join(c) + "\n" for c in keep))
         return
-    for cmd in cmds:
-        if cmd and cmd[0] in ("userdel", "groupdel") and len(cmd) == 2:
-            subprocess.run(cmd, capture_output=True, timeout=60)
-    os.unlink(MADE_ACCOUNTS)
-    try:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(MADE_ACCOUNTS)
+    with contextlib.suppress(OSError):
         os.rmdir(os.path.dirname(MADE_ACCOUNTS))
-    except OSError:
-        pass
 
 
 @pytest.fixture(scope="module")

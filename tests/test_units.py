@@ -239,22 +239,43 @@ def test_no_test_module_imports_another():
 
 
 @pytest.mark.skipif(__import__("os").geteuid() != 0, reason="makes a user (CI runs as root)")
-def test_accounts_a_killed_run_left_are_removed_by_the_next():
-    """The attacker fixture records each account before it makes it; a run killed before
-    its teardown leaves the record, and the next run's fixture removes what it lists."""
+def test_accounts_a_killed_run_left_are_removed_by_the_next(monkeypatch, tmp_path):
+    """The attacker fixture records each account, with its run's pid, before it makes it; a
+    run killed before its teardown leaves the record, and a process of the account's still
+    running (which would make userdel fail). The next run removes the account, that process
+    first; what a run still alive recorded stays. (The list here is the test's own.)"""
     import os
     import pwd
-    from conftest import MADE_ACCOUNTS, _record_made, _remove_made
-    name = "fusefs-leftover"
-    _record_made([("userdel", name)])  # (recorded first, as the fixture does)
+    import conftest
+    monkeypatch.setattr(conftest, "MADE_ACCOUNTS", str(tmp_path / "made" / "accounts"))
+    name, other = "fusefs-leftover", "fusefs-other-run"
+    dead = subprocess.Popen(["true"])
+    dead.wait(timeout=60)  # (the killed run: a pid no longer alive)
+    alive = subprocess.Popen(["sleep", "600"])  # (another run, still going)
     subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
                    check=True, capture_output=True, timeout=60)
+    left = None
     try:
-        _remove_made()  # what the next run does first
+        os.makedirs(os.path.dirname(conftest.MADE_ACCOUNTS), mode=0o700, exist_ok=True)
+        with open(conftest.MADE_ACCOUNTS, "w") as f:
+            f.write(f"userdel {name} {dead.pid}\nuserdel {other} {alive.pid}\n")
+        left = subprocess.Popen(["setpriv", f"--reuid={pwd.getpwnam(name).pw_uid}", "--clear-groups",
+                                 "sleep", "600"])
+        conftest._remove_made()  # (what the next run does when it starts)
         with pytest.raises(KeyError):
             pwd.getpwnam(name)
-        assert not os.path.exists(MADE_ACCOUNTS)
+        assert left.wait(timeout=60) != 0  # (killed)
+        with open(conftest.MADE_ACCOUNTS) as f:
+            assert f.read() == f"userdel {other} {alive.pid}\n"
+        alive.kill()
+        alive.wait(timeout=60)
+        conftest._remove_made()  # (the other run has ended: its line goes, and the list)
+        assert not os.path.exists(conftest.MADE_ACCOUNTS)
     finally:
+        for p in (alive, left):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(timeout=60)
         subprocess.run(["userdel", name], capture_output=True, timeout=60)
 
 
