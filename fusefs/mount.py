@@ -360,7 +360,7 @@ def clear_dead_mount(mnt: str) -> bool:
         return False
     r = fusermount(mnt, lazy=True)
     if is_dead_mount(mnt) and os.geteuid() == 0:
-        r = subprocess.run(["umount", "-l", mnt], capture_output=True, text=True)
+        r = subprocess.run(["umount", "-l", mnt], capture_output=True, text=True, timeout=60)
     if is_dead_mount(mnt):
         raise MountError(f"{mnt}: a dead mount (its daemon is gone) is left there and could not "
                          f"be cleared: {r.stderr.strip()}")

@@ -53,10 +53,16 @@ def fs_type(path: str) -> str:
     return mount_of(path)[1]
 
 
-def fusermount(mnt: str, lazy: bool = False) -> subprocess.CompletedProcess:
-    """`fusermount3 -u [-z] MNT`; the result says how it went (never raises for a failure)."""
-    return subprocess.run(["fusermount3", "-u", *(["-z"] if lazy else []), str(mnt)],
-                          capture_output=True, text=True)
+def fusermount(mnt: str, lazy: bool = False, timeout: float = 60) -> subprocess.CompletedProcess:
+    """`fusermount3 -u [-z] MNT`; the result says how it went (never raises for a failure:
+    one that has not ended after `timeout` seconds is killed and reported as failed)."""
+    cmd = ["fusermount3", "-u", *(["-z"] if lazy else []), str(mnt)]
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(cmd, 1, "", f"fusermount3 did not end within {timeout:g} s")
+    except OSError as e:
+        return subprocess.CompletedProcess(cmd, 1, "", f"fusermount3: {e.strerror}")
 
 
 def why_fuse_refused(options, dev: str = "/dev/fuse", conf: str = "/etc/fuse.conf",

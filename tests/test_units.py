@@ -317,3 +317,20 @@ def test_fusefs_modules_import_one_another_without_a_loop():
     for m in sorted(graph):
         if m not in state:
             visit(m, [])
+
+
+def test_fusermount_that_does_not_end_is_killed_and_reported(monkeypatch, tmp_path):
+    """fusefs's fusermount3 call has a timeout: one that hangs (a stuck unmount) is killed
+    and comes back as a failure saying so, instead of hanging the daemon's exit or
+    `fusefs umount`; a missing fusermount3 is a failure too, not an exception."""
+    import os
+    from fusefs.mounts import fusermount
+    fake = tmp_path / "fusermount3"
+    fake.write_text("#!/bin/sh\nexec sleep 600\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    r = fusermount(str(tmp_path / "mnt"), lazy=True, timeout=0.2)
+    assert r.returncode != 0 and "did not end within 0.2 s" in r.stderr
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    r = fusermount(str(tmp_path / "mnt"))
+    assert r.returncode != 0 and "fusermount3" in r.stderr
