@@ -167,7 +167,8 @@ def test_a_missing_build_dependency_stops_the_build_before_any_compile(tmp_path)
     said = r.stdout + r.stderr
     assert "fusefs._fetchio did not build" in said and "libxxhash-dev" in said
     assert "FUSEFS_NO_NATIVE=1" in said
-    r = _wheel(tmp_path / "d", CC=str(cc), FUSEFS_NO_NATIVE="1")
+    # (-O0: this wheel is only looked into, never run; the binding compiles in a third of the time)
+    r = _wheel(tmp_path / "d", CC=str(cc), FUSEFS_NO_NATIVE="1", CFLAGS="-O0")
     assert r.returncode == 0, r.stderr[-3000:]
     (wheel,) = (tmp_path / "d" / "dist").glob("fusefs-*.whl")
     so = [n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".so")]
