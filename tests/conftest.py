@@ -497,12 +497,25 @@ def free_port() -> int:
 EPOCH_DEADLINE_S = 300.0  # (pytest's own limit is 600 s)
 
 
+async def settled(core) -> None:
+    """Until the read-ahead has nothing under way: every fetch it started is done and
+    delivered, and every task (the read-ahead's next batches included) waits."""
+    import trio.testing
+    while True:
+        await trio.testing.wait_all_tasks_blocked()
+        pending = next(iter(core.fetcher.inflight.values()), None)
+        if pending is None:
+            return
+        await pending.wait()
+
+
 async def run_epoch(core, ids, readers=3, jitter=8, seed=0, check=None, order_bytes=None,
-                    deadline: float = EPOCH_DEADLINE_S):
+                    deadline: float = EPOCH_DEADLINE_S, settle: bool = False):
     """Readers take the order's positions roughly in sequence (a shared queue, shuffled in
     small windows the way DataLoader workers interleave), read each whole, close it; the
     epoch fails (trio.TooSlowError) if it takes longer than `deadline` seconds (a hang is a
-    failure, well within pytest's own limit)."""
+    failure, well within pytest's own limit). With settle, each read waits until the
+    read-ahead has done all it would (settled): readers slower than the backend."""
     rng = random.Random(seed)
     queue = list(ids)
     for i in range(0, len(queue), jitter):
@@ -514,6 +527,8 @@ async def run_epoch(core, ids, readers=3, jitter=8, seed=0, check=None, order_by
     async def reader():
         while queue:
             sid = queue.pop(0)
+            if settle:
+                await settled(core)
             data = await read_whole(core, sid)
             got.append(sid)
             if check is not None:

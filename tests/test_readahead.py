@@ -4,6 +4,8 @@ import os
 import threading
 import time
 
+from functools import partial
+
 import numpy as np
 import pytest
 import trio
@@ -42,15 +44,18 @@ def test_budget_never_exceeded_and_bytes_exact(three_nodes, data):
     assert cache.reserved == 0
 
 
-def test_a_tenth_of_the_data_serves_nearly_every_read(three_nodes):
+def test_a_tenth_of_the_data_serves_every_read_of_readers_slower_than_the_backend(three_nodes):
+    """With a cache of a tenth of the set and readers that give the read-ahead time to do
+    all it would before each read (settled), every read is served from the cache: the
+    read-ahead keeps what the order needs next, 16 positions of the readers' interleaving
+    included. (How many reads wait when readers are faster is a benchmark's figure.)"""
     dst, files = three_nodes
     probe = make_core(dst)
     ids = np.random.default_rng(0).permutation(probe.index.n_files).tolist()
     core = make_core(dst, cache_bytes=int(probe.index.total_bytes * 0.1), batch=8)
-    trio.run(run_epoch, core, ids, 3, 16)
+    trio.run(partial(run_epoch, core, ids, 3, 16, settle=True))
     s = core.statistics()
-    served = s["hits"] + s["read_waits"] + s["misses"]
-    assert s["hits"] + s["read_waits"] >= 0.95 * served, s
+    assert s["hits"] == len(ids) and s["read_waits"] == s["misses"] == 0, s
     assert s["backend_samples"] == len(ids), s        # each sample fetched exactly once
     assert s["cache_peak"] <= s["cache_budget"]
 
