@@ -35,6 +35,7 @@ from .control import FH_BASE, FILES, ControlHooks, ControlNamespace
 from .entries import BLKSIZE, DATA_TIMEOUT, WRITE_FLAGS, Attr, FsError, OpenResult
 from .config import DEFAULTS, MountConfig, presented_modes
 from .index import CONTROL_NAME, Index
+from .kernel_view import KernelView
 from .orders import Orders, default_budget
 from .policy import Policy
 from .fetch import Fetcher
@@ -52,7 +53,7 @@ SID_MASK = (1 << SID_BITS) - 1
 SERIAL_WRAP = 1 << 29  # serials wrap far below control handles (control.FH_BASE = 1 << 62)
 # the fast path's events (fusefs/_fastpath.h): a handle opened; RELEASED | handle released;
 # READ | sample read from the bytes held for it (| READ_END: up to the sample's end;
-# | READ_LOST: the sample's in_kernel flag was set when the read was answered); FORGOTTEN |
+# | READ_LOST: the kernel view held the sample when the read was answered); FORGOTTEN |
 # sample: the kernel forgot the sample's inode
 RELEASED = 1 << 63
 READ = 1 << 62
@@ -149,9 +150,9 @@ class Core:
         self.stats = Stats()
         self.fetcher = Fetcher(store, per_node=config.per_node, batch=config.batch,
                                retries=config.retries, io_timeout=config.io_timeout, local=local)
+        self.kernel_view = KernelView(index.n_files, self.stats, kernel, ino_base=self.file_base)
         self.reads = Reads(index, store, self.cache, self.policy, self.fetcher, self.stats,
-                           local=local, kernel=kernel, ino_base=self.file_base,
-                           readahead=config.readahead)
+                           self.kernel_view, local=local, readahead=config.readahead)
         self.prefetcher = self.reads.prefetcher
         budget = config.order_bytes if config.order_bytes is not None else \
             default_budget(config.cache_bytes, index.n_files)
@@ -159,7 +160,7 @@ class Core:
                              budget, local=local)
         # the parts whose counters() make the statistics (count() adds the FUSE adapter's)
         self.counted = [self.stats, self.cache, self.fetcher, self.prefetcher, self.reads,
-                        self.orders, *([local] if local is not None else [])]
+                        self.kernel_view, self.orders, *([local] if local is not None else [])]
         self.control = ControlNamespace(ControlHooks(
             statistics=self.statistics, ids_table=self.ids_table,
             chunk_table=lambda: index.chunk.astype("<u4").tobytes(),
@@ -175,9 +176,6 @@ class Core:
         self.held_cap = max(HELD_MIN, config.cache_bytes // 8)
         self._ids_table: bytes | None = None
         self._scope = trio.CancelScope()  # run()'s
-        # reads.in_kernel: pushed to the kernel and not forgotten since (the kernel drops an
-        # inode's pages when it forgets the inode)
-        self.in_kernel = self.reads.in_kernel
 
     @property
     def plans(self):
@@ -288,9 +286,7 @@ class Core:
                 self._forgot(sid)
 
     def _forgot(self, sid: int) -> None:
-        if self.in_kernel[sid]:  # (its pushed pages are gone with the inode)
-            self.stats.kernel_forgotten += 1
-            self.in_kernel[sid] = False
+        self.kernel_view.forgot(sid)  # (its pages are gone with the inode)
 
     # ---- data ------------------------------------------------------------------------
     def trusted(self, uid: int | None) -> bool:
@@ -317,14 +313,13 @@ class Core:
 
     def _count_open(self, sid: int) -> None:
         self.stats.opens += 1
-        if self.in_kernel[sid]:  # (its reads are served by the kernel, unless it dropped them)
-            self.stats.opens_pushed += 1
+        self.kernel_view.opened(sid)
         self._open += 1
 
     def fast_path_args(self) -> dict:
         """What the fast path needs to answer opens as open() does (fastpath.FastPath.start);
-        it continues the handles' serials from here, reads in_kernel's bytes as it answers
-        reads (READ_LOST), and answers the lookups of files' names as lookup() does from
+        it continues the handles' serials from here, reads the kernel view's flags as it
+        answers reads (READ_LOST), and answers the lookups of files' names as lookup() does from
         the index's tree."""
         ix = self.index
         tree = {
@@ -335,7 +330,7 @@ class Core:
             "blksize": BLKSIZE}
         return {"file_base": self.file_base, "n_files": ix.n_files, "sid_bits": SID_BITS,
                 "serial": self._serial, "serial_wrap": SERIAL_WRAP, "write_flags": WRITE_FLAGS,
-                "events": EVENT_BITS, "kernel_flags": self.in_kernel.view(np.uint8), "tree": tree}
+                "events": EVENT_BITS, "kernel_flags": self.kernel_view.flags(), "tree": tree}
 
     def answered(self, events) -> None:
         """Opens, reads, releases and forgets of dataset files answered outside the loop
@@ -379,7 +374,7 @@ class Core:
         out = data[off:off + size]
         self.stats.bytes_served += len(out)
         if off + size >= end:
-            self.reads.read_through(sid)
+            self.kernel_view.read_through(sid)
         return out
 
     def release(self, fh: int) -> None:

@@ -42,7 +42,7 @@ def _translate(fn):
 
 class KernelCache:
     """The kernel page cache of the mount, for Core's `kernel`: fetched samples are pushed into
-    it from the fetch's worker threads (reads.Reads.push). Pushed pages are clean page
+    it from the fetch's worker threads (kernel_view.KernelView.push). Pushed pages are clean page
     cache: the kernel reclaims them under memory pressure, they never count in the daemon's
     RSS, and nothing invalidates them (an early version invalidated each sample after its
     last use, which measured slower than leaving that to the kernel)."""

@@ -7,9 +7,9 @@ as a task of `Reads.nursery` (Core.run opens it), in a batch on one node
 (fetch.Fetcher: worker threads, retries, per-node bounds). As each sample arrives,
 `deliver` keeps it where the orders need it before something cached (cache.py, by
 policy.py's keys), offers it to the local tier, and the worker thread pushes it into the
-kernel page cache (`push`), after the event loop has it. A sample the kernel holds is
-neither pushed again nor read ahead (`kernel_holds`); a read that reaches the daemon for
-one shows that the kernel dropped its pages (`lost`).
+kernel page cache (kernel_view.KernelView.push), after the event loop has it. A sample the
+kernel holds is neither pushed again nor read ahead; a read that reaches the daemon for one
+shows that the kernel dropped its pages (`lost`).
 """
 from __future__ import annotations
 
@@ -30,10 +30,6 @@ from .store import CorruptSample
 
 log = logging.getLogger("fusefs")
 
-# Distrust what was pushed to the kernel once this share of the pushed samples opened under
-# an order were found dropped (and at least MIN_DROPS of them): see Reads.lost.
-DROP_SHARE = 0.1
-MIN_DROPS = 16
 # A sample whose fetch gave up (its node did not answer within --io-timeout; not with
 # --io-timeout 0, where a read tries once) is answered EIO at once for GAVE_UP_S while its
 # node is still down: the kernel tries a read-ahead that failed again at once, as a read of
@@ -44,116 +40,52 @@ GAVE_UP_MAX = 4096
 
 
 class Reads:
-    def __init__(self, index, store, cache, policy, fetcher, stats, *, local=None, kernel=None,
-                 ino_base: int = 0, readahead: int | None = None):
+    def __init__(self, index, store, cache, policy, fetcher, stats, kernel_view, *, local=None,
+                 readahead: int | None = None):
         """index: sizes, chunks and paths (for log lines); store: chunk paths (for log
         lines); cache, policy: where bytes are kept and by what rule; fetcher: batches,
-        in-flight fetches; stats: the daemon's counters; local: the local tier or None;
-        kernel: the kernel page cache (push([(ino, bytes)]) -> errnos: fs.KernelCache) or
-        None, with sample sid at inode ino_base + sid. The read-ahead (prefetch.Prefetcher,
-        `readahead` bytes ahead of the readers; None: its default) is made here: it runs
-        its batches through fetch_batch, and a miss takes along the samples it has queued."""
+        in-flight fetches; stats: the daemon's counters; kernel_view: what the kernel page
+        cache holds (kernel_view.KernelView), which fetched samples are pushed into; local:
+        the local tier or None. The read-ahead (prefetch.Prefetcher, `readahead` bytes
+        ahead of the readers; None: its default) is made here: it runs its batches through
+        fetch_batch, and a miss takes along the samples it has queued."""
         self.index, self.store, self.cache, self.policy = index, store, cache, policy
         self.fetcher, self.stats, self.local = fetcher, stats, local
-        self.kernel = kernel
-        self.ino_base = ino_base
+        self.kernel_view = kernel_view
         self.prefetcher = Prefetcher(index, policy, cache, fetcher, self.fetch_batch, readahead,
-                                     kernel_holds=self.kernel_holds)
-        self.in_kernel = np.zeros(index.n_files, dtype=bool)  # pushed, not forgotten since
-        # The kernel drops pushed pages without telling the daemon (it tells only when it
-        # forgets an inode): under memory pressure, or reclaiming cold pages proactively. A
-        # read that reaches the daemon for a pushed sample shows it did (`lost`). When that
-        # happens to many of the pushed samples opened under an order, in_kernel is cleared:
-        # only what is pushed from then on is taken as held (kernel_drops, until the next
-        # order).
-        self.kernel_drops = False
-        self._drops = 0              # pushed samples found dropped since the last order
-        self._opens_at_order = 0     # stats.opens_pushed when the last order came
+                                     kernel_holds=kernel_view.holds)
         self.corrupt: dict[int, str] = {}  # samples whose stored bytes fail their checksum
         self.gave_up: collections.OrderedDict[int, float] = collections.OrderedDict()  # sid -> when
         self._recent = collections.deque(maxlen=32)  # recently read samples (scan detection)
         self.nursery: trio.Nursery | None = None  # where fetches of missed samples run (Core.run)
 
     def counters(self) -> dict:
-        return {"corrupt_samples": len(self.corrupt), "in_kernel": int(np.count_nonzero(self.in_kernel)),
-                "kernel_drops": self.kernel_drops}
-
-    def push(self, items) -> None:
-        """Hand fetched samples' bytes, [(sid, bytes)], to the kernel page cache (in the
-        fetch's worker thread, after the event loop has them: a push waits for the locks of
-        the file's pages, and a reader's read of that file holds one until the loop answers
-        it)."""
-        kernel = self.kernel
-        todo = [(sid, data) for sid, data in items if not self.kernel_holds(sid)]
-        if kernel is not None:
-            self.stats.push_skipped += len(items) - len(todo)
-        if kernel is None or not todo:
-            return
-        errs = kernel.push([(self.ino_base + sid, data) for sid, data in todo])
-        for (sid, _), err in zip(todo, errs):
-            if err == 0:
-                self.in_kernel[sid] = True
-                self.stats.pushed += 1
-            elif err != errno.ENOENT and self.kernel is not None:
-                # (ENOENT: the kernel does not know the inode yet; that sample is not held)
-                log.warning("the kernel refused a page cache push (%s): serving reads from "
-                            "the daemon", os.strerror(err))
-                self.kernel = None
-
-    def kernel_holds(self, sid: int) -> bool:
-        """Whether the kernel page cache holds sample sid's pages, as far as the daemon can
-        tell: pushed (or read through the daemon) and not forgotten, found dropped or
-        cleared since. Such a sample is neither pushed again nor read ahead."""
-        return bool(self.in_kernel[sid])
-
-    def read_through(self, sid: int) -> None:
-        """The daemon answered the read that reached the end of sample sid: the kernel keeps
-        the pages of what it read (keep_cache), as it keeps pushed ones."""
-        if self.kernel is not None:
-            self.in_kernel[sid] = True
+        return {"corrupt_samples": len(self.corrupt)}
 
     def lost(self, sid: int) -> None:
-        """A read of sample sid reached the daemon: the kernel does not hold all its pages.
-        If they had been pushed, the kernel dropped some. One such sample costs its reader a
-        fetch (a miss); once more than DROP_SHARE of the pushed samples opened under this
-        order (and at least MIN_DROPS) were dropped, the kernel has likely dropped most of
-        them: in_kernel is cleared, so every sample is pushed again as it is fetched, and
-        the read-ahead goes back to the cursors to fetch what it skipped (Prefetcher.rewind).
-        What is pushed from then on is held again (a global distrust instead, as before,
-        took fresh pushes for dropped too)."""
-        if not self.in_kernel[sid]:
-            return
-        self.in_kernel[sid] = False
-        self.stats.kernel_dropped += 1
-        self._drops += 1
-        opened = self.stats.opens_pushed - self._opens_at_order
-        if not self.kernel_drops and self._drops >= MIN_DROPS and self._drops > DROP_SHARE * opened:
-            self.kernel_drops = True
-            self.in_kernel[:] = False
-            log.info("the kernel dropped pages of %d of the %d pushed samples opened under the "
-                     "current order(s): what it was thought to hold is fetched and pushed again",
-                     self._drops, opened)
+        """A read of sample sid reached the daemon: if the kernel was taken to hold its
+        pages, it dropped some (KernelView.lost); when it has dropped many, the read-ahead
+        goes back to the cursors to fetch what it skipped (Prefetcher.rewind)."""
+        if self.kernel_view.lost(sid):
             self.prefetcher.rewind()
 
     def answered(self, sid: int, end: bool, held: bool) -> None:
         """A read of sample sid was answered from its cached bytes outside the loop (the
         fast path): as fetch() would count it, and as the daemon's read (Core.read) would
-        tell what the kernel holds (end: the read reached the sample's end; held: in_kernel
-        was set for it when the read was answered, so the kernel had dropped its pages. Not
-        in_kernel now: a push that ended after the read, waiting for the pages it held,
-        may have set it since)."""
+        tell what the kernel holds (end: the read reached the sample's end; held: the
+        kernel was taken to hold its pages when the read was answered, so it had dropped
+        them. Not held now: a push that ended after the read, waiting for the pages it
+        held, may have set it since)."""
         if held:
             self.lost(sid)
         self._recent.append(sid)
         self.stats.hits += 1
         if end:
-            self.read_through(sid)
+            self.kernel_view.read_through(sid)
 
     def new_order(self) -> None:
-        """A new order: count drops afresh."""
-        self.kernel_drops = False
-        self._drops = 0
-        self._opens_at_order = self.stats.opens_pushed
+        """A new order: the kernel's drops are counted afresh."""
+        self.kernel_view.new_order()
 
     async def fetch(self, sid: int) -> bytes:
         """Sample sid's verified bytes, from the cache, a fetch under way, or the backend."""
@@ -236,7 +168,8 @@ class Reads:
             results[s] = r
             self.deliver(s, r, missed=s == keep)
 
-        await self.fetcher.fetch(sids, deliver, claimed, push=None if self.kernel is None else self.push,
+        view = self.kernel_view
+        await self.fetcher.fetch(sids, deliver, claimed, push=view.push if view.pushes else None,
                                  unpushed=keep)
         return results
 

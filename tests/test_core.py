@@ -207,16 +207,16 @@ def test_reads_answered_on_the_fast_path_count_as_the_loops_do(tricky):
     fast.answered([READ | first, READ | READ_END | second])
     for name in ("reads", "hits", "misses", "in_kernel", "backend_samples"):
         assert fast.statistics()[name] == looped.statistics()[name], name
-    assert fast.statistics()["in_kernel"] == 1 and fast.reads.kernel_holds(second)
+    assert fast.statistics()["in_kernel"] == 1 and fast.kernel_view.holds(second)
     assert fast.reads._recent[-1] == second  # (scan detection sees them too)
     # a push of `first` that ended after a read answered in C (the push waits for the pages
     # that read holds) set in_kernel before the event came: not a drop. A read made while
     # in_kernel was set (READ_LOST, the flag as the thread read it) is one.
-    fast.in_kernel[first] = True
+    fast.kernel_view.held[first] = True
     fast.answered([READ | first])
-    assert fast.statistics()["kernel_dropped"] == 0 and fast.reads.kernel_holds(first)
+    assert fast.statistics()["kernel_dropped"] == 0 and fast.kernel_view.holds(first)
     fast.answered([READ | READ_LOST | second])
-    assert fast.statistics()["kernel_dropped"] == 1 and not fast.reads.kernel_holds(second)
+    assert fast.statistics()["kernel_dropped"] == 1 and not fast.kernel_view.holds(second)
 
 
 def test_forgets_answered_on_the_fast_path_count_as_the_loops_do(tricky):
@@ -228,12 +228,12 @@ def test_forgets_answered_on_the_fast_path_count_as_the_loops_do(tricky):
     looped, fast = _core(dst), _core(dst)
     sids = [0, 3, 7]
     for core in (looped, fast):
-        core.in_kernel[sids] = True
+        core.kernel_view.held[sids] = True
     looped.forget([looped.file_base + 3, ROOT, looped.ctrl_dir])
     fast.answered([FORGOTTEN | 3])
-    assert list(fast.in_kernel) == list(looped.in_kernel) and fast.in_kernel[[0, 7]].all()
+    assert list(fast.kernel_view.held) == list(looped.kernel_view.held) and fast.kernel_view.held[[0, 7]].all()
     assert fast.statistics()["kernel_forgotten"] == looped.statistics()["kernel_forgotten"] == 1
     # a forgotten sample's read after it is not a drop; a release's handle is no forget
     fast.answered([FORGOTTEN | 0, READ | READ_END | 0, (1 << SID_BITS | 7) | RELEASED])
-    assert fast.statistics()["kernel_dropped"] == 0 and fast.in_kernel[7]
+    assert fast.statistics()["kernel_dropped"] == 0 and fast.kernel_view.held[7]
 

@@ -119,7 +119,7 @@ def test_opens_reads_and_releases_answer_byte_for_byte_and_become_events(fast, t
     cases = [(0, 4096), (4096, 131072), (n - 100, 4096), (n, 4096), (n + 5000, 10), (0, 2 * n), (1, 0)]
     for off, size in cases:
         assert answer(read(off, size)) == (True, reply(body=data[off:off + size])), (off, size)
-    core.in_kernel[sid] = True  # (the kernel was taken to hold its pages: a read means lost)
+    core.kernel_view.held[sid] = True  # (the kernel was taken to hold its pages: a read means lost)
     assert answer(read(0, 10)) == (True, reply(body=data[:10]))
     ends = [off < n and off + size >= n for off, size in cases]
     assert events() == [READ | sid | (READ_END if end else 0) for end in ends] + [READ | sid | READ_LOST]

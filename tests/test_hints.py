@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DistributedSampler, RandomSampler
 
 from fusefs import order as orderfmt
-from fusefs.reads import MIN_DROPS
+from fusefs.kernel_view import MIN_DROPS
 from testkit.mounts import running_mount
 from trainer import HintedSampler, write_order
 from trainer.hints import mount_ids, mount_stats
@@ -346,7 +346,7 @@ def test_read_ahead_bytes_pushed_to_the_kernel_page_cache(tricky, tmp_path, mode
                 assert in_c == ({"open": len(rels), "release": len(rels), "ioctl": ioctl, "read": reads,
                                  "lookup": 0, "forget": 0, "interrupt": 0} if mode == "daemon-opens" else None), in_c
                 assert s["fast_path_requests"] is None or mode == "daemon-opens"
-                # (fewer drops than it takes to distrust every push: reads.MIN_DROPS)
+                # (fewer drops than it takes to distrust every push: kernel_view.MIN_DROPS)
                 assert len(dropped) < MIN_DROPS, dropped
                 assert (reads > 0) == bool(dropped) and getattrs <= stale, (reads, getattrs, dropped)
                 assert s["kernel_dropped"] - before["kernel_dropped"] == len(dropped), (s, dropped)

@@ -239,7 +239,7 @@ def test_fast_path_hold_takes_bytes_only_and_keeps_no_reference_without_a_thread
     assert sys.getrefcount(data) == before
     with pytest.raises(TypeError, match="bytes or None"):
         pyfuse3.fast_path_hold(3, bytearray(10))
-    flags = np.zeros(4, dtype=bool).view(np.uint8)  # (Core.in_kernel's bytes)
+    flags = np.zeros(4, dtype=bool).view(np.uint8)  # (KernelView.flags(): its held flags' bytes)
     pyfuse3.fast_path_kernel_flags(flags)
     pyfuse3.fast_path_kernel_flags(None)
     with pytest.raises(TypeError, match="array of bytes"):

@@ -35,7 +35,8 @@ from fusefs.store import ChunkStore
 async def one_pass(core: Core, ops: Operations, order, epoch: int) -> float:
     """CPU seconds of opening and releasing every sample once, in order."""
     core.set_order(0, orderfmt.encode(order, epoch))
-    core.in_kernel[:] = True  # (as in `kernel`: no read reaches the daemon)
+    view = getattr(core, "kernel_view", None)  # (a version of --against REF before it: in_kernel)
+    (view.held if view is not None else core.in_kernel)[:] = True  # (as in `kernel`: no read reaches the daemon)
     ctx = types.SimpleNamespace(uid=os.getuid(), gid=os.getgid(), pid=os.getpid(), umask=0o022)
     base, flags = core.file_base, os.O_RDONLY
     t0 = time.thread_time()

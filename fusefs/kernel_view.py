@@ -1,0 +1,130 @@
+"""What the kernel page cache holds of the samples, as far as the daemon can tell: the one
+owner of that fact.
+
+A fetched sample's bytes are pushed into the kernel page cache (`push`, from the fetch's
+worker threads); a read the daemon answers to a sample's end leaves its pages there too
+(`read_through`: keep_cache). The kernel tells the daemon only when it forgets an inode
+(`forgot`); it drops pages without telling, under memory pressure or reclaiming cold pages
+proactively, and a read that reaches the daemon for a sample taken as held shows that it
+did (`lost`). When that happens to many of the pushed samples opened under an order, every
+flag is cleared and only what is pushed from then on is taken as held (`drops`, until the
+next order). The flags are one byte per sample (`flags`), which the fast path's threads read
+as they answer reads (READ_LOST: fastpath.py).
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+
+import numpy as np
+
+log = logging.getLogger("fusefs")
+
+# Distrust what was pushed to the kernel once this share of the pushed samples opened under
+# an order were found dropped (and at least MIN_DROPS of them): see KernelView.lost.
+DROP_SHARE = 0.1
+MIN_DROPS = 16
+
+
+class KernelView:
+    def __init__(self, n_files: int, stats, kernel=None, ino_base: int = 0):
+        """n_files samples, sample sid at inode ino_base + sid; kernel: the kernel page
+        cache (push([(ino, bytes)]) -> errnos: fs.KernelCache) or None (nothing is pushed,
+        nothing taken as held); stats: the daemon's counters (pushed, push_skipped,
+        kernel_dropped, kernel_forgotten, opens_pushed)."""
+        self.kernel = kernel
+        self.stats = stats
+        self.ino_base = ino_base
+        self.held = np.zeros(n_files, dtype=bool)  # pushed or read through, not forgotten since
+        self.drops = False           # the kernel dropped many pushed pages under this order
+        self._drops = 0              # pushed samples found dropped since the last order
+        self._opens_at_order = 0     # stats.opens_pushed when the last order came
+
+    def counters(self) -> dict:
+        return {"in_kernel": int(np.count_nonzero(self.held)), "kernel_drops": self.drops}
+
+    @property
+    def pushes(self) -> bool:
+        """Whether fetched samples are pushed into the kernel."""
+        return self.kernel is not None
+
+    def flags(self) -> np.ndarray:
+        """The held flags as bytes, which the fast path reads (the same memory)."""
+        return self.held.view(np.uint8)
+
+    def holds(self, sid: int) -> bool:
+        """Whether the kernel page cache holds sample sid's pages: pushed (or read through
+        the daemon) and not forgotten, found dropped or cleared since. Such a sample is
+        neither pushed again nor read ahead."""
+        return bool(self.held[sid])
+
+    def opened(self, sid: int) -> None:
+        """Sample sid was opened: counted as opened pushed if its reads are the kernel's."""
+        if self.held[sid]:
+            self.stats.opens_pushed += 1
+
+    def push(self, items) -> None:
+        """Hand fetched samples' bytes, [(sid, bytes)], to the kernel page cache (in the
+        fetch's worker thread, after the event loop has them: a push waits for the locks of
+        the file's pages, and a reader's read of that file holds one until the loop answers
+        it)."""
+        kernel = self.kernel
+        if kernel is None:
+            return
+        held = self.held
+        todo = [(sid, data) for sid, data in items if not held[sid]]
+        self.stats.push_skipped += len(items) - len(todo)
+        if not todo:
+            return
+        errs = kernel.push([(self.ino_base + sid, data) for sid, data in todo])
+        for (sid, _), err in zip(todo, errs):
+            if err == 0:
+                held[sid] = True
+                self.stats.pushed += 1
+            elif err != errno.ENOENT and self.kernel is not None:
+                # (ENOENT: the kernel does not know the inode yet; that sample is not held)
+                log.warning("the kernel refused a page cache push (%s): serving reads from "
+                            "the daemon", os.strerror(err))
+                self.kernel = None
+
+    def read_through(self, sid: int) -> None:
+        """The daemon answered the read that reached the end of sample sid: the kernel keeps
+        the pages of what it read (keep_cache), as it keeps pushed ones."""
+        if self.kernel is not None:
+            self.held[sid] = True
+
+    def forgot(self, sid: int) -> None:
+        """The kernel forgot sample sid's inode, and with it its pages."""
+        if self.held[sid]:
+            self.stats.kernel_forgotten += 1
+            self.held[sid] = False
+
+    def lost(self, sid: int) -> bool:
+        """A read of sample sid reached the daemon: the kernel does not hold all its pages.
+        If they had been pushed, the kernel dropped some. One such sample costs its reader a
+        fetch (a miss); once more than DROP_SHARE of the pushed samples opened under this
+        order (and at least MIN_DROPS) were dropped, the kernel has likely dropped most of
+        them: every flag is cleared, so every sample is pushed again as it is fetched, and
+        True says so (the read-ahead then goes back for what it skipped). What is pushed
+        from then on is held again."""
+        if not self.held[sid]:
+            return False
+        self.held[sid] = False
+        self.stats.kernel_dropped += 1
+        self._drops += 1
+        opened = self.stats.opens_pushed - self._opens_at_order
+        if self.drops or self._drops < MIN_DROPS or self._drops <= DROP_SHARE * opened:
+            return False
+        self.drops = True
+        self.held[:] = False
+        log.info("the kernel dropped pages of %d of the %d pushed samples opened under the "
+                 "current order(s): what it was thought to hold is fetched and pushed again",
+                 self._drops, opened)
+        return True
+
+    def new_order(self) -> None:
+        """A new order: count drops afresh."""
+        self.drops = False
+        self._drops = 0
+        self._opens_at_order = self.stats.opens_pushed

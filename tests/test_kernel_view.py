@@ -1,0 +1,78 @@
+"""kernel_view.KernelView without a mount: what the daemon takes the kernel page cache to
+hold, from pushes, reads through, forgets and the drops reads show."""
+import errno
+
+from fusefs.core import Stats
+from fusefs.kernel_view import DROP_SHARE, MIN_DROPS, KernelView
+
+
+class Kernel:
+    """A kernel page cache that answers each push with the errno given for its inode."""
+
+    def __init__(self, errs=None):
+        self.errs = errs or {}
+        self.pushed = []
+
+    def push(self, items):
+        self.pushed += [ino for ino, _ in items]
+        return [self.errs.get(ino, 0) for ino, _ in items]
+
+
+def test_a_push_holds_what_the_kernel_stored_and_never_pushes_it_again():
+    stats, kernel = Stats(), Kernel({10 + 2: errno.ENOENT})
+    view = KernelView(4, stats, kernel, ino_base=10)
+    view.push([(0, b"a"), (1, b"b"), (2, b"c")])
+    assert kernel.pushed == [10, 11, 12]
+    assert [view.holds(s) for s in range(4)] == [True, True, False, False]  # (ENOENT: not held)
+    view.push([(0, b"a"), (2, b"c")])
+    assert kernel.pushed[3:] == [12] and stats.push_skipped == 1 and stats.pushed == 2
+    assert view.counters() == {"in_kernel": 2, "kernel_drops": False}
+    assert bytes(view.flags()) == b"\x01\x01\x00\x00"  # (the bytes the fast path reads)
+
+
+def test_a_refused_push_stops_the_pushes_and_without_a_kernel_nothing_is_held():
+    stats = Stats()
+    view = KernelView(3, stats, Kernel({0: errno.EPERM}))
+    view.push([(0, b"a")])
+    assert not view.pushes and not view.holds(0)
+    view.read_through(1)  # (no kernel cache: the reader's pages are not kept either)
+    assert not view.holds(1)
+    view.push([(2, b"c")])
+    assert stats.pushed == 0
+
+
+def test_a_forget_or_a_drop_clears_a_sample_and_counts_it():
+    stats = Stats()
+    view = KernelView(3, stats, Kernel())
+    view.push([(0, b"a"), (1, b"b")])
+    view.read_through(2)
+    assert all(view.holds(s) for s in range(3))
+    view.forgot(0)
+    view.forgot(0)  # (once)
+    assert stats.kernel_forgotten == 1 and not view.holds(0)
+    assert view.lost(1) is False and stats.kernel_dropped == 1 and not view.holds(1)
+    assert view.lost(1) is False and stats.kernel_dropped == 1  # (not held: no drop)
+    view.opened(2)
+    view.opened(0)
+    assert stats.opens_pushed == 1
+
+
+def test_many_drops_under_an_order_clear_every_flag_once_until_the_next_order():
+    n = 10 * MIN_DROPS
+    stats = Stats()
+    view = KernelView(n, stats, Kernel())
+    view.push([(s, b"x") for s in range(n)])
+    view.new_order()
+    for s in range(n):
+        view.opened(s)
+    # at most DROP_SHARE of the opened samples (and fewer than MIN_DROPS) dropped: trusted
+    few = min(MIN_DROPS - 1, int(DROP_SHARE * n))
+    assert not any(view.lost(s) for s in range(few))
+    assert not view.drops and view.holds(n - 1)
+    told = [view.lost(s) for s in range(few, n)]
+    assert told.count(True) == 1  # (the drop that crossed the line: every flag goes)
+    assert view.drops and not view.held.any()
+    view.push([(0, b"x")])  # (what is pushed from then on is held again)
+    assert view.holds(0)
+    view.new_order()
+    assert not view.drops
