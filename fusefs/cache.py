@@ -14,13 +14,16 @@ path's thread answers reads from the entries it is told of, fastpath.py).
 
 Pinned entries (`set_pins`: the samples of highest importance, within the static share of
 the budget) are never evicted. Bytes reserved for fetches under way count against the
-budget too, so the budget is never exceeded.
+budget too, so the budget is never exceeded. The cache keeps the ledger of reservations, one
+per sample (`reserve(sid, size, key)`): each is settled exactly once (`settle(sid)`, when the
+sample arrives, or when the fetch it was for is given up); settling a sample that holds none
+does nothing, so no caller needs to know who reserved what.
 
 An entry costs the budget its sample's bytes and `entry_overhead` more (ENTRY_OVERHEAD by
 default): what an entry takes beyond its bytes (its Python objects, its place in the
 eviction heap, and the holes that evicted samples of other sizes leave in the heap), as
 scripts/bench/bench_memory.py measures it (about 1.1 KB per entry of 0.5-3 KB samples).
-Reservations are counted the same way (`reserve(size)`, `unreserve(size, count)`).
+Reservations are counted the same way.
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ class SampleCache:
         self.pinned_bytes = 0
         self.used = 0
         self.reserved = 0
+        self._reservations: dict[int, int] = {}  # sid -> what its reservation costs the budget
         self.evictions = 0
         self.peak = 0
         self._entries: dict[int, bytes] = {}
@@ -139,19 +143,29 @@ class SampleCache:
                 mirror(sid, None)
         return True
 
-    def reserve(self, size: int, key: float = math.inf) -> bool:
-        """Set room aside for a fetch about to start of a sample of size bytes needed at
-        key (see policy.Policy.key), evicting only entries needed later."""
+    def reserve(self, sid: int, size: int, key: float = math.inf) -> bool:
+        """Set room aside for a fetch about to start of sample sid, of size bytes, needed at
+        key (see policy.Policy.key), evicting only entries needed later. A sample holds one
+        reservation at most (True at once if it holds one)."""
+        if sid in self._reservations:
+            return True
         need = size + self.overhead
         if not self._make_room(need, key):
             return False
+        self._reservations[sid] = need
         self.reserved += need
         self.peak = max(self.peak, self.used + self.reserved)
         return True
 
-    def unreserve(self, size: int, count: int = 1) -> None:
-        """Give back the reservations of count samples of size bytes in all."""
-        self.reserved -= size + count * self.overhead
+    def settle(self, sid: int) -> int:
+        """Give back sample sid's reservation (it arrived, or its fetch is not needed): the
+        bytes it held, 0 if it held none (settled already, or never reserved)."""
+        need = self._reservations.pop(sid, 0)
+        self.reserved -= need
+        return need
+
+    def holds_reservation(self, sid: int) -> bool:
+        return sid in self._reservations
 
     def put(self, sid: int, data: bytes, key: float = math.inf) -> bool:
         """Keep data if room can be made by evicting entries needed later than key (its

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 
-import numpy as np
 import trio
 
 from .store import MAX_READ
@@ -65,7 +64,7 @@ class Prefetcher:
     def __init__(self, index, policy, cache, fetcher, fetch_batch, readahead: int | None = None,
                  kernel_holds=lambda sid: False):
         """index: sample sizes and chunks; policy: the plans and next-use keys; cache: where
-        room is reserved; fetcher: node queues' requests; fetch_batch(sids, reserved,
+        room is reserved; fetcher: node queues' requests; fetch_batch(sids,
         claimed=...): runs a batch and delivers its samples (Reads.fetch_batch);
         kernel_holds(sid): whether the kernel page cache holds the sample (not read ahead)."""
         self.index, self.policy, self.cache, self.fetcher = index, policy, cache, fetcher
@@ -125,11 +124,11 @@ class Prefetcher:
     def reset(self) -> None:
         """A new order: forget the queued read-ahead of the old one (its reservations too);
         batches already running finish, and what they bring is kept only if still needed."""
-        sizes = self.index.size
+        settle = self.cache.settle
         for q in self.queues:
-            if q:
-                self.cache.unreserve(int(sizes[np.fromiter(q, np.int64, len(q))].sum()), len(q))
-                q.clear()
+            for sid in q:
+                settle(sid)
+            q.clear()
         self.queued.clear()
         self.heads.clear()
         self._fresh = True
@@ -193,7 +192,7 @@ class Prefetcher:
                 if pos >= end or plan.bytes_between(plan.frontier, pos) > self.readahead:
                     active.remove(item)  # covered, or as far ahead as it may look
                     continue
-                if not cache.reserve(sizes[sid], key(sid)):
+                if not cache.reserve(sid, sizes[sid], key(sid)):
                     return False  # the budget holds nothing needed later than this
                 node = node_of(sid)
                 self.queues[node][sid] = None
@@ -269,7 +268,7 @@ class Prefetcher:
         """Take back the reservations of queued samples needed later than key (from each
         node's queue tail, latest first) until nbytes are freed; the heads go back to the
         cursors so those samples are queued again when room allows. Returns bytes freed."""
-        sizes, key_of = self.index.size, self.policy.key
+        key_of = self.policy.key
         freed = 0
         while freed < nbytes:
             tails = [(key_of(next(reversed(q))), node) for node, q in enumerate(self.queues) if q]
@@ -280,9 +279,7 @@ class Prefetcher:
                 break
             sid = self.queues[node].popitem()[0]
             del self.queued[sid]
-            size = int(sizes[sid])
-            self.cache.unreserve(size)
-            freed += self.cache.cost(size)
+            freed += self.cache.settle(sid)
         if freed:
             self.heads.clear()
         return freed
@@ -307,7 +304,7 @@ class Prefetcher:
 
     async def _run_batch(self, node: int, batch: list[int], claimed: dict) -> None:
         try:
-            await self.fetch_batch(batch, set(batch), claimed=claimed)
+            await self.fetch_batch(batch, claimed=claimed)
         finally:
             self.running[node] -= 1
             self.wake()

@@ -136,35 +136,31 @@ class Reads:
         if self.nursery is None:
             raise RuntimeError("a read before Core.run: start the core's tasks first")
         k = self.fetcher.batch - 1
-        reserved = set(self.prefetcher.take_queued(sid))
-        batch = [sid] + [s for s in reserved if s != sid]
+        batch = [sid] + [s for s in self.prefetcher.take_queued(sid) if s != sid]
         if not self.policy.plans and sid - 1 in self._recent:
             chunk = self.index.chunk
             end = min(sid + 1 + k, self.index.n_files)
             batch += [s for s in range(sid + 1, end) if chunk[s] == chunk[sid]
                       and s not in self.cache and s not in self.fetcher.inflight]
         claimed = self.fetcher.claim(batch)
-        self.nursery.start_soon(functools.partial(self.fetch_batch, batch, reserved, keep=sid,
-                                                   claimed=claimed))
+        self.nursery.start_soon(functools.partial(self.fetch_batch, batch, keep=sid, claimed=claimed))
         pending = claimed[sid]
         await pending.wait()
         return pending.error or pending.data
 
-    async def fetch_batch(self, sids: list[int], reserved: set[int], keep: int | None = None,
-                          claimed=None) -> dict:
-        """Fetch sids (one node) as one batch; return what arrived for each. Reservations
-        (of the sids in `reserved`) are released as their samples arrive, or at once for
+    async def fetch_batch(self, sids: list[int], keep: int | None = None, claimed=None) -> dict:
+        """Fetch sids (one node) as one batch; return what arrived for each. A sample's
+        reservation in the cache (the read-ahead's) is settled as it arrives, or at once for
         one someone else is already fetching. `keep`: the sample a reader missed (see
         deliver). `claimed`: the fetcher's claim on sids, made by the caller (Fetcher.fetch)."""
-        sizes, inflight = self.index.size_v, self.fetcher.inflight
+        cache, inflight = self.cache, self.fetcher.inflight
         for sid in sids:
-            if sid in reserved and sid in inflight and not (claimed and sid in claimed):
-                self.cache.unreserve(sizes[sid])
+            if sid in inflight and not (claimed and sid in claimed):
+                cache.settle(sid)
         results = {}
 
         def deliver(s, r):
-            if s in reserved:
-                self.cache.unreserve(sizes[s])
+            cache.settle(s)
             results[s] = r
             self.deliver(s, r, missed=s == keep)
 

@@ -109,10 +109,11 @@ def test_cache_evicts_furthest_next_use_first_and_never_pins():
     c.put(1, b"a" * 10, key=5.0)
     c.put(2, b"b" * 10, key=50.0)
     assert c.free == 0
-    assert not c.reserve(10, key=60.0)     # everything cached is needed sooner
-    assert c.reserve(10, key=20.0)         # evicts sample 2 (needed at 50)
+    assert not c.reserve(5, 10, key=60.0)  # everything cached is needed sooner
+    assert c.reserve(5, 10, key=20.0)      # evicts sample 2 (needed at 50)
     assert 2 not in c and 1 in c and 9 in c
-    c.unreserve(10)
+    assert c.reserve(5, 10, key=20.0) and c.reserved == 10  # (one reservation a sample)
+    assert c.settle(5) == 10 and c.settle(5) == 0 and c.reserved == 0  # (settled once)
     assert c.put(2, b"b" * 10, key=40.0)   # full again
     c.rekey(1, math.inf)                   # used for the last time
     assert c.put(3, b"c" * 10, key=math.inf) and 1 not in c and 2 in c  # never-needed go first
@@ -178,8 +179,8 @@ def test_the_cache_mirror_holds_exactly_the_cached_entries():
             cache.drop(sid)
         elif rng.random() < 0.3:
             n = int(rng.integers(1, 900))  # (a fetch's room: may evict)
-            if cache.reserve(n, float(rng.integers(0, 100))):
-                cache.unreserve(n)
+            if cache.reserve(100 + sid, n, float(rng.integers(0, 100))):
+                cache.settle(100 + sid)
         else:
             cache.put(sid, bytes(int(rng.integers(1, 900))), float(rng.integers(0, 100)))
         assert held.keys() == cache._entries.keys()
