@@ -8,7 +8,8 @@ import os
 import re
 import sys
 
-from .config import CACHE_SIZE, DEFAULTS, STOP_SIGNALS, ConfigError, MountConfig, default_fast_threads
+from .config import (CACHE_SIZE, DEFAULTS, STOP_SIGNALS, ConfigError, FastPathConfig, FetchConfig, FilesConfig,
+                     LocalConfig, MetricsConfig, MountConfig, default_fast_threads)
 from .errors import UserError
 from .runtime import LOG_FILE_ENV, RotatingLog
 
@@ -157,8 +158,10 @@ def cmd_mount(a) -> int:
         return start_background(argv, a.mnt, a.log)
     for line in missing_native():
         logging.getLogger("fusefs").warning(line)
-    index, store = open_dataset(a.dst, a.retries, willneed=a.willneed)  # refuses a broken dataset before mounting
-    serve(index, store, a.mnt, mount_config(a, index.total_bytes), options=a.o or [], nonempty=a.nonempty)
+    fetch = fetch_config(a)
+    index, store = open_dataset(a.dst, fetch)  # refuses a broken dataset before mounting
+    serve(index, store, a.mnt, mount_config(a, index.total_bytes, fetch), options=a.o or [],
+          nonempty=a.nonempty)
     return 0
 
 
@@ -198,8 +201,16 @@ def apply_mount_options(a) -> None:
     a.o = [",".join(fuse)] if fuse else []
 
 
-def mount_config(a, dataset_bytes: int) -> MountConfig:
-    """The MountConfig of `fusefs mount`'s arguments (sizes may be shares of the dataset)."""
+def fetch_config(a) -> FetchConfig:
+    """How `fusefs mount`'s arguments read the storage nodes (checked before the dataset is
+    opened with it)."""
+    return FetchConfig(per_node=a.per_node, batch=a.batch, retries=a.retries, io_timeout=a.io_timeout,
+                       willneed=a.willneed)
+
+
+def mount_config(a, dataset_bytes: int, fetch: FetchConfig) -> MountConfig:
+    """The MountConfig of `fusefs mount`'s arguments (sizes may be shares of the dataset),
+    with fetch (fetch_config) as its fetch section."""
     if a.local_cache_size is not None and not a.local_cache:
         raise ConfigError("--local-cache-size needs --local-cache DIR")
     cache = parse_size(a.cache_size, whole=dataset_bytes)
@@ -207,16 +218,16 @@ def mount_config(a, dataset_bytes: int) -> MountConfig:
     if a.local_cache:
         local_bytes = default_local_size(a.local_cache, dataset_bytes) \
             if a.local_cache_size is None else parse_size(a.local_cache_size, whole=dataset_bytes)
-    return MountConfig(cache_bytes=cache, static_bytes=parse_size(a.static_cache, whole=cache),
-                       readahead=None if a.readahead is None else parse_size(a.readahead, whole=cache),
-                       per_node=a.per_node, batch=a.batch, retries=a.retries, io_timeout=a.io_timeout,
-                       kernel_cache=a.kernel_cache, willneed=a.willneed,
-                       fast_path=a.fast_path, fast_threads=a.fast_threads,
-                       control_gid=parse_group(a.control_group), local_dir=a.local_cache,
-                       order_bytes=None if a.order_memory is None else parse_size(a.order_memory, whole=cache),
-                       local_bytes=local_bytes, metrics_port=a.metrics_port,
-                       metrics_address=a.metrics_address, uid=parse_user(a.uid), gid=parse_group(a.gid),
-                       umask=a.umask, file_mode=a.file_mode, dir_mode=a.dir_mode)
+    return MountConfig(
+        cache_bytes=cache, static_bytes=parse_size(a.static_cache, whole=cache),
+        readahead=None if a.readahead is None else parse_size(a.readahead, whole=cache),
+        order_bytes=None if a.order_memory is None else parse_size(a.order_memory, whole=cache),
+        kernel_cache=a.kernel_cache, control_gid=parse_group(a.control_group), fetch=fetch,
+        files=FilesConfig(uid=parse_user(a.uid), gid=parse_group(a.gid), umask=a.umask,
+                          file_mode=a.file_mode, dir_mode=a.dir_mode),
+        fast_path=FastPathConfig(enabled=a.fast_path, threads=a.fast_threads),
+        local=LocalConfig(dir=a.local_cache, bytes=local_bytes),
+        metrics=MetricsConfig(port=a.metrics_port, address=a.metrics_address))
 
 
 def default_local_size(folder: str, dataset_bytes: int) -> int:
@@ -457,11 +468,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--local-cache-size", metavar="SIZE",
                    help="budget of --local-cache: bytes or %% of the dataset (default: the dataset, "
                         "at most 90%% of the free space there)")
-    s.add_argument("--per-node", type=int, default=DEFAULTS.per_node,
-                   help=f"backend requests in flight per storage node (default {DEFAULTS.per_node}; a request's "
+    s.add_argument("--per-node", type=int, default=DEFAULTS.fetch.per_node,
+                   help=f"backend requests in flight per storage node (default {DEFAULTS.fetch.per_node}; a request's "
                         "reads are advised at once, see --willneed)")
-    s.add_argument("--batch", type=int, default=DEFAULTS.batch,
-                   help=f"samples per backend request (default {DEFAULTS.batch}; smaller samples "
+    s.add_argument("--batch", type=int, default=DEFAULTS.fetch.batch,
+                   help=f"samples per backend request (default {DEFAULTS.fetch.batch}; smaller samples "
                         "are batched up to 1 MiB a request)")
     s.add_argument("--readahead", metavar="SIZE",
                    help="how far ahead of the readers the order is read: bytes or %% of the cache "
@@ -485,33 +496,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="every file's mode instead of its packed one (then --umask), e.g. 0444")
     s.add_argument("--dir-mode", type=parse_mode, metavar="OCTAL",
                    help="every folder's mode instead of its packed one (then --umask), e.g. 0555")
-    s.add_argument("--retries", type=int, default=DEFAULTS.retries,
+    s.add_argument("--retries", type=int, default=DEFAULTS.fetch.retries,
                    help="retries of a failed backend read, with doubling backoff from 0.1 s "
-                        f"(default {DEFAULTS.retries}; the index, read once at start, gets at least 16)")
-    s.add_argument("--io-timeout", type=float, default=DEFAULTS.io_timeout, metavar="SECONDS",
+                        f"(default {DEFAULTS.fetch.retries}; the index, read once at start, gets at least 16)")
+    s.add_argument("--io-timeout", type=float, default=DEFAULTS.fetch.io_timeout, metavar="SECONDS",
                    help="how long a read waits for a storage node that does not answer before it "
-                        f"gets EIO (default {DEFAULTS.io_timeout:g}, like an NFS hard mount within a bound; "
+                        f"gets EIO (default {DEFAULTS.fetch.io_timeout:g}, like an NFS hard mount within a bound; "
                         "0: give up after --retries, about 1.5 s, like NFS soft); reads from "
                         "the other nodes go on meanwhile")
     s.add_argument("--kernel-cache", action=argparse.BooleanOptionalAction, default=DEFAULTS.kernel_cache,
                    help="push samples into the kernel page cache as they are fetched "
                         "(notify_store), so their reads never reach the daemon (default on)")
-    s.add_argument("--fast-path", action=argparse.BooleanOptionalAction, default=DEFAULTS.fast_path,
+    s.add_argument("--fast-path", action=argparse.BooleanOptionalAction, default=DEFAULTS.fast_path.enabled,
                    help="answer the dataset files' lookup, open, ioctl, release, forget and the "
                         "reads of cached samples on a thread in C, outside the Python loop "
                         "(default on; fusefs/_fastpath.h, docs/ARCHITECTURE.md)")
     s.add_argument("--fast-threads", type=int, metavar="N",
                    help="threads of the fast path, each reading its own clone of /dev/fuse (default: "
                         f"one per 16 cores, 1 to 8: {default_fast_threads()} here)")
-    s.add_argument("--willneed", action=argparse.BooleanOptionalAction, default=DEFAULTS.willneed,
+    s.add_argument("--willneed", action=argparse.BooleanOptionalAction, default=DEFAULTS.fetch.willneed,
                    help="ask the backend's client for all of a request's reads at once "
                         "(posix_fadvise WILLNEED), so it fetches them concurrently while the "
                         "request reads them in order (default on)")
     s.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="also serve the Prometheus metrics (MNT/.fusefs/metrics) over HTTP on PORT "
                         "(default: no HTTP server)")
-    s.add_argument("--metrics-address", default=DEFAULTS.metrics_address, metavar="ADDR",
-                   help=f"address of the metrics server (default {DEFAULTS.metrics_address})")
+    s.add_argument("--metrics-address", default=DEFAULTS.metrics.address, metavar="ADDR",
+                   help=f"address of the metrics server (default {DEFAULTS.metrics.address})")
     s.add_argument("--log", "--log-file", dest="log",
                    help="log to this file (default: stderr in the foreground, for journald; with "
                         "--background /run/fusefs/NAME-HASH.log for root, else $XDG_RUNTIME_DIR/fusefs "

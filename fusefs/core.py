@@ -137,19 +137,19 @@ class Core:
         self.index = index
         self.store = store
         self.local = local
-        self.uid = os.getuid() if config.uid is None else config.uid
-        self.gid = os.getgid() if config.gid is None else config.gid
+        files = config.files
+        self.uid = os.getuid() if files.uid is None else files.uid
+        self.gid = os.getgid() if files.gid is None else files.gid
         # the permission bits shown (--file-mode, --dir-mode, --umask over the packed ones)
-        self.file_mode = presented_modes(index.mode, config.file_mode, config.umask)
-        self.dir_mode = presented_modes(index.dir_mode, config.dir_mode, config.umask)
+        self.file_mode = presented_modes(index.mode, files.file_mode, files.umask)
+        self.dir_mode = presented_modes(index.dir_mode, files.dir_mode, files.umask)
         self.control_gid = config.control_gid  # a group that may set orders too
         self.ctrl_dir = index.n_dirs + 1
         self.file_base = self.ctrl_dir + CTRL_SLOTS
         self.policy = Policy(index.size)
         self.cache = SampleCache(config.cache_bytes, config.static_bytes)
         self.stats = Stats()
-        self.fetcher = Fetcher(store, per_node=config.per_node, batch=config.batch,
-                               retries=config.retries, io_timeout=config.io_timeout, local=local)
+        self.fetcher = Fetcher(store, config.fetch, local=local)
         self.kernel_view = KernelView(index.n_files, self.stats, kernel, ino_base=self.file_base)
         self.reads = Reads(index, store, self.cache, self.policy, self.fetcher, self.stats,
                            self.kernel_view, local=local, readahead=config.readahead)

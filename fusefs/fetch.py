@@ -18,7 +18,7 @@ import time
 import numpy as np
 import trio
 
-from .config import DEFAULTS
+from .config import DEFAULTS, FetchConfig
 from .histogram import Histogram
 from .store import MAX_GAP, CorruptSample
 
@@ -117,9 +117,12 @@ class Fetcher:
     failed meanwhile), so a node that comes back is used again without a remount.
     """
 
-    def __init__(self, store, *, per_node: int = DEFAULTS.per_node, batch: int = DEFAULTS.batch,
-                 max_gap: int = MAX_GAP, retries: int = DEFAULTS.retries, backoff: float = 0.1,
-                 io_timeout: float = DEFAULTS.io_timeout, local=None):
+    def __init__(self, store, config: FetchConfig = DEFAULTS.fetch, *, max_gap: int = MAX_GAP,
+                 backoff: float = 0.1, local=None):
+        """store: the chunk files; config: requests per node, samples per request,
+        retries and io_timeout (config.FetchConfig); local: a LocalTier looked in before
+        the backend, or None."""
+        per_node = config.per_node
         self.store = store
         self.local = local  # a LocalTier looked in before the backend, or None
         # sid -> bytes while a worker thread pushes them. A push waits for the locks of the
@@ -137,11 +140,11 @@ class Fetcher:
         # smaller (tiny samples in batches of 16 paid a thread hand-off and a request's
         # overhead per 16: most of their cost at ImageNet's count, docs/HOTPATH.md)
         mean = index.total_bytes / max(1, index.n_files)
-        self.batch = max(batch, int(BATCH_BYTES // max(1.0, mean)))
+        self.batch = max(config.batch, int(BATCH_BYTES // max(1.0, mean)))
         self.max_gap = max_gap
-        self.retries = retries
+        self.retries = config.retries
         self.backoff = backoff
-        self.io_timeout = io_timeout
+        self.io_timeout = config.io_timeout
         self.max_backoff = MAX_BACKOFF
         # a node's own slots are per_node; the read-ahead may lend it idle ones of other
         # nodes up to max_per_node (Prefetcher.dispatch)

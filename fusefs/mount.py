@@ -16,7 +16,7 @@ import threading
 import trio
 
 from . import fastpath, pyfuse3
-from .config import DEFAULTS, STOP_SIGNALS, MountConfig, default_fast_threads
+from .config import DEFAULTS, STOP_SIGNALS, FetchConfig, MountConfig, default_fast_threads
 from .control import RENDER_EVERY
 from .control_socket import ControlSocket
 from .core import Core
@@ -43,13 +43,14 @@ class MountError(UserError):
 INDEX_RETRIES = 16
 
 
-def open_dataset(dst: str, retries: int = DEFAULTS.retries,
-                 willneed: bool = DEFAULTS.willneed) -> tuple[Index, ChunkStore]:
-    """Load the index and check every chunk file, or raise naming what is wrong."""
+def open_dataset(dst: str, fetch: FetchConfig = DEFAULTS.fetch) -> tuple[Index, ChunkStore]:
+    """Load the index and check every chunk file (with fetch's retries, at least
+    INDEX_RETRIES), or raise naming what is wrong."""
+    retries = max(fetch.retries, INDEX_RETRIES)
     try:
-        index = Index.load(os.path.join(dst, INDEX_NAME), retries=max(retries, INDEX_RETRIES))
-        store = ChunkStore(dst, index, willneed=willneed)
-        store.check(retries=max(retries, INDEX_RETRIES))
+        index = Index.load(os.path.join(dst, INDEX_NAME), retries=retries)
+        store = ChunkStore(dst, index, willneed=fetch.willneed)
+        store.check(retries=retries)
     except (IndexFormatError, StoreError) as e:
         raise MountError(str(e)) from None
     return index, store
@@ -126,9 +127,9 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
                              "-o nonempty mounts over them)")
         tune_malloc()
         local = None
-        if config.local_dir is not None:
+        if config.local.dir is not None:
             try:
-                local = LocalTier(config.local_dir, config.local_bytes, index)
+                local = LocalTier(config.local.dir, config.local.bytes, index)
             except LocalTierError as e:
                 raise MountError(str(e)) from None
             stack.callback(local.close)
@@ -147,16 +148,16 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
         core.count(control)
         core.count(MountInfo(os.path.abspath(mnt), os.path.abspath(store.root)))
         loop = {}  # the event loop's token, for the metrics server's thread
-        if config.metrics_port is not None:
+        if config.metrics.port is not None:
             from .metrics import serve_http
             try:
                 server = serve_http(lambda: trio.from_thread.run_sync(core.statistics, trio_token=loop["token"]),
-                                    config.metrics_port, config.metrics_address, every=RENDER_EVERY)
+                                    config.metrics.port, config.metrics.address, every=RENDER_EVERY)
             except OSError as e:
-                raise MountError(f"metrics on {config.metrics_address}:{config.metrics_port}: {e}") from None
+                raise MountError(f"metrics on {config.metrics.address}:{config.metrics.port}: {e}") from None
             stack.callback(server.server_close)
             stack.callback(server.shutdown)
-            log.info("metrics at http://%s:%d/metrics", config.metrics_address, server.server_port)
+            log.info("metrics at http://%s:%d/metrics", config.metrics.address, server.server_port)
         try:
             pyfuse3.init(ops, mnt, fuse_options(list(options), os.path.abspath(store.root)))
         except RuntimeError:  # (libfuse says why on stderr; this says what to do)
@@ -173,8 +174,8 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
         _tell_ready()
         log.info("mounted %s at %s: %d samples, %d chunks on %d node(s)", store.root, mnt,
                  index.n_files, len(index.chunks), len(index.nodes))
-        threads = config.fast_threads or default_fast_threads()
-        fast = _start_fast_path(core, ops, threads) if config.fast_path else None
+        threads = config.fast_path.threads or default_fast_threads()
+        fast = _start_fast_path(core, ops, threads) if config.fast_path.enabled else None
         log.info("opens: %s", f"answered in C (the fast path, {threads} thread{'s' * (threads > 1)})"
                  if fast else "answered by the daemon")
         trio.run(_main, core, loop, fast, stops, control)

@@ -70,7 +70,7 @@ def make_core(dst, *, local=None, kernel=None, **config):
     from fusefs.index import INDEX_NAME, Index
     from fusefs.store import ChunkStore
     ix = Index.load(os.path.join(dst, INDEX_NAME))
-    return Core(ix, ChunkStore(dst, ix), MountConfig(**config), local=local, kernel=kernel)
+    return Core(ix, ChunkStore(dst, ix), MountConfig.of(**config), local=local, kernel=kernel)
 
 
 @contextlib.asynccontextmanager

@@ -17,7 +17,7 @@ from conftest import corrupt_sample, serving
 
 def _core(dst, *, local=None, kernel=None, **config):
     ix = Index.load(os.path.join(dst, INDEX_NAME))
-    return Core(ix, ChunkStore(dst, ix), MountConfig(**config), local=local, kernel=kernel)
+    return Core(ix, ChunkStore(dst, ix), MountConfig.of(**config), local=local, kernel=kernel)
 
 
 async def read_sample(core, sid, off=0, size=1 << 20):

@@ -43,7 +43,7 @@ class FlakyStore(ChunkStore):
 def _flaky_core(dst, io_timeout=0.0):
     """A core over FlakyStore; io_timeout 0: a read gives up after its retries (soft)."""
     ix = Index.load(os.path.join(dst, INDEX_NAME))
-    core = Core(ix, FlakyStore(dst, ix), MountConfig(retries=3, io_timeout=io_timeout))
+    core = Core(ix, FlakyStore(dst, ix), MountConfig.of(retries=3, io_timeout=io_timeout))
     core.fetcher.backoff = 0.01
     return core
 
@@ -68,7 +68,7 @@ def test_a_read_waits_for_a_node_that_comes_back_while_the_others_are_served(tri
     waiting read gets its bytes: no EIO, one log line for down and one for up."""
     src, dst, files = tricky
     ix = Index.load(os.path.join(dst, INDEX_NAME))
-    core = Core(ix, ComesBack(dst, ix), MountConfig(retries=3, io_timeout=600))
+    core = Core(ix, ComesBack(dst, ix), MountConfig.of(retries=3, io_timeout=600))
     core.fetcher.backoff, core.fetcher.max_backoff = 0.01, 0.05
     store = core.store
     nonempty = [i for i in range(ix.n_files) if ix.size[i] > 0]

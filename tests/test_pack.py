@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from fusefs import chunk, pack as packmod
+from fusefs.config import FetchConfig
 from fusefs.index import INDEX_NAME, Index, IndexFormatError
 from fusefs.mount import MountError, open_dataset
 from testkit.mounts import resolve, running_mount
@@ -189,7 +190,7 @@ def test_a_failing_index_read_is_retried_longer_at_start_then_named(tricky, monk
 
     monkeypatch.setattr(indexmod, "_read_file", flaky)
     monkeypatch.setattr(indexmod.time, "sleep", waits.append)
-    index, _ = open_dataset(dst, retries=1)  # fails INDEX_RETRIES times, then reads
+    index, _ = open_dataset(dst, FetchConfig(retries=1))  # fails INDEX_RETRIES times, then reads
     assert index.n_files == sum(v is not None for v in tricky[2].values()) and fails["left"] == 0
     assert len(waits) == INDEX_RETRIES and max(waits) == 2.0 and waits[0] == 0.1
     assert caplog.text.count("read failed (Input/output error)") == INDEX_RETRIES
@@ -197,7 +198,7 @@ def test_a_failing_index_read_is_retried_longer_at_start_then_named(tricky, monk
     fails["left"] = INDEX_RETRIES + 1
     with pytest.raises(MountError, match=rf"{INDEX_NAME}: cannot read index \({INDEX_RETRIES} "
                                          r"retries\): Input/output error"):
-        open_dataset(dst, retries=1)
+        open_dataset(dst, FetchConfig(retries=1))
 
 
 def test_mixed_order_interleaves_classes_in_proportion():

@@ -87,7 +87,7 @@ def test_cached_samples_needed_late_do_not_stall_the_read_ahead(three_nodes):
     x_len = int(np.searchsorted(np.cumsum(ix.size[ids]), budget))  # X fills the cache
     x, rest = ids[:x_len].tolist(), ids[x_len:].tolist()
     store = GateStore(dst, ix)
-    core = Core(ix, store, MountConfig(cache_bytes=budget, batch=8))
+    core = Core(ix, store, MountConfig.of(cache_bytes=budget, batch=8))
     read_ahead_all(core, x + x)  # X read ahead and kept for its second use: no room left
     held_x = sum(sid in core.cache for sid in x)
     assert core.cache.free < int(ix.size.max()) + core.cache.overhead and held_x > 0
@@ -131,7 +131,7 @@ def test_the_default_read_ahead_refills_every_slot_with_a_full_batch(three_nodes
         store = GateStore(dst, ix)
         # (a budget whose sixteenth is less than a batch per slot, and whose quarter holds
         # two: the floor sets the depth)
-        core = Core(ix, store, MountConfig(cache_bytes=int(ix.total_bytes * 0.7), batch=4, per_node=2))
+        core = Core(ix, store, MountConfig.of(cache_bytes=int(ix.total_bytes * 0.7), batch=4, per_node=2))
         slots = 2 * len(core.fetcher.node_names)
         full = 4 * slots * ix.total_bytes / ix.n_files  # a batch per slot
         assert core.prefetcher.low_water >= full - 1  # (a refill's worth, rounded down)
@@ -283,7 +283,7 @@ def test_each_sample_reaches_its_reader_when_its_own_read_is_done(three_nodes, r
     dst, _ = three_nodes
     ix = Index.load(os.path.join(dst, INDEX_NAME))
     store = SlowStore(dst, ix)
-    core = Core(ix, store, MountConfig(cache_bytes=whole_set(ix), per_node=1, batch=8))
+    core = Core(ix, store, MountConfig.of(cache_bytes=whole_set(ix), per_node=1, batch=8))
     if runs == 2:  # a first run with another order fetches a few samples
         first = np.random.default_rng(9).permutation(ix.n_files).tolist()[:4]
         read_ahead_all(core, first)
@@ -357,7 +357,7 @@ def test_a_node_with_all_the_work_borrows_the_idle_nodes_slots(three_nodes):
     ix = Index.load(os.path.join(dst, INDEX_NAME))
     for order_nodes, want in (({0}, 4), ({0, 1, 2}, None)):
         store = PeakStore(dst, ix, delay=0.02)
-        core = Core(ix, store, MountConfig(cache_bytes=whole_set(ix), per_node=2, batch=2,
+        core = Core(ix, store, MountConfig.of(cache_bytes=whole_set(ix), per_node=2, batch=2,
                     readahead=ix.total_bytes))
         store.node_of_chunk = core.fetcher.chunk_node
         order = [s for s in np.random.default_rng(5).permutation(ix.n_files).tolist()
@@ -410,7 +410,7 @@ def test_a_miss_has_its_first_read_alone_and_the_read_ahead_does_not(three_nodes
     dst, _ = three_nodes
     ix = Index.load(os.path.join(dst, INDEX_NAME))
     store = FirstAloneStore(dst, ix)
-    core = Core(ix, store, MountConfig(cache_bytes=whole_set(ix), batch=8, readahead=ix.total_bytes))
+    core = Core(ix, store, MountConfig.of(cache_bytes=whole_set(ix), batch=8, readahead=ix.total_bytes))
     order = np.random.default_rng(6).permutation(ix.n_files).tolist()
 
     async def main():
@@ -436,14 +436,14 @@ def test_an_order_start_is_dealt_over_the_free_slots(three_nodes):
     dst, _ = three_nodes
     ix = Index.load(os.path.join(dst, INDEX_NAME))
     store = PositionStore(dst, ix)
-    core = Core(ix, store, MountConfig(cache_bytes=whole_set(ix), per_node=4, batch=16))
+    core = Core(ix, store, MountConfig.of(cache_bytes=whole_set(ix), per_node=4, batch=16))
     order = np.random.default_rng(7).permutation(ix.n_files).tolist()
     read_ahead_all(core, order)
     for node in range(3):
         head = [s for s in order if core.fetcher.node_of(s) == node][:16]
         assert all(store.position[s] <= i // 4 for i, s in enumerate(head)), [store.position[s] for s in head]
     store = PositionStore(dst, ix)
-    core = Core(ix, store, MountConfig(cache_bytes=whole_set(ix), per_node=4, batch=16))
+    core = Core(ix, store, MountConfig.of(cache_bytes=whole_set(ix), per_node=4, batch=16))
     order = [s for s in order if core.fetcher.node_of(s) == 0][:8]
     read_ahead_all(core, order)
     assert core.statistics()["backend_samples"] == 8

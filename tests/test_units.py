@@ -122,12 +122,12 @@ def test_the_mount_table_unescapes_and_finds_the_holder(monkeypatch, tmp_path):
 
 
 def test_mount_settings_are_checked_in_one_place():
-    assert DEFAULTS.per_node == 4 and DEFAULTS.batch == 16 and DEFAULTS.retries == 4
+    assert DEFAULTS.fetch.per_node == 4 and DEFAULTS.fetch.batch == 16 and DEFAULTS.fetch.retries == 4
     assert DEFAULTS.cache_bytes == 256 << 20
     for bad, why in ((dict(per_node=0), "per-node"), (dict(batch=0), "batch"), (dict(retries=-1), "retries"),
                      (dict(static_bytes=2, cache_bytes=1), "static cache"), (dict(local_bytes=5), "local cache")):
         with pytest.raises(ConfigError, match=why):
-            MountConfig(**bad)
+            MountConfig.of(**bad)
     assert issubclass(ConfigError, UserError)
 
 
