@@ -3,6 +3,7 @@
 docstrings and comments of fusefs/, trainer/, scripts/ and tests/ (the CHANGELOG tells
 history, and `out/…` is what benchmarks write)."""
 import ast
+import functools
 import glob
 import importlib
 import os
@@ -21,8 +22,9 @@ DOTTED = re.compile(r"(fusefs|trainer)(\.\w+)+")
 MEMBER = re.compile(r"([A-Z]\w*)\.([A-Za-z_]\w*)")
 
 
+@functools.cache
 def classes() -> dict[str, tuple[set, bool]]:
-    """Each class the project defines: (the names it defines or assigns on self, whether
+    """(Parsed once a run.) Each class the project defines: (the names it defines or assigns on self, whether
     all its bases are the project's own: else it may inherit what it does not define)."""
     found: dict[str, tuple[set, list]] = {}
     for path in SOURCES:
