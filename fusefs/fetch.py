@@ -14,6 +14,7 @@ import errno
 import logging
 import threading
 import time
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import trio
@@ -99,6 +100,152 @@ class Inbox:
                 log.exception("delivering results from a worker thread failed")
 
 
+@dataclass
+class NodeStats:
+    """One storage node's counters (the statistics' `nodes`)."""
+    requests: int = 0        # backend requests (a batch's reads, a try each)
+    reads: int = 0           # reads they made (adjacent samples coalesced)
+    samples: int = 0         # samples they brought (not the local tier's)
+    bytes: int = 0
+    errors: int = 0          # sample reads that failed
+    retries: int = 0         # sample reads tried again
+    failed_samples: int = 0  # samples given up on (EIO to their readers)
+
+
+class Node:
+    """A storage node: its counters, its batches under way, and whether it is down (its
+    reads failed after every retry), with one log line when it goes down and one, with
+    what waited and what failed meanwhile, when it answers again."""
+
+    def __init__(self, name: str, retries: int, io_timeout: float):
+        self.name = name
+        self.stats = NodeStats()
+        self.busy = 0            # batches started and not finished
+        self.down = False
+        self._retries, self._io_timeout = retries, io_timeout
+        self._down_since: tuple[float, int, int] | None = None  # (when, retries, failed) then
+
+    def counters(self) -> dict:
+        return {**asdict(self.stats), "down": self.down, "inflight": self.busy}
+
+    def answered(self) -> None:
+        """A read of the node succeeded: it is up."""
+        if not self.down:
+            return
+        self.down = False
+        since, retries, failed = self._down_since or (time.monotonic(), 0, 0)
+        self._down_since = None
+        log.warning("node %s answers again after %.1f s down: %d retries while it was down, "
+                    "%d sample(s) failed", self.name, time.monotonic() - since,
+                    self.stats.retries - retries, self.stats.failed_samples - failed)
+
+    def does_not_answer(self, error) -> None:
+        """Its reads still fail after every retry: it is down."""
+        if self.down:
+            return
+        self.down = True
+        self._down_since = (time.monotonic(), self.stats.retries, self.stats.failed_samples)
+        if self._io_timeout > 0:
+            log.error("node %s does not answer (%s): marked down; reads of its samples wait "
+                      "for it up to %g s", self.name, error, self._io_timeout)
+        else:
+            log.error("node %s marked down after %d retries (%s): its reads fail at once "
+                      "until one succeeds", self.name, self._retries, error)
+
+
+class Tries:
+    """A batch's tries on its node: after each, which failed samples are tried again and
+    after how long (doubling backoff; while io_timeout has not passed since the first
+    failure, the batch waits for the node, down or not; past it, or with io_timeout 0, a
+    down node's samples are not tried again)."""
+
+    def __init__(self, retries: int, backoff: float, max_backoff: float, io_timeout: float):
+        self.retries, self.backoff, self.max_backoff, self.io_timeout = retries, backoff, max_backoff, io_timeout
+        self.attempt = 0
+        self.first_failure: float | None = None
+
+    def gives_up(self, failed: list, node_down: bool) -> bool:
+        """Whether this try's failures mean the node does not answer (all its reads failed)."""
+        return bool(failed) and (self.attempt >= self.retries or node_down)
+
+    def next(self, failed: list, now: float, node_down: bool) -> tuple[list, float]:
+        """(the samples to try again, the wait before), and count this try."""
+        if failed and self.first_failure is None:
+            self.first_failure = now
+        patient = bool(failed) and now - self.first_failure < self.io_timeout
+        retry = failed if patient or (self.attempt < self.retries and not node_down) else []
+        delay = min(self.backoff * 2 ** self.attempt, self.max_backoff)
+        if patient:
+            delay = max(0.0, min(delay, self.first_failure + self.io_timeout - now))
+        self.attempt += 1
+        return retry, delay
+
+
+class Batch:
+    """One fetch of one node's samples: each Pending settled exactly once (`finish`), as
+    its sample arrives from the worker thread (`on_read`, then `arrived` on the loop) or
+    when the fetch ends (cancelled ones with FetchCancelled)."""
+
+    def __init__(self, fetcher: "Fetcher", node: Node, pendings: dict, deliver, push, unpushed):
+        self.fetcher, self.node, self.pendings = fetcher, node, pendings
+        self.deliver, self.push, self.unpushed = deliver, push, unpushed
+        self.from_local: set[int] = set()
+        token = trio.lowlevel.current_trio_token()
+        if fetcher._inbox is None or fetcher._inbox.token is not token:  # (one per trio run)
+            fetcher._inbox = Inbox(token)
+        self.inbox = fetcher._inbox
+
+    def finish(self, sid: int, r) -> None:
+        p = self.pendings.pop(sid)
+        if isinstance(r, Exception):
+            p.error = r
+            self.node.stats.failed_samples += 1
+        else:
+            p.data = r
+            if sid not in self.from_local:
+                self.node.stats.samples += 1
+        del self.fetcher.inflight[sid]
+        p.set()
+        self.deliver(sid, r)
+
+    def arrived(self, item) -> None:
+        """(The event loop, while the batch goes on.) Samples read: each delivered."""
+        got, local, nreads, nbytes = item
+        stats = self.node.stats
+        # (counted as the samples arrive: a sample served is a read counted)
+        stats.reads += nreads
+        stats.bytes += nbytes
+        if local:
+            self.from_local.update(got)
+        pendings = self.pendings
+        for sid, r in got.items():
+            if sid in pendings and not isinstance(r, Exception):
+                try:  # (an error here would end trio's run: leave it to the batch's end)
+                    self.finish(sid, r)
+                except Exception:
+                    log.exception("delivering sample %d on arrival failed", sid)
+
+    def on_read(self, got: dict, nreads: int = 0, nbytes: int = 0, local: bool = False) -> None:
+        """(The worker thread.) A group of reads is done: its samples to the loop, then
+        pushed into the kernel (the loop answers their readers meanwhile from `pushing`)."""
+        push, unpushed = self.push, self.unpushed
+        todo = [] if push is None else [(sid, r) for sid, r in got.items()
+                                        if sid != unpushed and not isinstance(r, Exception)]
+        pushing = self.fetcher.pushing
+        pushing.update(todo)  # (before the loop can learn that they arrived)
+        self.inbox.post(self.arrived, (got, local, nreads, nbytes))
+        if todo:
+            try:
+                push(todo)
+            finally:
+                for sid, _ in todo:
+                    pushing.pop(sid, None)
+
+    def cancel_rest(self) -> None:
+        for sid in list(self.pendings):
+            self.finish(sid, FetchCancelled())
+
+
 class Fetcher:
     """Batched, deduplicated backend reads with per-node bounds and retries.
 
@@ -151,13 +298,9 @@ class Fetcher:
         self.max_per_node = 2 * per_node
         self.limiters = [trio.CapacityLimiter(self.max_per_node) for _ in self.node_names]
         self.inflight: dict[int, Pending] = {}
-        self.busy = [0] * len(self.node_names)  # batches started and not finished, per node
-        self.node_stats = [dict(requests=0, reads=0, samples=0, bytes=0, errors=0, retries=0,
-                                failed_samples=0, down=False) for _ in self.node_names]
+        self.nodes = [Node(name, self.retries, self.io_timeout) for name in self.node_names]
         self.request_hist = Histogram()  # a backend request's time (a batch's reads, with its
         # wait for a thread slot)
-        # per node while it is down: (when, retries, failed_samples) at its going down
-        self._down_since: dict[int, tuple[float, int, int]] = {}
 
     def node_of(self, sid: int) -> int:
         return self._chunk_node_v[self._chunk_v[sid]]
@@ -183,108 +326,50 @@ class Fetcher:
         if not pendings:
             return
         sids = [s for s in sids if s in pendings]
-        node = self.node_of(sids[0])
-        self.busy[node] += 1
-        stats = self.node_stats[node]
-
-        from_local = set()
-
-        def finish(sid, r):
-            p = pendings.pop(sid)
-            if isinstance(r, Exception):
-                p.error = r
-                stats["failed_samples"] += 1
-            else:
-                p.data = r
-                if sid not in from_local:
-                    stats["samples"] += 1
-            del self.inflight[sid]
-            p.set()
-            deliver(sid, r)
-
-        token = trio.lowlevel.current_trio_token()
-        if self._inbox is None or self._inbox.token is not token:  # (one per trio run)
-            self._inbox = Inbox(token)
-        inbox = self._inbox
-
-        def arrived(item) -> None:  # in the trio thread, while the batch goes on
-            got, local, nreads, nbytes = item
-            # (counted as the samples arrive: a sample served is a read counted)
-            stats["reads"] += nreads
-            stats["bytes"] += nbytes
-            if local:
-                from_local.update(got)
-            for sid, r in got.items():
-                if sid in pendings and not isinstance(r, Exception):
-                    try:  # (an error here would end trio's run: leave it to the batch's end)
-                        finish(sid, r)
-                    except Exception:
-                        log.exception("delivering sample %d on arrival failed", sid)
-
-        pushing = self.pushing
-
-        def on_read(got: dict, nreads: int = 0, nbytes: int = 0, local: bool = False) -> None:
-            # (in the worker thread)
-            todo = [] if push is None else [(sid, r) for sid, r in got.items()
-                                            if sid != unpushed and not isinstance(r, Exception)]
-            pushing.update(todo)  # (before the loop can learn that they arrived)
-            inbox.post(arrived, (got, local, nreads, nbytes))
-            if todo:
-                try:
-                    push(todo)
-                finally:
-                    for sid, _ in todo:
-                        pushing.pop(sid, None)
-
+        n = self.node_of(sids[0])
+        node, limiter = self.nodes[n], self.limiters[n]
+        stats = node.stats
+        batch = Batch(self, node, pendings, deliver, push, unpushed)
+        tries = Tries(self.retries, self.backoff, self.max_backoff, self.io_timeout)
+        node.busy += 1
         try:
-            todo, attempt, first_failure = sids, 0, None
+            todo = sids
             while todo:
                 t0 = trio.current_time()
                 try:
                     results, local = await trio.to_thread.run_sync(
-                        self._read, todo, on_read, unpushed is not None,
-                        limiter=self.limiters[node])
+                        self._read, todo, batch.on_read, unpushed is not None, limiter=limiter)
                 except Exception as e:  # a bug, not a backend error (read_batch returns those)
-                    log.exception("fetch of %d samples from node %s failed", len(todo),
-                                  self.node_names[node])
+                    log.exception("fetch of %d samples from node %s failed", len(todo), node.name)
                     results, local = {s: OSError(errno.EIO, f"internal error: {e}")
                                       for s in todo}, ()
-                from_local.update(local)
+                batch.from_local.update(local)
                 backend = len(todo) - len(local)
                 if backend:
-                    stats["requests"] += 1
+                    stats.requests += 1
                     self.request_hist.observe(trio.current_time() - t0)
                 failed = [s for s in todo if isinstance(results[s], OSError)
                           and not isinstance(results[s], CorruptSample)]
-                stats["errors"] += len(failed)
+                stats.errors += len(failed)
                 if len(failed) < backend:  # the node answered
-                    self._set_down(node, False)
-                elif failed and (attempt >= self.retries or stats["down"]):
-                    self._set_down(node, True, results[failed[0]])
-                now = trio.current_time()
-                if failed and first_failure is None:
-                    first_failure = now
-                # wait for the node while within io_timeout of the first failure
-                patient = bool(failed) and now - first_failure < self.io_timeout
-                retry = failed if patient or (attempt < self.retries and not stats["down"]) else []
+                    node.answered()
+                elif tries.gives_up(failed, node.down):
+                    node.does_not_answer(results[failed[0]])
+                retry, delay = tries.next(failed, trio.current_time(), node.down)
                 for sid in todo:
                     if sid not in retry and sid in pendings:  # (not delivered on arrival)
-                        finish(sid, results[sid])
+                        batch.finish(sid, results[sid])
                 if retry:
-                    stats["retries"] += len(retry)
-                    if not stats["down"]:  # (a node marked down is silent until it answers)
+                    stats.retries += len(retry)
+                    if not node.down:  # (a node marked down is silent until it answers)
                         log.warning("node %s: %d sample(s) failed (%s), retry %d of %d",
-                                    self.node_names[node], len(retry), results[retry[0]],
-                                    attempt + 1, self.retries)
-                    delay = min(self.backoff * 2 ** attempt, self.max_backoff)
-                    if patient:
-                        delay = max(0.0, min(delay, first_failure + self.io_timeout - now))
+                                    node.name, len(retry), results[retry[0]], tries.attempt,
+                                    self.retries)
                     await trio.sleep(delay)
-                todo, attempt = retry, attempt + 1
+                todo = retry
         finally:  # also when cancelled: waiters must never hang
-            self.busy[node] -= 1
-            for sid in list(pendings):
-                finish(sid, FetchCancelled())
+            node.busy -= 1
+            batch.cancel_rest()
 
     def _read(self, sids: list[int], on_read, waited: bool):
         """(results, sids served by the local tier); blocking. on_read(results, reads, bytes)
@@ -300,33 +385,11 @@ class Fetcher:
         results.update(got)
         return results, got.keys()
 
-    def _set_down(self, node: int, down: bool, error=None) -> None:
-        """Mark the node down or up, with one log line each (up: how long it was down, and
-        what waited for it and what failed meanwhile)."""
-        stats = self.node_stats[node]
-        if stats["down"] == down:
-            return
-        stats["down"] = down
-        name = self.node_names[node]
-        if down:
-            self._down_since[node] = (time.monotonic(), stats["retries"], stats["failed_samples"])
-            if self.io_timeout > 0:
-                log.error("node %s does not answer (%s): marked down; reads of its samples wait "
-                          "for it up to %g s", name, error, self.io_timeout)
-            else:
-                log.error("node %s marked down after %d retries (%s): its reads fail at once "
-                          "until one succeeds", name, self.retries, error)
-            return
-        since, retries, failed = self._down_since.pop(node, (time.monotonic(), 0, 0))
-        log.warning("node %s answers again after %.1f s down: %d retries while it was down, "
-                    "%d sample(s) failed", name, time.monotonic() - since,
-                    stats["retries"] - retries, stats["failed_samples"] - failed)
-
     def is_down(self, node: int) -> bool:
-        return self.node_stats[node]["down"]
+        return self.nodes[node].down
 
     def counters(self) -> dict:
-        total = {f"backend_{k}": sum(n[k] for n in self.node_stats)
+        total = {f"backend_{k}": sum(getattr(n.stats, k) for n in self.nodes)
                  for k in ("requests", "reads", "bytes", "samples", "errors", "retries")}
-        return {**total, "backend_request_seconds": self.request_hist.snapshot(), "nodes": {name: dict(s, inflight=self.busy[i]) for i, (name, s)
-                                   in enumerate(zip(self.node_names, self.node_stats))}}
+        return {**total, "backend_request_seconds": self.request_hist.snapshot(),
+                "nodes": {node.name: node.counters() for node in self.nodes}}

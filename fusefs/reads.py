@@ -187,7 +187,7 @@ class Reads:
                         self.gave_up.popitem(last=False)
                 if not self.fetcher.is_down(self.fetcher.node_of(sid)):
                     # (a node that is down: its failed samples are counted, and told in one
-                    # line when it answers again: Fetcher._set_down)
+                    # line when it answers again: fetch.Node.answered)
                     chunk = int(self.index.chunk[sid])
                     log.error("EIO: node %s: %s: sample %s: backend read failed: %s",
                               self.fetcher.node_names[self.fetcher.node_of(sid)], self.store.chunk_path(chunk),

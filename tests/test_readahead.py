@@ -304,7 +304,7 @@ def test_each_sample_reaches_its_reader_when_its_own_read_is_done(three_nodes, r
             for sid in mine:
                 await read_whole(core, sid)
                 reads_done.append(sum(core.fetcher.chunk_node[k] == node for k in store.done))
-                counted.append((core.fetcher.node_stats[node]["reads"], core.fetcher.node_stats[node]["bytes"]))
+                counted.append((core.fetcher.nodes[node].stats.reads, core.fetcher.nodes[node].stats.bytes))
             n.cancel_scope.cancel()
     trio.run(main)
     assert core.statistics()["misses"] == 0
@@ -450,7 +450,7 @@ def test_an_order_start_is_dealt_over_the_free_slots(three_nodes):
     assert [store.position[s] for s in order] == [0] * 8
     # a request per run: samples of one chunk next to each other in the queue are one run
     runs = 1 + sum(ix.chunk[a] != ix.chunk[b] for a, b in zip(order, order[1:]))
-    assert core.fetcher.node_stats[0]["requests"] == runs >= 6
+    assert core.fetcher.nodes[0].stats.requests == runs >= 6
 
 
 def test_a_dispatched_sample_is_in_flight_before_its_batch_task_runs(three_nodes):
