@@ -3,6 +3,7 @@ each per-sample operation is run at two sizes a hundred times apart and its cost
 bytecode instructions (sys.settrace's opcode events: what Python does, never the clock);
 the C it calls (dicts, heapq, numpy) is O(1) or O(log n) by construction. The whole at
 ImageNet's count is scripts/bench/bench_scale.py (and bench_hotpath.py's `scale` row)."""
+import gc
 import sys
 
 import numpy as np
@@ -15,7 +16,9 @@ from conftest import make_core
 
 
 def opcodes(fn, *args) -> int:
-    """The bytecode instructions fn(*args) runs, its Python callees' included."""
+    """The bytecode instructions fn(*args) runs, its Python callees' included. (The garbage
+    collector is held meanwhile: a collection in the middle runs other tests' finalizers,
+    whose bytecode would count too.)"""
     count = [0]
 
     def trace(frame, event, arg):
@@ -23,11 +26,14 @@ def opcodes(fn, *args) -> int:
         if event == "opcode":
             count[0] += 1
         return trace
+    gc.collect()
+    gc.disable()
     sys.settrace(trace)
     try:
         fn(*args)
     finally:
         sys.settrace(None)
+        gc.enable()
     return count[0]
 
 
