@@ -5,7 +5,6 @@ history, and `out/…` is what benchmarks write)."""
 import ast
 import functools
 import glob
-import importlib
 import os
 import re
 
@@ -52,19 +51,58 @@ def classes() -> dict[str, tuple[set, bool]]:
     return own
 
 
+def lazy_names(path: str) -> dict[str, str]:
+    """A module with a module-level __getattr__ (trainer's): the names it loads lazily and
+    the module of each, from its top-level dicts of name -> module."""
+    body = ast.parse(open(path).read()).body
+    if not any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in body):
+        return {}
+    out = {}
+    for node in body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+            for k, v in zip(node.value.keys, node.value.values):
+                if isinstance(k, ast.Constant) and isinstance(v, ast.Constant) and isinstance(v.value, str):
+                    out[k.value] = v.value
+    return out
+
+
+def top_level_names(path: str) -> set[str]:
+    """The names a module of the checkout defines or imports at its top level (read, not
+    imported: trainer's modules would import torch)."""
+    names = set()
+    for node in ast.parse(open(path).read()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return names
+
+
 def resolves(dotted: str) -> bool:
+    """Whether a `fusefs.…`/`trainer.…` name exists: the longest prefix that is a module or
+    package of the checkout, then a name it defines or imports, then (a class's) a name
+    that class defines."""
     parts = dotted.split(".")
     for i in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
+        base = os.path.join(REPO, *parts[:i])
+        module = next((p for p in (base + ".py", os.path.join(base, "__init__.py")) if os.path.exists(p)), None)
+        if module is None:
+            if os.path.isdir(base) and i == len(parts):
+                return True  # (a package of compiled or other modules)
             continue
-        try:
-            for attr in parts[i:]:
-                obj = getattr(obj, attr)
-        except AttributeError:
-            return False
-        return True
+        rest = parts[i:]
+        if not rest:
+            return True
+        if rest[0] not in top_level_names(module):
+            lazy = lazy_names(module)
+            if rest[0] in lazy:
+                return resolves(".".join([lazy[rest[0]], *rest]))
+            return os.path.isdir(os.path.join(base, rest[0])) or os.path.exists(os.path.join(base, rest[0] + ".py"))
+        own = classes()
+        return len(rest) == 1 or (len(rest) == 2 and rest[0] in own and rest[1] in own[rest[0]][0])
     return False
 
 
@@ -121,4 +159,7 @@ def test_the_check_finds_a_name_that_is_gone():
     own = classes()
     assert "Core" in own and "statistics" in own["Core"][0] and "fetch_batch" not in own["Core"][0]
     assert resolves("fusefs.cache.SampleCache") and not resolves("fusefs.cache.NoSuchCache")
+    assert resolves("trainer.HybridTrainer") and not resolves("trainer.NoSuchTrainer")
+    gone = ".".join(["fusefs.cache.SampleCache", "no_such"])  # (spelled apart: not a citation)
+    assert resolves("fusefs.cache.SampleCache.put") and not resolves(gone)
     assert not os.path.exists(os.path.join(REPO, "scripts", "gluster.sh"))
