@@ -1,12 +1,8 @@
-"""What the packed dataset looks like as a filesystem, without any FUSE in it.
+"""The filesystem without any FUSE in it: a façade over its parts, which it makes.
 
-Inode numbers:
-    1 .. n_dirs                      directories (1 is the root, directory 0 of the index)
-    CTRL_DIR = n_dirs + 1            the hidden control folder `.fusefs`
-    CTRL_DIR + 1 ..                  its files (control.FILES of them, CTRL_SLOTS reserved)
-    FILE_BASE + sid                  the files; sid is the sample id in the index
-
-Lookups, attributes and listings come from the in-memory index (no backend I/O). A read
+Names, inodes, attributes and listings are the namespace's (namespace.py: from the
+in-memory index, no backend I/O); the orders are the order controller's (orders.py); the
+open handles and the bytes they hold between reads are the core's own. A read
 of a sample gets its whole verified bytes from reads.Reads (cache, fetch under way, or
 backend, batched with the samples the order needs next on the same storage node) and
 serves any offset and size from them. A fetched sample's bytes are also pushed into the
@@ -15,7 +11,9 @@ cached sample costs an open and a release (and the ioctl with which Python's ope
 isatty, answered by the binding in C: docs/HOTPATH.md). Closing a file is a use of its sample in the
 order (policy.py); the cache keeps it until its room is needed (cache.py). Core makes the
 parts, each with what it needs: policy, cache, fetcher (fetch.py), reads (which makes the
-read-ahead, prefetch.py), control namespace; its statistics merge their counters().
+read-ahead, prefetch.py), what the kernel holds (kernel_view.py), the names (namespace.py,
+with the control namespace, control.py), the orders (orders.py); its statistics merge their
+counters().
 Errors are FsError(errno); the FUSE adapter (fs.py) turns them into FUSEError.
 """
 from __future__ import annotations
@@ -24,18 +22,17 @@ import errno
 import logging
 import os
 import resource
-import stat
 import time
 
-import numpy as np
 import trio
 
 from .cache import SampleCache
-from .control import FH_BASE, FILES, ControlHooks, ControlNamespace
-from .entries import BLKSIZE, DATA_TIMEOUT, WRITE_FLAGS, Attr, FsError, OpenResult
-from .config import DEFAULTS, MountConfig, presented_modes
-from .index import CONTROL_NAME, Index
+from .control import FH_BASE, ControlHooks, ControlNamespace
+from .entries import WRITE_FLAGS, Attr, FsError, OpenResult
+from .config import DEFAULTS, MountConfig
+from .index import Index
 from .kernel_view import KernelView
+from .namespace import Namespace, control_dir
 from .orders import Orders, default_budget
 from .policy import Policy
 from .fetch import Fetcher
@@ -45,9 +42,6 @@ from .store import ChunkStore
 
 log = logging.getLogger("fusefs")
 
-ROOT = 1
-CTRL_SLOTS = 128  # inodes reserved for the control namespace: room for control.FILES to grow
-assert FILES < CTRL_SLOTS
 SID_BITS = 32  # a data file's handle is (serial << SID_BITS) | sample id
 SID_MASK = (1 << SID_BITS) - 1
 SERIAL_WRAP = 1 << 29  # serials wrap far below control handles (control.FH_BASE = 1 << 62)
@@ -137,18 +131,19 @@ class Core:
         self.index = index
         self.store = store
         self.local = local
-        files = config.files
-        self.uid = os.getuid() if files.uid is None else files.uid
-        self.gid = os.getgid() if files.gid is None else files.gid
-        # the permission bits shown (--file-mode, --dir-mode, --umask over the packed ones)
-        self.file_mode = presented_modes(index.mode, files.file_mode, files.umask)
-        self.dir_mode = presented_modes(index.dir_mode, files.dir_mode, files.umask)
         self.control_gid = config.control_gid  # a group that may set orders too
-        self.ctrl_dir = index.n_dirs + 1
-        self.file_base = self.ctrl_dir + CTRL_SLOTS
+        self.stats = Stats()
+        self.control = ControlNamespace(ControlHooks(
+            statistics=self.statistics, ids_table=self.ids_table,
+            chunk_table=lambda: index.chunk.astype("<u4").tobytes(),
+            trusted=self.trusted, control_gid=config.control_gid, started=self.stats.started,
+            socket_path=control_socket), control_dir(index))
+        self.namespace = Namespace(index, config.files, self.control)
+        # (the namespace's, which the adapter and the hot path read)
+        self.uid, self.gid = self.namespace.uid, self.namespace.gid
+        self.ctrl_dir, self.file_base = self.namespace.ctrl_dir, self.namespace.file_base
         self.policy = Policy(index.size)
         self.cache = SampleCache(config.cache_bytes, config.static_bytes)
-        self.stats = Stats()
         self.fetcher = Fetcher(store, config.fetch, local=local)
         self.kernel_view = KernelView(index.n_files, self.stats, kernel, ino_base=self.file_base)
         self.reads = Reads(index, store, self.cache, self.policy, self.fetcher, self.stats,
@@ -161,11 +156,6 @@ class Core:
         # the parts whose counters() make the statistics (count() adds the FUSE adapter's)
         self.counted = [self.stats, self.cache, self.fetcher, self.prefetcher, self.reads,
                         self.kernel_view, self.orders, *([local] if local is not None else [])]
-        self.control = ControlNamespace(ControlHooks(
-            statistics=self.statistics, ids_table=self.ids_table,
-            chunk_table=lambda: index.chunk.astype("<u4").tobytes(),
-            trusted=self.trusted, control_gid=config.control_gid, started=self.stats.started,
-            socket_path=control_socket), self.ctrl_dir)
         self._open = 0                       # data files open
         self._serial = 0
         # open file handle -> its sample's bytes, kept between its reads (a read that does not
@@ -205,83 +195,31 @@ class Core:
         goes (from the event loop)."""
         self._scope.cancel()
 
-    # ---- inodes ----------------------------------------------------------------------
+    # ---- names (the namespace's) -----------------------------------------------------
     def sid_of(self, ino: int) -> int | None:
-        sid = ino - self.file_base
-        return sid if 0 <= sid < self.index.n_files else None
+        return self.namespace.sid_of(ino)
 
-    def _dir_of(self, ino: int) -> int | None:
-        return ino - 1 if 1 <= ino <= self.index.n_dirs else None
-
-    def file_attr(self, sid: int) -> Attr:
-        ix = self.index
-        return Attr(self.file_base + sid, stat.S_IFREG | int(self.file_mode[sid]), int(ix.size[sid]),
-                    int(ix.mtime_ns[sid]))
-
-    def dir_attr(self, d: int) -> Attr:
-        ix = self.index
-        return Attr(d + 1, stat.S_IFDIR | int(self.dir_mode[d]), 0, int(ix.dir_mtime_ns[d]),
-                    nlink=2 + int(ix.dir_nsubs[d]))
-
-    # ---- metadata --------------------------------------------------------------------
     def lookup(self, parent: int, name: bytes) -> Attr:
-        if parent == ROOT and name == CONTROL_NAME:
-            return self.control.dir_attr()
-        if parent == self.ctrl_dir:
-            return self.control.lookup(name)
-        d = self._dir_of(parent)
-        if d is None:
-            raise FsError(errno.ENOTDIR)
-        sid = self.index.lookup_file(d, name)
-        if sid is not None:
-            return self.file_attr(sid)
-        sub = self.index.lookup_dir(d, name)
-        if sub is not None:
-            return self.dir_attr(sub)
-        raise FsError(errno.ENOENT)
+        return self.namespace.lookup(parent, name)
 
     def getattr(self, ino: int) -> Attr:
-        sid = self.sid_of(ino)
-        if sid is not None:
-            return self.file_attr(sid)
-        d = self._dir_of(ino)
-        if d is not None:
-            return self.dir_attr(d)
-        return self.control.getattr(ino)
+        return self.namespace.getattr(ino)
 
     def readdir(self, ino: int, start: int):
         """Yield (name, Attr, next_offset) from position start; `.fusefs` is never listed."""
-        if ino == self.ctrl_dir:
-            yield from self.control.readdir(start)
-            return
-        d = self._dir_of(ino)
-        if d is None:
-            raise FsError(errno.ENOTDIR)
-        ix = self.index
-        first_sub, nsubs = int(ix.dir_first_sub[d]), int(ix.dir_nsubs[d])
-        first_file, nfiles = int(ix.dir_first_file[d]), int(ix.dir_nfiles[d])
-        for pos in range(start, nsubs + nfiles):
-            if pos < nsubs:
-                sub = first_sub + pos
-                yield ix.dir_name(sub), self.dir_attr(sub), pos + 1
-            else:
-                sid = first_file + pos - nsubs
-                yield ix.file_name(sid), self.file_attr(sid), pos + 1
+        return self.namespace.readdir(ino, start)
 
     def opendir(self, ino: int) -> int:
-        if self._dir_of(ino) is None and ino != self.ctrl_dir:
-            raise FsError(errno.ENOTDIR)
-        return ino
+        return self.namespace.opendir(ino)
 
     def statfs(self) -> dict:
-        ix = self.index
-        return {"bsize": BLKSIZE, "blocks": (ix.total_bytes + BLKSIZE - 1) // BLKSIZE,
-                "files": ix.n_files + ix.n_dirs, "namemax": 255}
+        return self.namespace.statfs()
 
     def forget(self, inodes) -> None:
         """The kernel dropped these inodes, and with them their pages."""
+        sid_of = self.namespace.sid_of
         for ino in inodes:
-            sid = self.sid_of(ino)
+            sid = sid_of(ino)
             if sid is not None:
                 self._forgot(sid)
 
@@ -302,7 +240,7 @@ class Core:
         """The hot path: no I/O, no thread, no table entry; the handle carries the sample."""
         sid = ino - self.file_base
         if not 0 <= sid < self.index.n_files:
-            if self._dir_of(ino) is not None:
+            if self.namespace.dir_of(ino) is not None:
                 raise FsError(errno.EISDIR)
             return self.control.open(ino, flags, uid)
         if flags & WRITE_FLAGS:
@@ -320,17 +258,11 @@ class Core:
         """What the fast path needs to answer opens as open() does (fastpath.FastPath.start);
         it continues the handles' serials from here, reads the kernel view's flags as it
         answers reads (READ_LOST), and answers the lookups of files' names as lookup() does from
-        the index's tree."""
-        ix = self.index
-        tree = {
-            "dir_first_file": ix.dir_first_file, "dir_nfiles": ix.dir_nfiles,
-            "name_off": ix.file_name_off, "name_len": ix.file_name_len,
-            "names": np.frombuffer(ix.names, dtype=np.uint8), "size": ix.size, "mode": self.file_mode,
-            "mtime_ns": ix.mtime_ns, "uid": self.uid, "gid": self.gid, "timeout": DATA_TIMEOUT,
-            "blksize": BLKSIZE}
-        return {"file_base": self.file_base, "n_files": ix.n_files, "sid_bits": SID_BITS,
+        the index's tree (Namespace.tree)."""
+        return {"file_base": self.file_base, "n_files": self.index.n_files, "sid_bits": SID_BITS,
                 "serial": self._serial, "serial_wrap": SERIAL_WRAP, "write_flags": WRITE_FLAGS,
-                "events": EVENT_BITS, "kernel_flags": self.kernel_view.flags(), "tree": tree}
+                "events": EVENT_BITS, "kernel_flags": self.kernel_view.flags(),
+                "tree": self.namespace.tree()}
 
     def answered(self, events) -> None:
         """Opens, reads, releases and forgets of dataset files answered outside the loop

@@ -328,7 +328,7 @@ def test_a_crafted_index_with_valid_checksums_is_refused_or_served_right(tricky,
     with IndexFormatError, or every listing, lookup and getattr of the core over it answers
     (and every listing ends), the fast path takes its tree, and every read gives the right
     bytes or EIO."""
-    from fusefs.core import ROOT
+    from fusefs.namespace import ROOT
     from fusefs.index import ARRAY_DTYPES, FILE_ARRAYS, IndexFormatError
     from fusefs.store import ChunkStore
     from fusefs import pyfuse3

@@ -6,7 +6,8 @@ import pytest
 import trio
 
 from fusefs.config import MountConfig
-from fusefs.core import ROOT, Core
+from fusefs.core import Core
+from fusefs.namespace import ROOT
 from fusefs.entries import FsError
 from fusefs.index import INDEX_NAME, Index
 from fusefs.store import ChunkStore
