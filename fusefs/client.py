@@ -1,7 +1,6 @@
-"""The client side of a mount's control namespace `MNT/.fusefs/`: its names, and the calls
-a training process makes through it. Standard library and numpy only (no FUSE, no torch),
-so any framework can write an order; the daemon's control namespace (control.py) and the
-index's reserved name take their names from here.
+"""The client side of a mount's control namespace `MNT/.fusefs/`: the calls a training
+process makes through it (its names and the control socket's words: protocol.py).
+Standard library and numpy only (no FUSE, no torch), so any framework can write an order.
 
     from fusefs import client
     ids = client.paths_to_ids(paths)             # the mount's sample ids of files under it
@@ -20,28 +19,13 @@ import numpy as np
 
 from . import order as orderfmt
 from .mounts import mount_of
-
-CONTROL = ".fusefs"            # the hidden folder at the mount's root
-STATS = "stats"                # the daemon's counters, JSON
-METRICS = "metrics"            # the same in the Prometheus text exposition format
-IDS = "ids"                    # every sample's relative path, NUL-terminated; line k is id k
-CHUNKS = "chunks"              # the chunk of each sample, u32 little-endian per id
-ORDER = "order"                # order.<rank>; plain `order` is rank 0: the order in force
-CONTROL_SOCKET = "control"     # a symbolic link to the daemon's control socket
-MAX_RANKS = 64                 # order.0 .. order.63
-
-
-def order_name(rank: int) -> str:
-    if not 0 <= rank < MAX_RANKS:
-        raise ValueError(f"rank must lie in [0, {MAX_RANKS}), got {rank}")
-    return f"{ORDER}.{rank}"
+from .protocol import (BUSY, CHUNKS, CONTROL, CONTROL_SOCKET, DENIED, FSTYPE, IDS, OK, REFUSED, STATS,
+                       TOO_LARGE, order_name, order_request)
 
 
 def control_path(mount: str, name: str) -> str:
     return os.path.join(mount, CONTROL, name)
 
-
-FSTYPE = "fuse.fusefs"          # what the mount table says of a fusefs mount
 
 
 def find_mount(path: str) -> str:
@@ -164,20 +148,21 @@ def send_order(mount: str, data: bytes, rank: int = 0, patience: float = 30.0) -
         return _write_order_file(mount, data, rank)
     wait, deadline = 0.01, time.monotonic() + patience
     while True:
-        answer = _ask(target, b"order %d %d\n" % (rank, len(data)), data)
-        if answer != "busy" or time.monotonic() > deadline:
+        answer = _ask(target, order_request(rank, len(data)), data)
+        if answer != BUSY or time.monotonic() > deadline:
             break
         time.sleep(wait)
         wait = min(2 * wait, 0.5)
-    if answer == "ok":
+    if answer == OK:
         return
     what = f"the mount at {mount} refused the order for rank {rank}"
-    if answer.startswith("refused "):
-        raise OrderRefused(errno.EINVAL, f"{what} (the previous one stays in force): {answer[8:]}")
-    if answer == "denied":
+    if answer.startswith(REFUSED + " "):
+        raise OrderRefused(errno.EINVAL, f"{what} (the previous one stays in force): "
+                                         f"{answer[len(REFUSED) + 1:]}")
+    if answer == DENIED:
         raise PermissionError(errno.EACCES, f"{what}: only root, the user who mounted and the "
                               "members of its --control-group may set orders")
-    if answer == "too large":
+    if answer == TOO_LARGE:
         raise OSError(errno.EFBIG, f"{what}: larger than any valid order for its dataset")
     raise OSError(errno.EIO, f"{what}: the daemon answered {answer!r}")
 

@@ -21,8 +21,8 @@ import stat
 from dataclasses import dataclass
 from typing import Callable
 
-from . import client
-from .client import MAX_RANKS
+from . import protocol
+from .protocol import MAX_RANKS
 from .entries import WRITE_FLAGS, Attr, FsError, OpenResult
 from .throttle import throttled
 
@@ -73,7 +73,7 @@ class _Throttled(ControlFile):
 class StatsFile(_Throttled):
     """`.fusefs/stats`: the daemon's counters as JSON."""
 
-    name = client.STATS.encode()
+    name = protocol.STATS.encode()
 
     def text(self, stats: dict) -> bytes:
         return (json.dumps(stats, indent=1, sort_keys=True) + "\n").encode()
@@ -82,7 +82,7 @@ class StatsFile(_Throttled):
 class MetricsFile(_Throttled):
     """`.fusefs/metrics`: the same counters in the Prometheus text exposition format."""
 
-    name = client.METRICS.encode()
+    name = protocol.METRICS.encode()
 
     def text(self, stats: dict) -> bytes:
         from .metrics import exposition
@@ -92,7 +92,7 @@ class MetricsFile(_Throttled):
 class IdsFile(ControlFile):
     """`.fusefs/ids`: every sample's relative path, NUL-terminated; line k is id k."""
 
-    name = client.IDS.encode()
+    name = protocol.IDS.encode()
     private = True
 
     def __init__(self, hooks: ControlHooks):
@@ -106,7 +106,7 @@ class ChunksFile(ControlFile):
     """`.fusefs/chunks`: the chunk that holds each sample, u32 little-endian per id (for
     chunk-block orders, trainer/orders.py)."""
 
-    name = client.CHUNKS.encode()
+    name = protocol.CHUNKS.encode()
 
     def __init__(self, hooks: ControlHooks):
         self.hooks = hooks
@@ -124,7 +124,7 @@ class OrderFile(ControlFile):
     def __init__(self, hooks: ControlHooks, rank: int):
         self.hooks = hooks
         self.rank = rank
-        self.name = client.order_name(rank).encode()
+        self.name = protocol.order_name(rank).encode()
         self.listed = False
         self.current = b""
 
@@ -135,7 +135,7 @@ class OrderFile(ControlFile):
 class ControlLink(ControlFile):
     """`.fusefs/control`: a symbolic link to the control socket (control_socket.py)."""
 
-    name = client.CONTROL_SOCKET.encode()
+    name = protocol.CONTROL_SOCKET.encode()
 
     def __init__(self, hooks: ControlHooks):
         self.hooks = hooks
@@ -159,7 +159,7 @@ class ControlNamespace:
         self.files += [OrderFile(hooks, rank) for rank in range(MAX_RANKS)]
         assert len(self.files) == FILES
         self._slots = {f.name: slot for slot, f in enumerate(self.files) if f.present}
-        self._slots[client.ORDER.encode()] = self._slots[client.order_name(0).encode()]
+        self._slots[protocol.ORDER.encode()] = self._slots[protocol.order_name(0).encode()]
         self._handles: dict[int, _Handle] = {}
         self._next_fh = FH_BASE
 
@@ -201,7 +201,7 @@ class ControlNamespace:
         return self.dir_attr() if ino == self.base else self._attr(self._slot(ino))
 
     def readdir(self, start: int):
-        order = client.ORDER.encode()
+        order = protocol.ORDER.encode()
         entries = [(order, self._slots[order])] + [
             (f.name, slot) for slot, f in enumerate(self.files) if f.listed]
         for pos in range(start, len(entries)):
@@ -241,7 +241,7 @@ class ControlNamespace:
 
     def show_order(self, rank: int, data: bytes) -> None:
         """rank's order in force is now data: `order.<rank>` shows it."""
-        self.files[self._slots[client.order_name(rank).encode()]].current = data
+        self.files[self._slots[protocol.order_name(rank).encode()]].current = data
 
     @property
     def open_handles(self) -> int:

@@ -9,6 +9,8 @@ symbolic link `MNT/.fusefs/control`. A client connects to the link's target
     order RANK SIZE\\n + SIZE bytes (an order, order.py's format)
       -> ok | refused WHY | denied | too large | busy | bad request
 
+(the words: protocol.py, which the client reads too)
+
 Trust: the kernel tells who connects (SO_PEERCRED, and SO_PEERGROUPS for the supplementary
 groups); root, the daemon's user and, with --control-group, that group's members may set
 orders, anyone else is `denied` at once, before the connection takes a slot. Limits: SIZE at
@@ -32,7 +34,7 @@ from typing import Awaitable, Callable
 
 import trio
 
-from .client import MAX_RANKS
+from .protocol import BAD_REQUEST, BUSY, DENIED, MAX_RANKS, OK, ORDER_VERB, REFUSED, TOO_LARGE
 from .entries import FsError
 
 log = logging.getLogger("fusefs")
@@ -109,16 +111,16 @@ class ControlSocket:
                 try:
                     uid, groups = _peer(conn)
                     if not self.may_control(uid, groups):  # (before it takes a slot)
-                        refusal = "denied"
+                        refusal, counted = DENIED, "denied"
                     elif self.active >= MAX_CONNECTIONS - (0 if self.trusted(uid) else 1):
-                        refusal = "busy"
+                        refusal, counted = BUSY, "busy"
                 except OSError:
-                    refusal = "bad"
+                    refusal, counted = BAD_REQUEST, "bad"
                 if refusal is None:
                     self.active += 1
                     nursery.start_soon(self._serve_one, conn)
                     continue
-                self.counts[refusal] += 1
+                self.counts[counted] += 1
                 with conn, trio.move_on_after(1):  # (a line fits the empty buffer at once)
                     try:
                         await _send(conn, refusal.encode() + b"\n")
@@ -149,18 +151,18 @@ class ControlSocket:
         try:
             verb, rank, size = header.split(b" ")
             rank, size = int(rank), int(size)
-            if verb != b"order" or not 0 <= rank < MAX_RANKS or size < 0:
+            if verb != ORDER_VERB or not 0 <= rank < MAX_RANKS or size < 0:
                 raise ValueError
         except ValueError:
             self.counts["bad"] += 1
-            return b"bad request"
+            return BAD_REQUEST.encode()
         if size > self.limit:
             self.counts["too_large"] += 1
-            return b"too large"
+            return TOO_LARGE.encode()
         data = await _exactly(conn, rest, size)
         if data is None:
             self.counts["bad"] += 1
-            return b"bad request"
+            return BAD_REQUEST.encode()
         return rank, data
 
     async def _commit(self, rank: int, data: bytes) -> bytes:
@@ -168,9 +170,9 @@ class ControlSocket:
             await self.commit(rank, data)
         except FsError as e:
             self.counts["refused"] += 1
-            return b"refused " + " ".join(str(e).split()).encode()
+            return f"{REFUSED} {' '.join(str(e).split())}".encode()
         self.counts["accepted"] += 1
-        return b"ok"
+        return OK.encode()
 
 
 def _peer(conn) -> tuple[int, set[int]]:

@@ -34,7 +34,7 @@ import xxhash
 
 from . import beneath
 from . import chunk as chunkfmt
-from .client import CONTROL
+from .protocol import CONTROL
 from .errors import UserError
 
 log = logging.getLogger("fusefs")

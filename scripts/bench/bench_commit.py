@@ -24,7 +24,7 @@ import numpy as np
 
 from common import REPO, JsonLines, side_by_side
 
-from fusefs import client
+from fusefs import client, protocol
 from fusefs import order as orderfmt
 from testkit.mounts import running_mount
 from testkit.synth import make_packed
@@ -45,7 +45,7 @@ def run(dst: str, mnt: str, n: int, ranks: int, env: dict, label: str) -> dict:
         lat, stop, busy = [], threading.Event(), threading.Event()
 
         def ask():
-            ctl = os.path.join(mnt, client.CONTROL)
+            ctl = os.path.join(mnt, protocol.CONTROL)
             while not stop.is_set():
                 t = time.perf_counter()
                 os.stat(ctl)
