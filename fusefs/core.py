@@ -36,27 +36,14 @@ from .namespace import Namespace, control_dir
 from .orders import Orders, default_budget
 from .policy import Policy
 from .fetch import Fetcher
+from .handles import (EVENT_BITS, READ, READ_END, READ_LOST, RELEASED, SERIAL_WRAP, SID_BITS, SID_MASK,
+                      Handles, held_cap)
 from .histogram import Histogram
 from .reads import Reads
 from .store import ChunkStore
 
 log = logging.getLogger("fusefs")
 
-SID_BITS = 32  # a data file's handle is (serial << SID_BITS) | sample id
-SID_MASK = (1 << SID_BITS) - 1
-SERIAL_WRAP = 1 << 29  # serials wrap far below control handles (control.FH_BASE = 1 << 62)
-# the fast path's events (fusefs/_fastpath.h): a handle opened; RELEASED | handle released;
-# READ | sample read from the bytes held for it (| READ_END: up to the sample's end;
-# | READ_LOST: the kernel view held the sample when the read was answered); FORGOTTEN |
-# sample: the kernel forgot the sample's inode
-RELEASED = 1 << 63
-READ = 1 << 62
-READ_END = 1 << 61
-READ_LOST = 1 << 60
-FORGOTTEN = RELEASED | READ  # (a released handle never has READ's bit)
-EVENT_BITS = (RELEASED, READ, READ_END, READ_LOST)  # handed to the fast path at its start
-assert SERIAL_WRAP << SID_BITS <= min(RELEASED, READ) and 1 << SID_BITS <= min(READ_END, READ_LOST)
-HELD_MIN = 8 << 20  # bytes open handles may keep between reads, at least (else budget / 8)
 
 
 class Stats:
@@ -156,14 +143,8 @@ class Core:
         # the parts whose counters() make the statistics (count() adds the FUSE adapter's)
         self.counted = [self.stats, self.cache, self.fetcher, self.prefetcher, self.reads,
                         self.kernel_view, self.orders, *([local] if local is not None else [])]
-        self._open = 0                       # data files open
-        self._serial = 0
-        # open file handle -> its sample's bytes, kept between its reads (a read that does not
-        # reach the sample's end), together at most held_cap bytes: past it a handle's next
-        # read asks the cache (or the backend) again instead of growing the daemon
-        self._held: dict[int, bytes] = {}
-        self._held_bytes = 0
-        self.held_cap = max(HELD_MIN, config.cache_bytes // 8)
+        self.handles = Handles(held_cap(config.cache_bytes))  # open files, what they keep
+        self.n_files = index.n_files
         self._ids_table: bytes | None = None
         self._scope = trio.CancelScope()  # run()'s
 
@@ -239,20 +220,15 @@ class Core:
     def open(self, ino: int, flags: int, uid: int | None = None) -> OpenResult:
         """The hot path: no I/O, no thread, no table entry; the handle carries the sample."""
         sid = ino - self.file_base
-        if not 0 <= sid < self.index.n_files:
+        if not 0 <= sid < self.n_files:
             if self.namespace.dir_of(ino) is not None:
                 raise FsError(errno.EISDIR)
             return self.control.open(ino, flags, uid)
         if flags & WRITE_FLAGS:
             raise FsError(errno.EROFS)
-        self._count_open(sid)
-        self._serial = (self._serial + 1) % SERIAL_WRAP
-        return OpenResult(fh=(self._serial << SID_BITS) | sid)
-
-    def _count_open(self, sid: int) -> None:
         self.stats.opens += 1
         self.kernel_view.opened(sid)
-        self._open += 1
+        return OpenResult(fh=self.handles.new(sid))
 
     def fast_path_args(self) -> dict:
         """What the fast path needs to answer opens as open() does (fastpath.FastPath.start);
@@ -260,7 +236,7 @@ class Core:
         answers reads (READ_LOST), and answers the lookups of files' names as lookup() does from
         the index's tree (Namespace.tree)."""
         return {"file_base": self.file_base, "n_files": self.index.n_files, "sid_bits": SID_BITS,
-                "serial": self._serial, "serial_wrap": SERIAL_WRAP, "write_flags": WRITE_FLAGS,
+                "serial": self.handles.serial, "serial_wrap": SERIAL_WRAP, "write_flags": WRITE_FLAGS,
                 "events": EVENT_BITS, "kernel_flags": self.kernel_view.flags(),
                 "tree": self.namespace.tree()}
 
@@ -269,6 +245,7 @@ class Core:
         (fastpath), in the order they came: an open's handle, a release's with RELEASED
         set, a read's sample with READ set (and READ_END where it reached the sample's end),
         a forgotten sample with FORGOTTEN set."""
+        stats, kernel_view, handles = self.stats, self.kernel_view, self.handles
         for e in events:
             if e >= RELEASED:
                 if e & READ:
@@ -279,8 +256,9 @@ class Core:
                 self.stats.reads += 1
                 self.reads.answered(e & SID_MASK, bool(e & READ_END), bool(e & READ_LOST))
             else:
-                self._count_open(e & SID_MASK)
-                self._serial = e >> SID_BITS  # (one sequence of handles)
+                stats.opens += 1
+                kernel_view.opened(e & SID_MASK)
+                handles.opened(e)  # (one sequence of handles)
 
     def _sid_of_fh(self, fh: int) -> int | None:
         return fh & SID_MASK if fh < FH_BASE else None
@@ -294,13 +272,11 @@ class Core:
         end = self.index.size_v[sid]
         if off >= end:
             return b""
-        data = self._held.get(fh)
+        data = self.handles.held.get(fh)
         if data is None:  # an open file keeps its bytes, whatever the cache does meanwhile
             data = await self.reads.fetch(sid)
-            # (another read of this handle may have kept them while this one waited: once)
-            if off + size < end and fh not in self._held and self._held_bytes + len(data) <= self.held_cap:
-                self._held[fh] = data
-                self._held_bytes += len(data)
+            if off + size < end:  # (another read of this handle may have kept them meanwhile)
+                self.handles.keep(fh, data)
         else:
             self.stats.hits += 1
         out = data[off:off + size]
@@ -314,11 +290,7 @@ class Core:
             self.control.release(fh)
             return
         self.stats.releases += 1
-        self._open -= 1
-        if self._held:
-            data = self._held.pop(fh, None)
-            if data is not None:
-                self._held_bytes -= len(data)
+        self.handles.released(fh)
         self.use(fh & SID_MASK)
 
     def readlink(self, ino: int) -> bytes:
@@ -328,7 +300,7 @@ class Core:
 
     @property
     def open_handles(self) -> int:
-        return self._open + self.control.open_handles
+        return self.handles.open + self.control.open_handles
 
     # ---- the order -------------------------------------------------------------------
     def set_order(self, rank: int, data: bytes) -> None:
@@ -380,7 +352,7 @@ class Core:
     def statistics(self) -> dict:
         """Every part's counters, merged (merge_counters), with what they make together."""
         out = {"samples": self.index.n_files, "dataset_bytes": self.index.total_bytes,
-               "open_handles": self.open_handles, "held_bytes": self._held_bytes,
+               "open_handles": self.open_handles, "held_bytes": self.handles.held_bytes,
                "requests": {}, "fast_path_requests": None,
                "local_hits": 0, "local": None}
         for part in self.counted:

@@ -49,7 +49,7 @@ class FastPath:
               tree=None, threads: int = 1) -> None:
         """Start the thread (after pyfuse3.init, before pyfuse3.main); handles continue the
         core's serials; events: the bits the core reads its events by (released, read,
-        read_end, read_lost: core.EVENT_BITS), the only copy of them. kernel_flags: one byte per sample, nonzero while the core takes the
+        read_end, read_lost: handles.EVENT_BITS), the only copy of them. kernel_flags: one byte per sample, nonzero while the core takes the
         kernel to hold its pages (read by the thread as it answers a read: READ_LOST).
         tree: the index's arrays the thread answers the lookups of files' names from
         (pyfuse3.fast_path_tree), or None: the loop answers every lookup. threads: how many

@@ -419,12 +419,12 @@ def test_the_crafted_indexes_found_by_hand_are_refused(tricky, case):
 # ---- memory ----------------------------------------------------------------------------------
 def test_bytes_kept_for_open_handles_stay_within_their_cap(tricky):
     """Another user holding 800 handles open, each read a byte at a time (as O_DIRECT reads
-    do), makes the daemon keep at most held_cap bytes for them; the reads stay right."""
+    do), makes the daemon keep at most Handles.cap bytes for them; the reads stay right."""
     from conftest import serving
-    from fusefs.core import HELD_MIN
+    from fusefs.handles import HELD_MIN
     _, dst, files = tricky
     core = make_core(dst, cache_bytes=1 << 20)
-    assert core.held_cap == HELD_MIN
+    assert core.handles.cap == HELD_MIN
     big = [sid for sid in range(core.index.n_files) if core.index.size[sid] >= 70_000]
     want = {sid: files[os.fsdecode(core.index.file_path(sid))] for sid in big}
 
@@ -435,11 +435,11 @@ def test_bytes_kept_for_open_handles_stay_within_their_cap(tricky):
             for off in (0, 1):
                 for fh, sid in fhs:
                     assert await core.read(fh, off, 1) == want[sid][off:off + 1]
-                    assert core._held_bytes <= core.held_cap
-            assert core.statistics()["held_bytes"] == core._held_bytes > 0
+                    assert core.handles.held_bytes <= core.handles.cap
+            assert core.statistics()["held_bytes"] == core.handles.held_bytes > 0
             for fh, _ in fhs:
                 core.release(fh)
-            assert core._held_bytes == 0 and core._held == {}
+            assert core.handles.held_bytes == 0 and core.handles.held == {}
     trio.run(go)
 
 
@@ -507,7 +507,7 @@ def test_handles_another_user_holds_open_keep_the_daemon_within_its_cap(attacker
     reaches the daemon): 240 MB of samples, before, kept for them beside a 1 MiB budget."""
     import subprocess
     from fusefs.client import mount_stats
-    from fusefs.core import HELD_MIN
+    from fusefs.handles import HELD_MIN
     mnt, proc, files = shared_mount
     before = resident_bytes_of(proc.pid)
     p = as_attacker(attacker, HOLD, mnt, stdin=subprocess.PIPE)

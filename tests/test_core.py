@@ -158,7 +158,7 @@ def test_opens_and_releases_answered_on_the_fast_path_count_as_the_loops_do(tric
     statistics and the order's cursor as opening and releasing through the core does, and
     the thread's handles continue the core's serials."""
     from fusefs import order as orderfmt
-    from fusefs.core import RELEASED, SID_BITS
+    from fusefs.handles import RELEASED, SID_BITS
     src, dst, files = tricky
     looped, fast = _core(dst), _core(dst)
     order = [3, 1, 4, 1, 5]
@@ -185,7 +185,7 @@ def test_reads_answered_on_the_fast_path_count_as_the_loops_do(tricky):
     for it (cache.mirror_to) and hands them over as events (the sample with READ set,
     READ_END where the read reached its end): applied, they leave the statistics and what
     the daemon takes the kernel to hold as the loop's reads of the same samples do."""
-    from fusefs.core import READ, READ_END, READ_LOST
+    from fusefs.handles import READ, READ_END, READ_LOST
     from fusefs.fs import KernelCache
     _, dst, files = tricky
     # (the kernel page cache: what reads tell of the kernel, read_through)
@@ -224,7 +224,7 @@ def test_forgets_answered_on_the_fast_path_count_as_the_loops_do(tricky):
     """The fast path's thread drops every forget (it needs no answer) and hands a dataset
     file's over as an event (FORGOTTEN | sample): applied, it leaves what the daemon takes
     the kernel to hold as the loop's forget() does, in order with the other events."""
-    from fusefs.core import FORGOTTEN, READ, READ_END, RELEASED, SID_BITS
+    from fusefs.handles import FORGOTTEN, READ, READ_END, RELEASED, SID_BITS
     _, dst, _ = tricky
     looped, fast = _core(dst), _core(dst)
     sids = [0, 3, 7]

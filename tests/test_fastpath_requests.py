@@ -14,8 +14,9 @@ import pytest
 
 from fusefs import pyfuse3
 from fusefs.control import FH_BASE
-from fusefs.core import (EVENT_BITS, FORGOTTEN, READ, READ_END, READ_LOST, RELEASED, SERIAL_WRAP,
-                         SID_BITS, WRITE_FLAGS, Core)
+from fusefs.core import WRITE_FLAGS, Core
+from fusefs.handles import (EVENT_BITS, FORGOTTEN, READ, READ_END, READ_LOST, RELEASED, SERIAL_WRAP,
+                            SID_BITS)
 from fusefs.entries import BLKSIZE, DATA_TIMEOUT
 from fusefs.index import INDEX_NAME, Index
 from fusefs.store import ChunkStore
@@ -108,7 +109,7 @@ def test_opens_reads_and_releases_answer_byte_for_byte_and_become_events(fast, t
     ino = core.lookup(d, name.encode()).ino
     sid, data = ino - core.file_base, files[f"dog/{name}"]
     done, out = answer(request(OPEN, ino, OPEN_IN.pack(os.O_RDONLY, 0)))
-    fh = (((core._serial + 1) % SERIAL_WRAP) << SID_BITS) | sid  # (the k-th open's handle)
+    fh = (((core.handles.serial + 1) % SERIAL_WRAP) << SID_BITS) | sid  # (the k-th open's handle)
     assert (done, out) == (True, reply(body=OPEN_OUT.pack(fh, FOPEN_KEEP_CACHE, 0)))
     assert core.open(ino, os.O_RDONLY).fh == fh  # (Core hands out the same handle)
     assert events() == [fh]

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from fusefs import core, pyfuse3
+from fusefs import handles, pyfuse3
 from fusefs.index import INDEX_NAME, Index
 
 BENCH = os.path.join(REPO, "scripts", "bench")
@@ -186,7 +186,7 @@ def test_the_binding_has_the_fast_path():
     assert pyfuse3.FAST_PATH is True
     with pytest.raises(RuntimeError, match="init"):  # (no session in this process)
         pyfuse3.fast_path_start(2, 10, 1 << 62, 32, 0, 1 << 29, os.O_WRONLY, fastpath.BATCH,
-                                fastpath.DELAY_US, core.EVENT_BITS)
+                                fastpath.DELAY_US, handles.EVENT_BITS)
     assert pyfuse3.fast_path_events() == b""
     assert set(pyfuse3.fast_path_counts()) == {"open", "release", "ioctl", "read", "lookup", "forget", "interrupt"}
     assert isinstance(pyfuse3.fast_path_interrupts_forwarded(), int) and isinstance(pyfuse3.reads_interrupted(), int)
@@ -214,12 +214,12 @@ finally:
 
 
 def test_the_fast_path_takes_its_event_bits_from_fusefs_and_refuses_bits_a_handle_can_have(tmp_path):
-    """The events' bits have one source, fusefs's core (EVENT_BITS, handed over at the
+    """The events' bits have one source, fusefs's handles.py (EVENT_BITS, handed over at the
     start); the thread refuses bits that are not single and distinct, or that a handle
     (released, read) or a sample id (read_end, read_lost) can have, after init() on a real
     mount point and before it starts."""
-    assert core.EVENT_BITS == (core.RELEASED, core.READ, core.READ_END, core.READ_LOST)
-    assert core.FORGOTTEN == core.RELEASED | core.READ
+    assert handles.EVENT_BITS == (handles.RELEASED, handles.READ, handles.READ_END, handles.READ_LOST)
+    assert handles.FORGOTTEN == handles.RELEASED | handles.READ
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     r = subprocess.run([sys.executable, "-c", REFUSE_BITS, str(mnt)], capture_output=True, text=True,

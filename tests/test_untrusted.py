@@ -410,9 +410,9 @@ def test_two_reads_of_one_handle_that_miss_together_are_kept_once(tricky):
                     n.start_soon(lambda off=off: _read_into(core, fh, off, got))
             assert got == {off: want[off:off + 1] for off in (0, 1, 2)}
             assert core.statistics()["read_waits"] == 2  # (three reads, one fetch)
-            assert core._held_bytes == len(want) and list(core._held) == [fh]
+            assert core.handles.held_bytes == len(want) and list(core.handles.held) == [fh]
             core.release(fh)
-            assert core._held_bytes == 0 and core.statistics()["held_bytes"] == 0
+            assert core.handles.held_bytes == 0 and core.statistics()["held_bytes"] == 0
     trio.run(go)
 
 
