@@ -1,7 +1,8 @@
-"""Reading ahead along the plans: the Prefetcher walks the current plans ahead of the
-readers, queues the samples that are neither cached nor being fetched on the node of their
-chunk, with their bytes reserved in the cache, and starts batches of up to k samples per
-node through the Fetcher (fetch.py).
+"""Reading ahead along the plans, in two parts: the plan (ReadAheadPlan, pure: no I/O, no
+threads, no trio) walks the current plans ahead of the readers and queues the samples that
+are neither cached nor being fetched on the node of their chunk, with their bytes reserved
+in the cache, and hands out batches of up to k samples per node; the Prefetcher runs it on
+the event loop and starts those batches through the Fetcher (fetch.py).
 """
 from __future__ import annotations
 
@@ -32,9 +33,11 @@ def default_readahead(budget: int, samples: int, mean_size: float) -> int:
     return int(max(budget / 16, one, min(2 * one, budget / 4)))
 
 
-class Prefetcher:
-    """Keeps the cache filled along the plans. `wake()` after anything that may let it
-    start more work (a new order, a use, a finished fetch).
+class ReadAheadPlan:
+    """What to read ahead, and when: pure (no I/O, no threads, no trio; tested as such).
+    From the plans (policy), what is cached or reserved (cache), in flight (inflight) or
+    held by the kernel (kernel_holds), and the budget, it queues the samples to fetch per
+    node, each with its room reserved in the cache, and hands out the batches to start.
 
     Work is incremental: each plan has a head, the next order position to look at (past
     the order's end it walks the next epoch's order, if the plan has one), and samples
@@ -49,9 +52,6 @@ class Prefetcher:
     moved or that much of the budget is free (hysteresis), so each refill is large enough
     to give every node full batches instead of a trickle of one-sample requests.
 
-    A batch reads its samples in the order's order and delivers each as its read is done
-    (Fetcher.fetch), so the reader of an order's first sample waits for one read, not k.
-
     Each node has per_node request slots of its own. A node with queued work may also use
     slots that nodes without queued work leave idle, up to max_per_node (2 x per_node): the
     chunks are rarely spread evenly, and the most loaded node sets an epoch's pace. A node
@@ -61,24 +61,22 @@ class Prefetcher:
 
     MAX_BATCH_BYTES = MAX_READ  # a run of one chunk's queued samples is read in one request
 
-    def __init__(self, index, policy, cache, fetcher, fetch_batch, readahead: int | None = None,
+    def __init__(self, index, policy, cache, *, nodes: int, node_of, inflight, per_node: int,
+                 max_per_node: int, batch: int, readahead: int | None = None,
                  kernel_holds=lambda sid: False):
         """index: sample sizes and chunks; policy: the plans and next-use keys; cache: where
-        room is reserved; fetcher: node queues' requests; fetch_batch(sids,
-        claimed=...): runs a batch and delivers its samples (Reads.fetch_batch);
-        kernel_holds(sid): whether the kernel page cache holds the sample (not read ahead)."""
-        self.index, self.policy, self.cache, self.fetcher = index, policy, cache, fetcher
-        self.fetch_batch = fetch_batch
-        self.kernel_holds = kernel_holds
-        self._wake = trio.Event()
-        self.nursery = None
-        self.batches = 0
-        nodes = len(fetcher.node_names)
+        room is reserved; nodes, node_of(sid): the storage nodes, a sample's; inflight: the
+        samples being fetched (a mapping); per_node, max_per_node, batch: request slots and
+        samples per request (fetch.Fetcher's); readahead: bytes ahead of the readers (None:
+        default_readahead); kernel_holds(sid): whether the kernel page cache holds the
+        sample (not read ahead)."""
+        self.index, self.policy, self.cache = index, policy, cache
+        self.node_of, self.inflight, self.kernel_holds = node_of, inflight, kernel_holds
+        self.per_node, self.max_per_node, self.batch = per_node, max_per_node, batch
         # per node, the samples waiting for a request slot, in the order they are needed
         # (ordered: taking one out of the middle, for a reader that missed it, is O(1))
         self.queues: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(nodes)]
         self.queued: dict[int, int] = {}  # sid -> node, for samples waiting in a queue
-        self.running = [0] * nodes        # prefetch batches started and not finished
         self.heads: dict[int, int] = {}   # rank -> next order position to look at
         mean_size = index.total_bytes / max(1, index.n_files)
         # How far ahead of the readers the read-ahead looks, in bytes of the orders: deep
@@ -86,40 +84,12 @@ class Prefetcher:
         # budget keeps what the orders need again (a read-ahead of W bytes costs about W
         # more backend bytes per epoch than Belady's MIN, which fetches nothing early).
         self.readahead = int(readahead if readahead is not None else default_readahead(
-            cache.budget, fetcher.per_node * nodes * fetcher.batch, mean_size))
-        refill = fetcher.per_node * nodes * fetcher.batch * mean_size
+            cache.budget, per_node * nodes * batch, mean_size))
+        refill = per_node * nodes * batch * mean_size
         self.low_water = int(max(1, min(cache.budget // 4, self.readahead // 2, refill)))
-        self._used = 0        # bytes used by readers since the heads last moved
-        self._fresh = False   # a new order since the heads last moved
-        self._advancing = False  # the heads stopped after ADVANCE_STEP positions: go on
-
-    def counters(self) -> dict:
-        return {"prefetch_batches": self.batches, "readahead_bytes": self.readahead}
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    def used(self, nbytes: int) -> None:
-        """A reader used a sample of nbytes: wake once a refill's worth was used."""
-        self._used += nbytes
-        if self._used >= self.low_water:
-            self._wake.set()
-
-    async def run(self, nursery: trio.Nursery, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Plan and dispatch whenever woken; batches run as tasks of `nursery`."""
-        self.nursery = nursery
-        task_status.started()
-        try:
-            while True:
-                await self._wake.wait()
-                self._wake = trio.Event()
-                try:
-                    self.schedule()
-                except Exception:  # never let the read-ahead take the daemon down
-                    log.exception("prefetch scheduling failed")
-                await trio.sleep(0)  # let wakes pile up: plan once per burst, not per read
-        finally:
-            self.nursery = None
+        self._used = 0          # bytes used by readers since the heads last moved
+        self.fresh = False      # a new order since the heads last moved
+        self.advancing = False  # the heads stopped after ADVANCE_STEP positions: go on
 
     def reset(self) -> None:
         """A new order: forget the queued read-ahead of the old one (its reservations too);
@@ -131,40 +101,39 @@ class Prefetcher:
             q.clear()
         self.queued.clear()
         self.heads.clear()
-        self._fresh = True
+        self.fresh = True
 
     def rewind(self) -> None:
         """Walk the plans again from the readers' cursors (what was passed over may need
         fetching now: the kernel dropped pages it was thought to hold)."""
         self.heads.clear()
-        self._fresh = True
-        self.wake()
+        self.fresh = True
 
-    def schedule_now(self) -> None:
-        """Plan and dispatch at once (a new order), not at the read-ahead task's next turn."""
-        try:
-            self.schedule()
-        except Exception:  # never let the read-ahead take the daemon down
-            log.exception("prefetch scheduling failed")
-        self.wake()
+    def used(self, nbytes: int) -> bool:
+        """A reader used a sample of nbytes: whether a refill's worth was used since the
+        heads last moved (then the plan should move on)."""
+        self._used += nbytes
+        return self._used >= self.low_water
 
-    def schedule(self) -> None:
-        if self.nursery is None:
-            return
-        if self._advancing or self._fresh or self._used >= self.low_water or self.cache.free >= self.low_water:
-            self._fresh, self._used = False, 0
-            self._advancing = self.advance(ADVANCE_STEP)
-            if self._advancing:  # (the rest at the task's next turn: the loop serves meanwhile)
-                self._wake.set()
-        self.dispatch()
+    def due(self) -> bool:
+        """Whether the heads should move on now: a new order, an advance that stopped at
+        its step, a refill's worth used or free."""
+        return self.advancing or self.fresh or self._used >= self.low_water or self.cache.free >= self.low_water
+
+    def step(self) -> bool:
+        """Move the heads on by at most ADVANCE_STEP positions (see advance); True: more
+        is left for the next turn."""
+        self.fresh, self._used = False, 0
+        self.advancing = self.advance(ADVANCE_STEP)
+        return self.advancing
 
     def advance(self, step: int | None = None) -> bool:
         """Move the plans' heads forward (through each order, then its next one), queueing
         what is neither cached nor in flight, until the budget holds nothing needed later
         than the head's sample or every plan is fully covered (round robin over ranks), or
         `step` positions were looked at: then True (the heads keep where they got to)."""
-        cache, inflight, queued = self.cache, self.fetcher.inflight, self.queued
-        sizes, node_of, key = self.index.size_v, self.fetcher.node_of, self.policy.key
+        cache, inflight, queued = self.cache, self.inflight, self.queued
+        sizes, node_of, key = self.index.size_v, self.node_of, self.policy.key
         kernel_holds = self.kernel_holds
         looked = 0  # positions looked at
         active = [(rank, plan) for rank, plan in self.policy.plans.items()
@@ -203,23 +172,26 @@ class Prefetcher:
                     return True
         return False
 
-    def dispatch(self) -> None:
-        """Start queued batches on every node with free slots. A node's queue is spread over
-        its slots: a batch takes about len(queue) / slots samples (at most k), so a short
-        queue still keeps every slot reading; and when several slots are free at once (an
-        order's start), the samples at the queue's head are dealt round robin over the new
-        batches, so the i-th queued sample waits for about i / free reads, not i (each
-        batch reads its samples one after the other). Queued samples of one chunk that
-        follow each other (a chunk-block order) stay together as one run of up to 16 MiB:
-        the chunk is then read in one request."""
-        batch = self.fetcher.batch
+    def batches(self, running: list[int]) -> list[tuple[int, list[int]]]:
+        """The batches to start now, (node, samples), taken out of the queues, for nodes
+        with free request slots (running: each node's batches running; the caller starts
+        them and counts them in). A node's queue is spread over its slots: a batch takes
+        about len(queue) / slots samples (at most k), so a short queue still keeps every
+        slot reading; and when several slots are free at once (an order's start), the
+        samples at the queue's head are dealt round robin over the new batches, so the i-th
+        queued sample waits for about i / free reads, not i (each batch reads its samples
+        one after the other). Queued samples of one chunk that follow each other (a
+        chunk-block order) stay together as one run of up to 16 MiB: the chunk is then read
+        in one request."""
+        out = []
+        running = list(running)
         for node, q in enumerate(self.queues):
             while q:
-                slots = self.slots(node)
-                free = slots - self.running[node]
+                slots = self.slots(node, running)
+                free = slots - running[node]
                 if free <= 0:
                     break
-                size = max(1, min(batch, -(-len(q) // slots)))
+                size = max(1, min(self.batch, -(-len(q) // slots)))
                 runs = self._runs(q, free * size)
                 batches = [[] for _ in range(min(free, len(runs)))]
                 for i, run in enumerate(runs):
@@ -228,12 +200,9 @@ class Prefetcher:
                     for sid in b:
                         del q[sid]
                         del self.queued[sid]
-                    self.running[node] += 1
-                    self.batches += 1
-                    # claimed now, not when the task first runs: a reader of one of these
-                    # meanwhile waits for this fetch instead of missing
-                    claimed = self.fetcher.claim(b)
-                    self.nursery.start_soon(self._run_batch, node, b, claimed)
+                    running[node] += 1
+                    out.append((node, b))
+        return out
 
     def _runs(self, q: OrderedDict, want: int) -> list[list[int]]:
         """The head of a queue as runs holding at least want samples in all (at least one
@@ -254,15 +223,13 @@ class Prefetcher:
             runs.append(run)
         return runs
 
-    def slots(self, node: int) -> int:
-        """Batches the node may have running now: its own per_node, plus the own slots
-        left idle by nodes with nothing queued (shared among the nodes with work), at
-        most max_per_node."""
-        fetcher = self.fetcher
-        idle = sum(max(0, fetcher.per_node - self.running[n])
-                   for n, q in enumerate(self.queues) if not q)
+    def slots(self, node: int, running: list[int]) -> int:
+        """Batches the node may have running now (running: each node's batches running):
+        its own per_node, plus the own slots left idle by nodes with nothing queued (shared
+        among the nodes with work), at most max_per_node."""
+        idle = sum(max(0, self.per_node - running[n]) for n, q in enumerate(self.queues) if not q)
         busy = sum(1 for q in self.queues if q)
-        return min(fetcher.max_per_node, fetcher.per_node + idle // max(1, busy))
+        return min(self.max_per_node, self.per_node + idle // max(1, busy))
 
     def yield_room(self, nbytes: int, key: float) -> int:
         """Take back the reservations of queued samples needed later than key (from each
@@ -294,13 +261,118 @@ class Prefetcher:
             del self.queues[node][sid]
             taken.append(sid)
         else:
-            node = self.fetcher.node_of(sid)
+            node = self.node_of(sid)
         q, queued = self.queues[node], self.queued
-        for _ in range(min(self.fetcher.batch - 1, len(q))):
+        for _ in range(min(self.batch - 1, len(q))):
             s = q.popitem(last=False)[0]
             del queued[s]
             taken.append(s)
         return taken
+
+
+class Prefetcher:
+    """Keeps the cache filled along the plans: runs the read-ahead's plan (ReadAheadPlan)
+    and starts the batches it hands out through the fetcher, as tasks of the core's
+    nursery. `wake()` after anything that may let it start more work (a new order, a use,
+    a finished fetch).
+
+    A batch reads its samples in the order's order and delivers each as its read is done
+    (Fetcher.fetch), so the reader of an order's first sample waits for one read, not k.
+    """
+
+    def __init__(self, index, policy, cache, fetcher, fetch_batch, readahead: int | None = None,
+                 kernel_holds=lambda sid: False):
+        """index, policy, cache, readahead, kernel_holds: the plan's (ReadAheadPlan);
+        fetcher: the nodes, their request slots, what is in flight; fetch_batch(sids,
+        claimed=...): runs a batch and delivers its samples (Reads.fetch_batch)."""
+        self.fetcher, self.fetch_batch = fetcher, fetch_batch
+        nodes = len(fetcher.node_names)
+        self.plan = ReadAheadPlan(index, policy, cache, nodes=nodes, node_of=fetcher.node_of,
+                                  inflight=fetcher.inflight, per_node=fetcher.per_node,
+                                  max_per_node=fetcher.max_per_node, batch=fetcher.batch,
+                                  readahead=readahead, kernel_holds=kernel_holds)
+        self.readahead, self.low_water = self.plan.readahead, self.plan.low_water
+        self.queues, self.queued = self.plan.queues, self.plan.queued  # (read: tests, stats)
+        self.running = [0] * nodes        # prefetch batches started and not finished
+        self._wake = trio.Event()
+        self.nursery = None
+        self.batches = 0
+
+    def counters(self) -> dict:
+        return {"prefetch_batches": self.batches, "readahead_bytes": self.readahead}
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def used(self, nbytes: int) -> None:
+        """A reader used a sample of nbytes: wake once a refill's worth was used."""
+        if self.plan.used(nbytes):
+            self._wake.set()
+
+    async def run(self, nursery: trio.Nursery, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Plan and dispatch whenever woken; batches run as tasks of `nursery`."""
+        self.nursery = nursery
+        task_status.started()
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                try:
+                    self.schedule()
+                except Exception:  # never let the read-ahead take the daemon down
+                    log.exception("prefetch scheduling failed")
+                await trio.sleep(0)  # let wakes pile up: plan once per burst, not per read
+        finally:
+            self.nursery = None
+
+    def reset(self) -> None:
+        """A new order: forget the queued read-ahead of the old one (its reservations too);
+        batches already running finish, and what they bring is kept only if still needed."""
+        self.plan.reset()
+
+    def rewind(self) -> None:
+        """Walk the plans again from the readers' cursors (KernelView found the kernel
+        dropped what it was thought to hold)."""
+        self.plan.rewind()
+        self.wake()
+
+    def yield_room(self, nbytes: int, key: float) -> int:
+        """ReadAheadPlan.yield_room: reservations of queued samples needed later than key
+        given back until nbytes are freed; the bytes freed."""
+        return self.plan.yield_room(nbytes, key)
+
+    def take_queued(self, sid: int) -> list[int]:
+        """ReadAheadPlan.take_queued: sid and the samples queued next on its node, for a
+        reader that missed sid."""
+        return self.plan.take_queued(sid)
+
+    def advance(self, step: int | None = None) -> bool:
+        return self.plan.advance(step)
+
+    def schedule_now(self) -> None:
+        """Plan and dispatch at once (a new order), not at the read-ahead task's next turn."""
+        try:
+            self.schedule()
+        except Exception:  # never let the read-ahead take the daemon down
+            log.exception("prefetch scheduling failed")
+        self.wake()
+
+    def schedule(self) -> None:
+        if self.nursery is None:
+            return
+        if self.plan.due() and self.plan.step():
+            self._wake.set()  # (the rest at the task's next turn: the loop serves meanwhile)
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        """Start the batches the plan hands out (ReadAheadPlan.batches)."""
+        for node, b in self.plan.batches(self.running):
+            self.running[node] += 1
+            self.batches += 1
+            # claimed now, not when the task first runs: a reader of one of these
+            # meanwhile waits for this fetch instead of missing
+            claimed = self.fetcher.claim(b)
+            self.nursery.start_soon(self._run_batch, node, b, claimed)
 
     async def _run_batch(self, node: int, batch: list[int], claimed: dict) -> None:
         try:

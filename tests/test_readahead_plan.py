@@ -1,0 +1,81 @@
+"""prefetch.ReadAheadPlan alone: no threads, no trio, no I/O. From an order, the cache and
+what is in flight, it queues what to read ahead (its room reserved), hands out batches per
+node within their request slots, and moves on as readers use what it read."""
+import os
+
+import numpy as np
+
+from fusefs import order as orderfmt
+from fusefs.cache import SampleCache
+from fusefs.index import INDEX_NAME, Index
+from fusefs.policy import Policy
+from fusefs.prefetch import ReadAheadPlan
+
+
+def _plan(dst, budget_share=0.2, per_node=2, batch=4, kernel_holds=lambda sid: False):
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    node = np.array([c.node for c in ix.chunks])[ix.chunk]
+    policy = Policy(ix.size)
+    cache = SampleCache(int(ix.total_bytes * budget_share))
+    inflight = {}
+    plan = ReadAheadPlan(ix, policy, cache, nodes=3, node_of=lambda s: int(node[s]), inflight=inflight,
+                         per_node=per_node, max_per_node=2 * per_node, batch=batch,
+                         kernel_holds=kernel_holds)
+    order = np.random.default_rng(0).permutation(ix.n_files)
+    policy.set_order(0, orderfmt.parse(orderfmt.encode(order), ix.n_files))
+    return ix, node, policy, cache, inflight, plan, order
+
+
+def test_the_plan_queues_the_order_ahead_within_its_depth_and_reserves_the_room(three_nodes):
+    dst, _ = three_nodes
+    ix, node, policy, cache, inflight, plan, order = _plan(dst)
+    assert plan.advance() is False  # (the whole depth in one go: no step given)
+    queued = [s for s in order.tolist() if s in plan.queued]
+    assert queued == order[:len(queued)].tolist() and len(queued) > 0  # the order's head, in order
+    assert sum(ix.size[queued]) <= plan.readahead + ix.size.max()
+    assert cache.reserved == sum(cache.cost(int(ix.size[s])) for s in queued)
+    for n, q in enumerate(plan.queues):  # each on its node, in the order's order
+        assert list(q) == [s for s in queued if node[s] == n]
+
+
+def test_batches_fill_each_nodes_slots_and_no_more(three_nodes):
+    dst, _ = three_nodes
+    ix, node, policy, cache, inflight, plan, order = _plan(dst, budget_share=0.5)
+    plan.advance()
+    queued_before = dict(plan.queued)
+    batches = plan.batches([0, 0, 0])
+    per_node = {n: [b for m, b in batches if m == n] for n in range(3)}
+    for n, bs in per_node.items():
+        assert 0 < len(bs) <= plan.max_per_node
+        assert all(len(b) <= plan.batch or len({int(ix.chunk[s]) for s in b}) == 1 for b in bs)
+        assert all(node[s] == n for b in bs for s in b)
+    taken = [s for _, b in batches for s in b]
+    assert len(taken) == len(set(taken)) and not set(taken) & set(plan.queued)
+    assert set(taken) | set(plan.queued) == set(queued_before)
+    assert plan.batches([plan.max_per_node] * 3) == []  # (every slot busy: nothing to start)
+
+
+def test_readers_using_a_refill_move_the_heads_on_and_the_kernels_samples_are_skipped(three_nodes):
+    dst, _ = three_nodes
+    held = set(range(0, 300, 2))
+    ix, node, policy, cache, inflight, plan, order = _plan(dst, kernel_holds=lambda s: s in held)
+    plan.reset()  # (what a new order does)
+    assert plan.fresh and plan.due()
+    assert plan.step() is False and not plan.fresh and not held & set(plan.queued)
+    # the readers take what was queued: fetched (settled, cached), read, used
+    first = [s for s in order.tolist() if s in plan.queued]
+    for _, b in plan.batches([0, 0, 0]):
+        for s in b:
+            cache.settle(s)
+            cache.put(s, bytes(int(ix.size[s])), policy.key(s))
+    used = 0
+    for s in order.tolist():
+        policy.use(s)
+        if s in cache:
+            cache.rekey(s, policy.key(s))
+        used += int(ix.size[s])
+        if plan.used(int(ix.size[s])):
+            break
+    assert used >= plan.low_water and plan.due()
+    plan.step()
+    assert set(plan.queued) - set(first) and not held & set(plan.queued)
