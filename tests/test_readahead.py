@@ -20,7 +20,7 @@ from fusefs.prefetch import default_readahead
 from fusefs.store import ChunkStore
 from fusefs.entries import FsError
 
-from conftest import exact_within_budget, make_core, read_whole, run_epoch, whole_set
+from conftest import exact_within_budget, make_core, read_whole, run_epoch, settled, whole_set
 
 
 @given(data=st.data())
@@ -150,8 +150,9 @@ def test_the_default_read_ahead_refills_every_slot_with_a_full_batch(three_nodes
                 core.set_order(0, orderfmt.encode(ids))  # the start's batches, dispatched at once
                 moment[0] = "between"
                 with trio.fail_after(60):
-                    while core.fetcher.inflight:  # (the gate is open: they finish)
-                        await trio.sleep(0.005)
+                    # (the gate is open: they finish, and the batches dealt as they do too;
+                    # polling the in-flight set alone could find it empty between the two)
+                    await settled(core)
                     store.gate.clear()  # the refill's reads wait: its batches stay as dealt
                     moment[0] = "refill"
                     used, k = 0, 0
