@@ -9,7 +9,7 @@ out entries needed later than the sample it brings (`reserve(nbytes, key)`), so 
 read-ahead never evicts what a reader needs sooner, and a sample a reader missed (key
 inf) is kept only where room can be made that way (its reader holds its bytes anyway).
 
-The cache can tell another holder of every entry that comes or goes (`mirror_to`: the fast
+The cache can tell another holder of every entry that comes or goes (`mirror`: the fast
 path's thread answers reads from the entries it is told of, fastpath.py).
 
 Pinned entries (`set_pins`: the samples of highest importance, within the static share of
@@ -37,7 +37,9 @@ ENTRY_OVERHEAD = 1024  # bytes an entry costs beyond its sample's (bench_memory:
 
 
 class SampleCache:
-    def __init__(self, budget: int, static: int = 0, entry_overhead: int = ENTRY_OVERHEAD):
+    def __init__(self, budget: int, static: int = 0, entry_overhead: int = ENTRY_OVERHEAD, mirror=None):
+        """budget bytes, of them static for the pinned entries; mirror: hold(sid, data) for
+        every entry put from now on, hold(sid, None) for every one that leaves, or None."""
         if budget < 0:
             raise ValueError("cache budget must be >= 0")
         if not 0 <= static <= budget:
@@ -56,7 +58,7 @@ class SampleCache:
         self._key: dict[int, float] = {}   # sid -> its current key
         self._heap: list = []              # (-key, seq, sid); stale items skipped
         self._seq = itertools.count()
-        self._mirror = None  # hold(sid, bytes or None), told of every entry that comes or goes
+        self._mirror = mirror  # hold(sid, bytes or None), told of every entry that comes or goes
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -82,13 +84,6 @@ class SampleCache:
     @property
     def free(self) -> int:
         return self.budget - self.used - self.reserved
-
-    def mirror_to(self, hold) -> None:
-        """Call hold(sid, data) for every entry cached now and every one put from now on,
-        and hold(sid, None) for every one that leaves."""
-        self._mirror = hold
-        for sid, data in self._entries.items():
-            hold(sid, data)
 
     def get(self, sid: int) -> bytes | None:
         return self._entries.get(sid)

@@ -108,13 +108,15 @@ def cpu_seconds() -> float:
 
 class Core:
     def __init__(self, index: Index, store: ChunkStore, config: MountConfig = DEFAULTS, *,
-                 local=None, kernel=None, control_socket: str | None = None):
+                 local=None, kernel=None, hold=None, control_socket: str | None = None):
         """The dataset of index, its chunks read through store, with the mount's settings
         (config); local: the local cache tier (local.LocalTier) or None; kernel: the kernel
         page cache (fs.KernelCache, which fetched samples are pushed into as they arrive:
         docs/ARCHITECTURE.md, "Kernel page cache"), or None: every read is served by the
-        daemon; control_socket: the control socket's path, which `.fusefs/control` links
-        to (None: no link). The files' owner is config's uid and gid (None: the daemon's)."""
+        daemon; hold(sid, bytes or None): told of every sample the cache keeps or lets go
+        (the fast path's FastPath.hold, which answers reads from them), or None;
+        control_socket: the control socket's path, which `.fusefs/control` links to (None:
+        no link). The files' owner is config's uid and gid (None: the daemon's)."""
         self.index = index
         self.store = store
         self.local = local
@@ -130,7 +132,7 @@ class Core:
         self.uid, self.gid = self.namespace.uid, self.namespace.gid
         self.ctrl_dir, self.file_base = self.namespace.ctrl_dir, self.namespace.file_base
         self.policy = Policy(index.size)
-        self.cache = SampleCache(config.cache_bytes, config.static_bytes)
+        self.cache = SampleCache(config.cache_bytes, config.static_bytes, mirror=hold)
         self.fetcher = Fetcher(store, config.fetch, local=local)
         self.kernel_view = KernelView(index.n_files, self.stats, kernel, ino_base=self.file_base)
         self.reads = Reads(index, store, self.cache, self.policy, self.fetcher, self.stats,

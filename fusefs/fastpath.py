@@ -12,7 +12,7 @@ Core.fast_path_args) and every forget (it has no answer; fusefs keeps no lookup 
 hands every other request (folders' and control files' names among them) to pyfuse3's
 request loop unchanged. It answers a read of a dataset handle when the
 sample's bytes are held for it: the cache tells it of every entry that comes or goes
-(`hold`, cache.SampleCache.mirror_to), and the thread keeps a reference to each held bytes
+(`hold`, the cache's mirror: cache.SampleCache), and the thread keeps a reference to each held bytes
 object. The opens, reads, releases and dataset files' forgets it answered reach the
 core as events, in order and in batches (`Core.answered`): from 256 of them (128 samples)
 or 20 ms after the first. Before each request the loop handles, the events before it are
@@ -38,22 +38,26 @@ DELAY_US = 20_000   # ... or this long after the first of them (each wake-up of 
 
 
 class FastPath:
-    """The thread's events, handed to `answered` (Core.answered: a sequence of handles)."""
+    """The thread's events, handed to `answered` (Core.answered: a sequence of handles).
+    Made before the core (whose cache tells it what it holds: `hold`) and the adapter (which
+    applies its events before each request: `catch_up`); started after pyfuse3.init."""
 
-    def __init__(self, answered):
-        self.answered = answered
+    def __init__(self):
+        self.answered = None
         self.fd = -1
 
-    def start(self, file_base: int, n_files: int, sid_bits: int, serial: int, serial_wrap: int,
+    def start(self, answered, file_base: int, n_files: int, sid_bits: int, serial: int, serial_wrap: int,
               write_flags: int, events: tuple[int, int, int, int], kernel_flags=None,
               tree=None, threads: int = 1) -> None:
-        """Start the thread (after pyfuse3.init, before pyfuse3.main); handles continue the
+        """Start the thread (after pyfuse3.init, before pyfuse3.main), its events handed to
+        answered(events) from then on; handles continue the
         core's serials; events: the bits the core reads its events by (released, read,
         read_end, read_lost: handles.EVENT_BITS), the only copy of them. kernel_flags: one byte per sample, nonzero while the core takes the
         kernel to hold its pages (read by the thread as it answers a read: READ_LOST).
         tree: the index's arrays the thread answers the lookups of files' names from
         (pyfuse3.fast_path_tree), or None: the loop answers every lookup. threads: how many
         threads read /dev/fuse (the first the session's fd, each other a clone of it)."""
+        self.answered = answered
         pyfuse3.fast_path_kernel_flags(kernel_flags)
         pyfuse3.fast_path_tree(tree)
         self.fd = pyfuse3.fast_path_start(file_base, n_files, FH_BASE, sid_bits, serial, serial_wrap,
@@ -62,7 +66,7 @@ class FastPath:
     def catch_up(self) -> None:
         """Apply the events waiting now."""
         ev = pyfuse3.fast_path_events()
-        if ev:
+        if ev and self.answered is not None:
             self.answered(memoryview(ev).cast("Q"))
 
     async def run(self) -> None:

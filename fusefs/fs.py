@@ -59,13 +59,15 @@ class Operations(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, core: Core):
+    def __init__(self, core: Core, catch_up=None):
+        """core: the filesystem; catch_up(): applies the fast path's events waiting now
+        (FastPath.catch_up, called before each request answered here), or None."""
         super().__init__()
         self.core = core
+        self.catch_up = catch_up
         self.requests: dict[str, int] = {}  # requests answered here, by type
         self._ioctls = pyfuse3.ioctl_requests()  # (answered by the binding in C, from here on)
         self._interrupted = pyfuse3.reads_interrupted()  # (reads answered EINTR by the binding)
-        self.catch_up = None  # () -> None: the fast path's events applied (mount.py sets it)
 
     def counters(self) -> dict:
         """The requests answered, by type (this adapter's, and the binding's ioctls), and

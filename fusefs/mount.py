@@ -135,15 +135,16 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
             stack.callback(local.close)
         sock_path = runtime_path(mnt, ".sock")
         own_folder(os.path.dirname(sock_path))
+        fast = fastpath.FastPath() if config.fast_path.enabled else None
         core = Core(index, store, config, local=local, kernel=KernelCache() if config.kernel_cache else None,
-                    control_socket=sock_path)
+                    hold=fast.hold if fast else None, control_socket=sock_path)
         try:
             control = ControlSocket(sock_path, core.commit_order, core.may_control, core.order_limit,
                                     core.trusted)
         except OSError as e:
             raise MountError(f"control socket {sock_path}: {e.strerror or e}") from None
         stack.callback(control.close)
-        ops = Operations(core)
+        ops = Operations(core, catch_up=fast.catch_up if fast else None)
         core.count(ops)
         core.count(control)
         core.count(MountInfo(os.path.abspath(mnt), os.path.abspath(store.root)))
@@ -175,7 +176,8 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
         log.info("mounted %s at %s: %d samples, %d chunks on %d node(s)", store.root, mnt,
                  index.n_files, len(index.chunks), len(index.nodes))
         threads = config.fast_path.threads or default_fast_threads()
-        fast = _start_fast_path(core, ops, threads) if config.fast_path.enabled else None
+        if fast is not None:
+            _start_fast_path(core, fast, threads)
         log.info("opens: %s", f"answered in C (the fast path, {threads} thread{'s' * (threads > 1)})"
                  if fast else "answered by the daemon")
         trio.run(_main, core, loop, fast, stops, control)
@@ -237,17 +239,13 @@ def missing_native() -> list[str]:
             "are read and checked in Python, slower"]
 
 
-def _start_fast_path(core: Core, ops: Operations, threads: int) -> fastpath.FastPath:
-    """The fast path started (fastpath.py), on `threads` threads."""
-    fast = fastpath.FastPath(core.answered)
+def _start_fast_path(core: Core, fast: fastpath.FastPath, threads: int) -> None:
+    """The fast path started (fastpath.py), on `threads` threads, its events to the core."""
     try:
-        fast.start(**core.fast_path_args(), threads=threads)
+        fast.start(core.answered, **core.fast_path_args(), threads=threads)
     except OSError as e:
         raise MountError(f"the fast path did not start ({e}); --no-fast-path mounts without it") from None
-    ops.catch_up = fast.catch_up
     core.count(fast)
-    core.cache.mirror_to(fast.hold)  # (the thread answers reads of what the cache holds)
-    return fast
 
 
 async def _main(core: Core, loop: dict, fast: fastpath.FastPath | None, stops: Stops,

@@ -16,9 +16,9 @@ from testkit.mounts import resolve
 from conftest import corrupt_sample, serving
 
 
-def _core(dst, *, local=None, kernel=None, **config):
+def _core(dst, *, local=None, kernel=None, hold=None, **config):
     ix = Index.load(os.path.join(dst, INDEX_NAME))
-    return Core(ix, ChunkStore(dst, ix), MountConfig.of(**config), local=local, kernel=kernel)
+    return Core(ix, ChunkStore(dst, ix), MountConfig.of(**config), local=local, kernel=kernel, hold=hold)
 
 
 async def read_sample(core, sid, off=0, size=1 << 20):
@@ -182,17 +182,17 @@ def test_opens_and_releases_answered_on_the_fast_path_count_as_the_loops_do(tric
 
 def test_reads_answered_on_the_fast_path_count_as_the_loops_do(tricky):
     """The fast path's thread answers reads of cached samples from the bytes the cache holds
-    for it (cache.mirror_to) and hands them over as events (the sample with READ set,
+    for it (Core's hold: the cache's mirror) and hands them over as events (the sample with READ set,
     READ_END where the read reached its end): applied, they leave the statistics and what
     the daemon takes the kernel to hold as the loop's reads of the same samples do."""
     from fusefs.handles import READ, READ_END, READ_LOST
     from fusefs.fs import KernelCache
     _, dst, files = tricky
     # (the kernel page cache: what reads tell of the kernel, read_through)
-    looped, fast = _core(dst, kernel=KernelCache()), _core(dst, kernel=KernelCache())
     held = {}
-    fast.cache.mirror_to(lambda sid, data: held.__setitem__(sid, data) if data is not None
-                         else held.pop(sid))
+    looped = _core(dst, kernel=KernelCache())
+    fast = _core(dst, kernel=KernelCache(), hold=lambda sid, data: held.__setitem__(sid, data)
+                 if data is not None else held.pop(sid))
     sids = [resolve(looped.index, r)[1] for r in sorted(files) if files[r] and len(files[r]) > 10][:2]
     for core in (looped, fast):
         for sid in sids:

@@ -158,12 +158,10 @@ def test_scalar_keys_agree_with_the_vector_keys_as_readers_go(ranks):
 
 
 def test_the_cache_mirror_holds_exactly_the_cached_entries():
-    """cache.mirror_to tells the fast path of every entry that comes or goes (it answers
+    """The cache's mirror tells the fast path of every entry that comes or goes (it answers
     reads from what it was told): under random puts, drops and evictions its table always
     equals the cache's entries, bytes objects included."""
     rng = np.random.default_rng(7)
-    cache = SampleCache(5_000)
-    cache.put(0, b"x" * 100, 1.0)  # (cached before the mirror: told at once)
     held = {}
 
     def hold(sid, data):
@@ -172,7 +170,7 @@ def test_the_cache_mirror_holds_exactly_the_cached_entries():
             del held[sid]
         else:
             held[sid] = data
-    cache.mirror_to(hold)
+    cache = SampleCache(5_000, mirror=hold)
     for _ in range(2_000):
         sid = int(rng.integers(0, 60))
         if rng.random() < 0.2:
