@@ -138,14 +138,16 @@ def write_order(mount: str, paths_or_ids, importance=None, epoch: int = 0, rank:
 
 
 def send_order(mount: str, data: bytes, rank: int = 0, patience: float = 30.0) -> None:
-    """Hand the mount an encoded order (order.py's format) for rank over its control socket
-    (a daemon without one, older than the read-only mount: through its order file). A mount
-    that serves as many clients as it will at once is asked again for `patience` seconds."""
+    """Hand the mount an encoded order (order.py's format) for rank over its control socket.
+    A mount that serves as many clients as it will at once is asked again for `patience`
+    seconds."""
     order_name(rank)  # (checks the rank)
+    link = control_path(mount, CONTROL_SOCKET)
     try:
-        target = os.readlink(control_path(mount, CONTROL_SOCKET))
-    except OSError:
-        return _write_order_file(mount, data, rank)
+        target = os.readlink(link)
+    except OSError as e:
+        raise FileNotFoundError(errno.ENOENT, f"{mount} has no fusefs control socket ({link}: "
+                                              f"{e.strerror}): is it a fusefs mount?") from None
     wait, deadline = 0.01, time.monotonic() + patience
     while True:
         answer = _ask(target, order_request(rank, len(data)), data)
@@ -188,17 +190,3 @@ def _ask(path: str, header: bytes, data: bytes) -> str:
             answer += got
     return answer.decode(errors="replace").strip() or "no answer"
 
-
-def _write_order_file(mount: str, data: bytes, rank: int) -> None:
-    fd = os.open(control_path(mount, order_name(rank)), os.O_WRONLY | os.O_TRUNC)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)  # commits the order: a refusal is raised here
-    except OSError as e:
-        if e.errno != errno.EINVAL:
-            raise
-        raise OrderRefused(errno.EINVAL, f"the mount refused the order for rank {rank}") from None
-    finally:
-        os.close(fd)

@@ -182,10 +182,22 @@ def test_the_client_maps_each_answer_to_its_error(tmp_path, monkeypatch):
     assert asked == [b"order 2 3\n"] * 3
 
 
-def test_a_mount_without_a_control_socket_gets_the_order_in_its_order_file(tmp_path):
-    """(A daemon of a fusefs from before the control socket, as bench_hotpath --against
-    measures: its mount is writable and takes orders in its order files.)"""
+def test_an_order_for_a_folder_without_a_control_socket_says_so(tmp_path):
+    """A folder that is no fusefs mount (or a daemon from before the control socket) gets
+    no order, and the error says what is missing; bench_hotpath, which measures such a
+    daemon with --against, writes that daemon's order file itself."""
+    import sys
     (tmp_path / ".fusefs").mkdir()
-    (tmp_path / ".fusefs" / "order.3").write_bytes(b"an older order")
-    client.send_order(str(tmp_path), b"the order", rank=3)
-    assert (tmp_path / ".fusefs" / "order.3").read_bytes() == b"the order"
+    (tmp_path / ".fusefs" / "order.0").write_bytes(b"an older order")
+    with pytest.raises(FileNotFoundError, match="no fusefs control socket"):
+        client.send_order(str(tmp_path), b"the order")
+    assert (tmp_path / ".fusefs" / "order.0").read_bytes() == b"an older order"
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "bench"))
+    try:
+        from bench_hotpath import write_order
+    finally:
+        sys.path.pop(0)
+    write_order(str(tmp_path), [2, 0, 1], epoch=4)
+    from fusefs import order as orderfmt
+    written = orderfmt.parse((tmp_path / ".fusefs" / "order.0").read_bytes(), 3)
+    assert written.ids.tolist() == [2, 0, 1] and written.epoch == 4

@@ -76,7 +76,7 @@ import psutil
 from bench_scale import epoch as scale_epoch
 from common import REPO, against, build_minimal_c, commit as common_commit, minimal_daemon, read_files
 
-from fusefs import client, order as orderfmt
+from fusefs import client, order as orderfmt, protocol
 from fusefs.pack import pack
 from testkit.gluster import drop_caches
 from testkit.mounts import running_mount
@@ -162,8 +162,16 @@ def minimal_peer(src: str, mnt: str, pool, rels, orders, readers: int, pace: flo
 
 
 def write_order(mnt: str, ids, epoch: int) -> None:
-    """(send_order also reaches a daemon of --against REF from before the control socket)"""
-    client.send_order(mnt, orderfmt.encode(ids, epoch=epoch))
+    """The order over the control socket; a daemon of --against REF from before the control
+    socket (6c1530e, docs/HOTPATH.md's reference) takes it written into its order file."""
+    data = orderfmt.encode(ids, epoch=epoch)
+    if os.path.lexists(os.path.join(mnt, protocol.CONTROL, protocol.CONTROL_SOCKET)):
+        client.send_order(mnt, data)
+        return
+    with open(os.path.join(mnt, protocol.CONTROL, protocol.order_name(0)), "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())  # (that daemon commits the order here)
 
 
 def thread_cpu(pid: int) -> dict:
