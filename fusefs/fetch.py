@@ -246,6 +246,35 @@ class Batch:
             self.finish(sid, FetchCancelled())
 
 
+class LocalTierReads:
+    """The local tier (local.LocalTier) as a place to read from: the samples it holds,
+    verified (blocking: worker threads only), handed to on_read at once."""
+    local = True  # (its samples are the local tier's: not counted as a node's)
+
+    def __init__(self, tier):
+        self.tier = tier
+
+    def read(self, sids: list[int], on_read, waited: bool) -> dict:
+        got = self.tier.read_many(sids)
+        if got:
+            on_read(got, local=True)
+        return got
+
+
+class NodeReads:
+    """The storage nodes' chunk files (store.ChunkStore) as a place to read from: every
+    sample asked for, its bytes or its error, each group of reads handed to on_read as it
+    is done (ChunkStore.read_batch: reads at most max_gap apart joined; waited: a reader
+    waits for the first sample, whose read is handed on alone)."""
+    local = False
+
+    def __init__(self, store, max_gap: int = MAX_GAP):
+        self.store, self.max_gap = store, max_gap
+
+    def read(self, sids: list[int], on_read, waited: bool) -> dict:
+        return self.store.read_batch(sids, self.max_gap, on_read, first_alone=waited)[0]
+
+
 class Fetcher:
     """Batched, deduplicated backend reads with per-node bounds and retries.
 
@@ -271,7 +300,10 @@ class Fetcher:
         the backend, or None."""
         per_node = config.per_node
         self.store = store
-        self.local = local  # a LocalTier looked in before the backend, or None
+        # where a batch's samples are read, in turn (as mountpoint-s3 chains its data
+        # caches): the local tier if there is one, then the storage nodes
+        self.backend = NodeReads(store, max_gap)
+        self.tiers = [*([LocalTierReads(local)] if local is not None else []), self.backend]
         # sid -> bytes while a worker thread pushes them. A push waits for the locks of the
         # file's pages, and a reader's read of that file holds one until the loop answers
         # it: the loop answers such a read from here (Reads.fetch), never with a new fetch,
@@ -288,7 +320,6 @@ class Fetcher:
         # overhead per 16: most of their cost at ImageNet's count, docs/HOTPATH.md)
         mean = index.total_bytes / max(1, index.n_files)
         self.batch = max(config.batch, int(BATCH_BYTES // max(1.0, mean)))
-        self.max_gap = max_gap
         self.retries = config.retries
         self.backoff = backoff
         self.io_timeout = config.io_timeout
@@ -372,18 +403,20 @@ class Fetcher:
             batch.cancel_rest()
 
     def _read(self, sids: list[int], on_read, waited: bool):
-        """(results, sids served by the local tier); blocking. on_read(results, reads, bytes)
-        after each group of backend reads (ChunkStore.read_batch), and once with what the
-        local tier held (local=True). waited: a reader waits for the first sample (its
-        read is handed on alone)."""
-        got = self.local.read_many(sids) if self.local is not None else {}
-        if got:
-            on_read(got, local=True)
-        rest = [s for s in sids if s not in got]
-        results = (self.store.read_batch(rest, self.max_gap, on_read, first_alone=waited)[0]
-                   if rest else {})
-        results.update(got)
-        return results, got.keys()
+        """(results, sids served by the local tier); blocking. Each tier in turn reads what
+        the ones before it did not hold (the last, the nodes, reads all that is left),
+        handing each group of reads to on_read as it is done. waited: a reader waits for
+        the first sample (its read is handed on alone)."""
+        results, local, rest = {}, set(), sids
+        for tier in self.tiers:
+            if not rest:
+                break
+            got = tier.read(rest, on_read, waited)
+            results.update(got)
+            if tier.local:
+                local.update(got)
+            rest = [s for s in rest if s not in got]
+        return results, local
 
     def is_down(self, node: int) -> bool:
         return self.nodes[node].down

@@ -55,7 +55,7 @@ def _two_epochs(dst, share: float, readers: int, jitter: int, lookahead: bool = 
     # costs about W more per epoch, so the read-ahead is a sixteenth of the budget here
     # (the default for large sets; on this small set the default is a batch per slot)
     core = make_core(dst, cache_bytes=budget, batch=4, per_node=1, readahead=budget // 16)
-    core.fetcher.max_gap = 0  # reads only join adjacent samples: bytes read = bytes of samples
+    core.fetcher.backend.max_gap = 0  # reads only join adjacent samples: bytes read = bytes of samples
     a, b = (np.random.default_rng(seed).permutation(n) for seed in (11, 12))
     first = orderfmt.encode(a, epoch=0) + (orderfmt.encode(b, epoch=1) if lookahead else b"")
     trio.run(run_epoch, core, a.tolist(), readers, jitter, 0, None, first)
