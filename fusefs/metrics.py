@@ -3,7 +3,8 @@
 default). Both render one `Core.statistics()` snapshot; the HTTP server's thread asks the
 event loop for it (`trio.from_thread`), never reading the core's state itself, and at most
 every `every` seconds however often it is scraped. The server serves at most
-MAX_CONNECTIONS connections at a time, each a thread, and a connection must have sent its
+MAX_CONNECTIONS connections at a time, on a pool of as many threads (never more, even while
+a connection that was closed is still ending), and a connection must have sent its
 request and taken its answer within REQUEST_S seconds of its accept, or a watchdog closes
 it (a client that drips its headers holds a thread that long at most); a client past the
 connections makes the oldest one go instead (it dawdles: a scrape takes milliseconds), so
@@ -173,7 +174,12 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
     daemon_threads = True
 
     def __init__(self, *args, **kwargs):
+        from concurrent.futures import ThreadPoolExecutor
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        # (a slot is released as its connection ends, before its thread can have ended: on
+        # a pool the next connection takes that thread, where a thread of its own would
+        # make one more for a moment)
+        self._pool = ThreadPoolExecutor(MAX_CONNECTIONS, thread_name_prefix="fusefs-metrics-conn")
         self._deadlines: dict = {}  # connection -> when the watchdog closes it
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -195,7 +201,7 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
         with self._lock:
             self._deadlines[request] = time.monotonic() + REQUEST_S
         try:
-            super().process_request(request, client_address)
+            self._pool.submit(self.process_request_thread, request, client_address)
         except BaseException:
             self._done(request)
             raise
@@ -228,6 +234,11 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
 
     def server_close(self) -> None:
         self._closed.set()
+        with self._lock:  # (the connections still open end now: their threads with them)
+            open_now = list(self._deadlines)
+        for c in open_now:
+            _close(c)
+        self._pool.shutdown(wait=False, cancel_futures=True)
         super().server_close()
 
 
