@@ -28,9 +28,12 @@ def default_readahead(budget: int, samples: int, mean_size: float) -> int:
     gives every slot a full batch needs that much room. With one batch's worth, refills
     were half batches: twice the requests, and more readers waiting for them. Past a
     quarter of a small budget the read-ahead's bytes crowd out what the orders need
-    again, and samples are fetched twice (docs/HOTPATH.md, "The read-ahead's depth")."""
+    again, and samples are fetched twice (docs/HOTPATH.md, "The read-ahead's depth").
+    Never past the budget itself: a batch per slot can exceed a small cache, and a
+    read-ahead that deep reserves every free byte, so a sample a reader missed finds no room
+    to be kept for its next use (an echo's, say) and is fetched again."""
     one = samples * mean_size
-    return int(max(budget / 16, one, min(2 * one, budget / 4)))
+    return int(min(budget, max(budget / 16, one, min(2 * one, budget / 4))))
 
 
 class ReadAheadPlan:

@@ -131,11 +131,13 @@ def test_echo_epochs_through_a_mount_fetch_each_fresh_sample_once(three_nodes, t
     is served from the daemon's cache, which keeps it because the order says it is needed
     again. (Batches of 2, as above: with batches of 8 the loader's 64
     samples in flight are twice the cache, and echoes held for their second read and the
-    read-ahead crowd each other out.)"""
+    read-ahead crowd each other out. A 5% cache, ~15 samples, is smaller than a batch for
+    every request slot: a read-ahead as deep as that reserved every free byte, and a missed
+    sample found no room to be kept for its echo, fetched again in every run.)"""
     from torch.utils.data import DataLoader
     dst, files = three_nodes
     mnt = str(tmp_path / "mnt")
-    with running_mount(dst, mnt, "--cache-size", "10%", "--no-kernel-cache"):
+    with running_mount(dst, mnt, "--cache-size", "5%", "--no-kernel-cache"):
         regular = sorted(files)
         data = Digests(os.path.join(mnt, r) for r in regular)
         sampler = HintedSampler(data, seed=5, mode="echo", batch_size=2, lookahead=False)

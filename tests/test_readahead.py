@@ -174,13 +174,15 @@ def test_the_default_read_ahead_refills_every_slot_with_a_full_batch(three_nodes
 def test_the_default_read_ahead_stays_within_a_quarter_of_a_small_budget():
     """Two batches per slot, but not past a quarter of the budget (a deeper read-ahead in
     a small cache evicts what the orders need again: 11% more backend bytes in
-    bench_importance's synthetic set), and never less than one batch per slot."""
+    bench_importance's synthetic set), and never less than one batch per slot, nor more
+    than the budget (test_hints' echo test shows why)."""
     mb = 1 << 20
     assert default_readahead(1600 * mb, 48, mb) == 100 * mb   # a sixteenth of a large budget
     assert default_readahead(400 * mb, 48, mb) == 96 * mb     # two batches per slot
     assert default_readahead(160 * mb, 48, mb) == 48 * mb     # ... if within a quarter
     assert default_readahead(100 * mb, 48, mb) == 48 * mb     # one batch per slot at least
     assert default_readahead(240 * mb, 48, mb) == 60 * mb     # between: the quarter
+    assert default_readahead(30 * mb, 48, mb) == 30 * mb      # never past the budget
 
 
 def test_the_read_ahead_runs_ahead_of_the_furthest_reader(three_nodes):
