@@ -136,14 +136,23 @@ class Plan:
         nxt = self._next_first_v[sid]
         return len(self.ids) + nxt if nxt >= 0 else INF
 
-    def use(self, sid: int) -> list[int]:
-        """Record one use of sid; return the samples whose last use this completed."""
-        pos = self.next_position(sid)
-        if pos is None:
-            return []
-        finished = self._mark(sid, pos)
-        self.frontier = max(self.frontier, pos + 1)
-        return finished + self._advance()
+    def use(self, sid: int) -> list[int] | None:
+        """Record one use of sid; return the samples whose last use this completed (None:
+        this order does not need sid again, and nothing was recorded). One sample's use
+        per reader's close: what next_position and _mark do, inline."""
+        uses, total = self._uses_v[sid], self._total_v[sid]
+        if uses >= total:
+            return None
+        pos = self._by_sample_v[self._first_v[sid] + uses]
+        self.consumed_v[pos] = True
+        self._uses_v[sid] = uses = uses + 1
+        finished = [sid] if uses == total else []
+        if pos >= self.frontier:
+            self.frontier = pos + 1
+        # (the cursor moves only if it stood here, or now lags the furthest use too far)
+        if pos == self.cursor or self.cursor < self.frontier - self.skip_window:
+            finished += self._advance()
+        return finished
 
     def _mark(self, sid: int, pos: int) -> list[int]:
         self.consumed_v[pos] = True

@@ -90,8 +90,9 @@ class Policy:
         """A reader closed sid: count it in the first plan that still needs it; that plan
         and the samples whose last use in it this completed (None: no plan needs it)."""
         for plan in self.plans.values():
-            if plan.remaining(sid) > 0:
-                return plan, plan.use(sid)
+            done = plan.use(sid)
+            if done is not None:
+                return plan, done
         return None
 
     # ---- importance: pins and the local tier ---------------------------------------------

@@ -62,7 +62,8 @@ def test_plan_counts_uses_and_duplicates():
     assert p.use(0) == [0] and p.cursor == 1          # out of order: cursor waits for 2
     assert p.use(2) == [2] and p.cursor == 2
     assert p.use(4) == [4] and p.done
-    assert p.use(4) == [] and p.use(1) == []          # not (or no longer) in the order
+    assert p.use(4) is None and p.use(1) is None      # not (or no longer) in the order
+    assert p.cursor == 4 and p.remaining(4) == 0
 
 
 def test_plan_window_respects_budget_and_skips_used():
