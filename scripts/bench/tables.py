@@ -5,7 +5,8 @@ docs differ from what it would write, and say which table).
 
 Tables: mount (bench_mount: index, pack, random reads), order (bench_order: the settings
 on the GlusterFS test bed), clients (bench_clients: fio and tar), faults (faults.py), soak
-(soak.py), memory (bench_memory.py), hammer (bench_hammer.py), commit (bench_commit.py), scale (bench_scale.py), each from the benchmark's last run (its rows share `started`); gpu-node
+(soak.py), memory (bench_memory.py), hammer (bench_hammer.py), commit (bench_commit.py), scale (bench_scale.py), uring (bench_uring.py: the minimal raw-protocol daemon over /dev/fuse and
+over io_uring), each from the benchmark's last run (its rows share `started`); gpu-node
 (bench_node on the GPU node: loose files, fusefs and the minimal C daemon by loader and
 workers), gpu-hybrid (bench_hybrid's epoch rows, by model, mode and seed), gpu-swap
 (bench_swap's rows, and the exit status of each swap part that ended without them) and
@@ -340,6 +341,23 @@ def scale(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def uring(rows: list[dict]) -> str:
+    run = last_run(rows, "bench_uring")
+    if not run:
+        return not_measured("bench_uring")
+    by = {(r["transport"], r["epoch"]): r for r in run}
+    out = ["| epoch | /dev/fuse: daemon CPU us a sample | io_uring | /dev/fuse: samples/s | io_uring "
+           "| kernel | commit, date |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for epoch in dict.fromkeys(r["epoch"] for r in run):
+        dev, ring = by.get(("dev", epoch)), by.get(("uring", epoch))
+        cpu = lambda r: f"{r['daemon_cpu_us_per_sample']:.1f}" if r else "-"
+        rate = lambda r: f"{r['samples_per_s']:,}" if r else "-"
+        r = dev or ring
+        out.append(f"| {epoch} | {cpu(dev)} | {cpu(ring)} | {rate(dev)} | {rate(ring)} | {r['kernel']} "
+                   f"| {where(r)} |")
+    return "\n".join(out)
+
+
 def unbiased(rows: list[dict]) -> str:
     run = [r for r in last_run(rows, "bench_unbiased") if r["part"] == "summary"]
     if not run:
@@ -358,7 +376,7 @@ def unbiased(rows: list[dict]) -> str:
 
 
 TABLES = {"mount": (mount, "bench_mount.jsonl"), "unbiased": (unbiased, "bench_unbiased.jsonl"), "memory": (memory, "bench_memory.jsonl"), "hammer": (hammer, "bench_hammer.jsonl"),
-          "commit": (commit, "bench_commit.jsonl"), "scale": (scale, "bench_scale.jsonl"), "order": (order, "bench_order.jsonl"),
+          "commit": (commit, "bench_commit.jsonl"), "scale": (scale, "bench_scale.jsonl"), "uring": (uring, "bench_uring.jsonl"), "order": (order, "bench_order.jsonl"),
           "clients": (clients, "bench_clients.jsonl"), "faults": (faults, "faults.jsonl"),
           "soak": (soak, "soak.jsonl"), "gpu-node": (gpu_node, "gpu-node.jsonl"), "gpu-hybrid": (gpu_hybrid, "gpu-node.jsonl"),
           "gpu-swap": (gpu_swap, "gpu-node.jsonl"), "gpu-importance": (gpu_importance, "gpu-node.jsonl")}
