@@ -26,3 +26,14 @@ def test_a_table_that_differs_from_the_results_is_rewritten():
     assert changed == ["gpu-node"]
     assert new == doc
     assert "| raw | 4 |" in new[start:new.index("<!-- end generated -->", start)]
+
+
+def test_hotpaths_table_comes_from_bench_hotpaths_results():
+    with open(tables.HOTPATH) as f:
+        doc = f.read()
+    start = doc.index("<!-- generated: hotpath -->\n") + len("<!-- generated: hotpath -->\n")
+    stale = doc[:start] + "| edited by hand |\n" + doc[doc.index("<!-- end generated -->", start):]
+    new, changed = tables.render(stale, tables.HOTPATH)
+    assert changed == ["hotpath"]
+    assert new == doc
+    assert "| `kernel_paced` |" in new[start:new.index("<!-- end generated -->", start)]

@@ -74,7 +74,7 @@ import numpy as np
 import psutil
 
 from bench_scale import epoch as scale_epoch
-from common import REPO, against, build_minimal_c, commit as common_commit, minimal_daemon, read_files
+from common import REPO, JsonLines, against, build_minimal_c, commit as common_commit, minimal_daemon, read_files
 
 from fusefs import client, order as orderfmt, protocol
 from fusefs.pack import pack
@@ -301,6 +301,9 @@ def main() -> int:
     p.add_argument("--against-options", metavar="ARGS",
                    help="also run the working tree with these extra mount arguments (one string), "
                         "side by side, e.g. --against-options=--no-willneed")
+    p.add_argument("--results", metavar="PATH",
+                   help="also append the rows to PATH as JSON lines (docs/HOTPATH.md's table comes "
+                        "from scripts/bench/results/bench_hotpath.jsonl; guard runs leave it out)")
     a = p.parse_args()
     n = a.files or (2_000 if a.quick else 20_000)
     if a.scale is None:
@@ -316,10 +319,14 @@ def main() -> int:
     # version name -> (the daemons' environment, extra mount arguments)
     versions = {here: (dict(os.environ, PYTHONPATH=REPO, PYTHONSAFEPATH="1"), [])}
     rows = []
+    results = JsonLines(a.results) if a.results else None
 
     def emit(r):
         rows.append(r)
         print(json.dumps(r), flush=True)
+        # (the median rounds and the peers' rows: what HOTPATH.md's table shows)
+        if results is not None and ("cpu_us_per_sample_all_rounds" in r or r["regime"].startswith("minimal")):
+            results.write(bench="bench_hotpath", files=n, readers=a.readers, **r)
 
     with contextlib.ExitStack() as stack:
         if a.against:

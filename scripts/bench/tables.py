@@ -1,4 +1,4 @@
-"""docs/BENCHMARKS.md's generated tables, from the benchmarks' JSON lines in
+"""docs/BENCHMARKS.md's and docs/HOTPATH.md's generated tables, from the benchmarks' JSON lines in
 scripts/bench/results/: each table sits between `<!-- generated: NAME -->` and
 `<!-- end generated -->`, and this script rewrites what is between (--check: exit 1 if the
 docs differ from what it would write, and say which table).
@@ -10,7 +10,8 @@ over io_uring), each from the benchmark's last run (its rows share `started`); g
 (bench_node on the GPU node: loose files, fusefs and the minimal C daemon by loader and
 workers), gpu-hybrid (bench_hybrid's epoch rows, by model, mode and seed), gpu-swap
 (bench_swap's rows, and the exit status of each swap part that ended without them) and
-gpu-importance (bench_unbiased --local on the node).
+gpu-importance (bench_unbiased --local on the node); in HOTPATH.md, hotpath
+(bench_hotpath.py --results: fusefs, --no-fast-path and the minimal daemons, by regime).
 
 usage: .venv/bin/python scripts/bench/tables.py [--check]
 """
@@ -26,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 RESULTS = os.path.join(HERE, "results")
 DOC = os.path.join(REPO, "docs", "BENCHMARKS.md")
+HOTPATH = os.path.join(REPO, "docs", "HOTPATH.md")
 
 
 def load(name: str) -> list[dict]:
@@ -358,6 +360,33 @@ def uring(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def hotpath(rows: list[dict]) -> str:
+    """Daemon CPU us per sample by regime (the median round): fusefs (loop / other threads),
+    the same with --no-fast-path, and the minimal daemons' nearest epochs."""
+    run = last_run(rows, "bench_hotpath")
+    if not run:
+        return not_measured("bench_hotpath")
+    plain = [r for r in run if " " not in r.get("version", "") and not r["regime"].startswith("minimal")]
+    slow = {r["regime"]: r for r in run if "--no-fast-path" in r.get("version", "")}
+    peers = {r["regime"]: r for r in run if r["regime"].startswith("minimal")}
+    peer_of = {"kernel": "kernel", "kernel_paced": "paced", "daemon": "read"}
+    cpu = lambda r: f"{r['daemon_cpu_us_per_sample']:.1f}" if r else ""
+    out = ["| regime | fusefs (loop / other threads) | its rounds | `--no-fast-path` | minimal pyfuse3 daemon | "
+           "minimal C daemon | samples | commit, date |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in plain:
+        name = r["regime"]
+        split = ""
+        if "loop_cpu_us_per_sample" in r:
+            split = f" ({sum(r['loop_cpu_us_per_sample'])} / {sum(r['threads_cpu_us_per_sample'])})"
+        peer = peer_of.get(name)
+        py = peers.get(f"minimal_{peer}") if peer else None
+        c = peers.get(f"minimal_c_{peer}") if peer else None
+        rounds = slashed(r["cpu_us_per_sample_all_rounds"], "{:.1f}")
+        out.append(f"| `{name}` | {cpu(r)}{split} | {rounds} | {cpu(slow.get(name))} | {cpu(py)} | {cpu(c)} "
+                   f"| {r['samples']:,} | {where(r)} |")
+    return "\n".join(out)
+
+
 def unbiased(rows: list[dict]) -> str:
     run = [r for r in last_run(rows, "bench_unbiased") if r["part"] == "summary"]
     if not run:
@@ -379,16 +408,20 @@ TABLES = {"mount": (mount, "bench_mount.jsonl"), "unbiased": (unbiased, "bench_u
           "commit": (commit, "bench_commit.jsonl"), "scale": (scale, "bench_scale.jsonl"), "uring": (uring, "bench_uring.jsonl"), "order": (order, "bench_order.jsonl"),
           "clients": (clients, "bench_clients.jsonl"), "faults": (faults, "faults.jsonl"),
           "soak": (soak, "soak.jsonl"), "gpu-node": (gpu_node, "gpu-node.jsonl"), "gpu-hybrid": (gpu_hybrid, "gpu-node.jsonl"),
-          "gpu-swap": (gpu_swap, "gpu-node.jsonl"), "gpu-importance": (gpu_importance, "gpu-node.jsonl")}
+          "gpu-swap": (gpu_swap, "gpu-node.jsonl"), "gpu-importance": (gpu_importance, "gpu-node.jsonl"),
+          "hotpath": (hotpath, "bench_hotpath.jsonl", HOTPATH)}
 
 
-def render(doc: str) -> tuple[str, list[str]]:
-    """doc with every generated table rewritten; the names of those that changed."""
+def render(doc: str, path: str = DOC) -> tuple[str, list[str]]:
+    """doc (the file at path) with every generated table rewritten; the names of those that
+    changed."""
     changed = []
-    for name, (make, results) in TABLES.items():
+    for name, (make, results, *where_) in TABLES.items():
+        if (where_[0] if where_ else DOC) != path:
+            continue
         pattern = re.compile(rf"(<!-- generated: {name} -->\n)(.*?)(<!-- end generated -->)", re.S)
         if not pattern.search(doc):
-            raise SystemExit(f"tables.py: {DOC} has no '<!-- generated: {name} -->' section")
+            raise SystemExit(f"tables.py: {path} has no '<!-- generated: {name} -->' section")
         table = make(load(results)) + "\n"
         new = pattern.sub(lambda m: m.group(1) + table + m.group(3), doc, count=1)
         if new != doc:
@@ -401,19 +434,21 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="write nothing: exit 1 if a table is stale")
     a = p.parse_args()
-    with open(DOC) as f:
-        doc = f.read()
-    new, changed = render(doc)
-    if a.check:
+    stale = 0
+    for path in (DOC, HOTPATH):
+        with open(path) as f:
+            doc = f.read()
+        new, changed = render(doc, path)
+        if a.check:
+            if changed:
+                print(f"tables.py: stale in {path}: {', '.join(changed)} (run scripts/bench/tables.py)")
+                stale = 1
+            continue
         if changed:
-            print(f"tables.py: stale in {DOC}: {', '.join(changed)} (run scripts/bench/tables.py)")
-            return 1
-        return 0
-    if changed:
-        with open(DOC, "w") as f:
-            f.write(new)
-    print(f"tables.py: {', '.join(changed) or 'nothing'} rewritten in {DOC}")
-    return 0
+            with open(path, "w") as f:
+                f.write(new)
+        print(f"tables.py: {', '.join(changed) or 'nothing'} rewritten in {path}")
+    return stale
 
 
 if __name__ == "__main__":
