@@ -1,22 +1,16 @@
-/* fusefs._fetchio: the backend reads of a fetch batch, checksums included, in one call that
- * runs without the GIL (store.ChunkStore uses it when it is built; see setup.py).
+/* fusefs._fetchio: the backend reads of a fetch batch, checksums included, planned and made
+ * in C without the GIL (store.ChunkStore uses it when it is built; see setup.py).
  *
  * In Python, each pread and each push of a fetched sample releases and retakes the GIL:
  * with the event loop and several fetch threads wanting it, every such hand-off costs
- * futex wakeups and context switches (docs/HOTPATH.md counts them). Here a batch's reads (preadv straight into
- * each sample's own bytes object, gaps into a scratch buffer) and their xxh3-64 checks
- * run in one stretch without it.
- *
- * read_verified(reads, least=-1, budget_us=0) -> list
- *   reads: a list of (fd, offset, length, members), members a list of
- *          (relative offset, size, checksum) within length, those that are not empty in
- *          increasing relative offset and not overlapping.
- *   The reads are made in order, each checked as soon as it is read (its bytes are still
- *   in the CPU's caches). After `least` of them (-1: all), the call returns once it has
- *   taken budget_us microseconds: the result lists the reads made, a prefix of reads.
- *   For each read made: an int errno if the read failed, else (bytes read, entries) with
- *   one entry per member: its bytes if they match the checksum, else an int: -1 for a
- *   checksum mismatch, or the number of its bytes the file held (a short read).
+ * futex wakeups and context switches (docs/HOTPATH.md counts them). And per-sample Python
+ * around the reads (the coalescing, each read's arguments, each result) cost tiny samples
+ * more than their reads. Here a batch is planned in one call (plan: store.ChunkStore
+ * .coalesce's reads, as int64 buffers), and each group of its reads (preadv straight into
+ * each sample's own bytes object, gaps into a scratch buffer), their xxh3-64 checks and
+ * the advice to the kernel of the reads to come are made in one stretch without the GIL
+ * (read_group), reading each sample's place, size and checksum from the index's arrays.
+ * See each function's comment.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -100,12 +94,6 @@ static void do_read(read_t *r, char *scratch) {
     r->got = done;
 }
 
-static void free_reads(read_t *reads, Py_ssize_t n) {
-    for (Py_ssize_t i = 0; i < n; i++)
-        free(reads[i].members);
-    free(reads);
-}
-
 static long long now_us(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -126,178 +114,350 @@ static void verify(read_t *r) {
     }
 }
 
-static PyObject *read_verified(PyObject *self, PyObject *args) {
+/* A buffer argument of n items of `itemsize` bytes (an index array, or plan()'s output). */
+typedef struct {
+    Py_buffer view;
+    Py_ssize_t n;
+} array_t;
+
+static int get_array(PyObject *obj, array_t *a, Py_ssize_t itemsize, const char *what) {
+    if (PyObject_GetBuffer(obj, &a->view, PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (a->view.len % itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: a buffer of %zd-byte items expected", what, itemsize);
+        PyBuffer_Release(&a->view);
+        return -1;
+    }
+    a->n = a->view.len / itemsize;
+    return 0;
+}
+
+#define I64(a, i) (((const int64_t *)(a).view.buf)[i])
+#define U64(a, i) (((const uint64_t *)(a).view.buf)[i])
+#define U32(a, i) (((const uint32_t *)(a).view.buf)[i])
+
+typedef struct {
+    uint64_t chunk, offset;
+    int64_t sid, pos; /* pos: the sample's first position in sids */
+} place_t;
+
+static int by_sid(const void *a, const void *b) {
+    const place_t *x = a, *y = b;
+    return x->sid != y->sid ? (x->sid < y->sid ? -1 : 1) : (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+static int by_place(const void *a, const void *b) {
+    const place_t *x = a, *y = b;
+    if (x->chunk != y->chunk)
+        return x->chunk < y->chunk ? -1 : 1;
+    if (x->offset != y->offset)
+        return x->offset < y->offset ? -1 : 1;
+    return (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+typedef struct {
+    int64_t chunk, offset, length, first, n, pos; /* first: its first member in keys */
+} plan_read_t;
+
+static int by_pos(const void *a, const void *b) {
+    const plan_read_t *x = a, *y = b;
+    return (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+/* plan(sids, chunk, offset, size, max_gap, max_read) -> (reads, members): store.ChunkStore
+ * .coalesce's reads, as two buffers of int64: reads, 4 a read (chunk, offset, length,
+ * number of members), in the order of their first sample in sids; members, the sample ids
+ * of each read in turn (in chunk order). chunk (uint32), offset and size (uint64): the
+ * index's arrays. */
+static PyObject *plan(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *arg;
-    Py_ssize_t least = -1;
-    long long budget_us = 0;
-    if (!PyArg_ParseTuple(args, "O|nL:read_verified", &arg, &least, &budget_us))
+    PyObject *sids_obj, *chunk_obj, *offset_obj, *size_obj;
+    long long max_gap, max_read;
+    if (!PyArg_ParseTuple(args, "OOOOLL:plan", &sids_obj, &chunk_obj, &offset_obj, &size_obj,
+                          &max_gap, &max_read))
         return NULL;
-    PyObject *list = PySequence_Fast(arg, "read_verified: reads must be a list");
-    if (list == NULL)
+    PyObject *out = NULL, *reads_b = NULL, *members_b = NULL;
+    place_t *keys = NULL;
+    plan_read_t *reads = NULL;
+    array_t chunk = {0}, offset = {0}, size = {0};
+    int got = 0;
+    PyObject *sids = PySequence_Fast(sids_obj, "plan: sids must be a sequence");
+    if (sids == NULL)
         return NULL;
-    Py_ssize_t nreads = PySequence_Fast_GET_SIZE(list);
-    read_t *reads = calloc((size_t)(nreads ? nreads : 1), sizeof(read_t));
-    PyObject *bufs = PyList_New(0); /* every member's bytes object, in order */
-    PyObject *out = NULL;
-    char *scratch = NULL;
-    if (reads == NULL || bufs == NULL) {
+    if (get_array(chunk_obj, &chunk, 4, "plan: chunk") < 0)
+        goto done;
+    got = 1;
+    if (get_array(offset_obj, &offset, 8, "plan: offset") < 0)
+        goto done;
+    got = 2;
+    if (get_array(size_obj, &size, 8, "plan: size") < 0)
+        goto done;
+    got = 3;
+    if (chunk.n != offset.n || chunk.n != size.n) {
+        PyErr_SetString(PyExc_ValueError, "plan: the index's arrays differ in length");
+        goto done;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(sids);
+    keys = malloc((size_t)(n ? n : 1) * sizeof(place_t));
+    reads = malloc((size_t)(n ? n : 1) * sizeof(plan_read_t));
+    if (keys == NULL || reads == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    for (Py_ssize_t i = 0; i < nreads; i++) {
-        read_t *r = &reads[i];
-        PyObject *members;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(list, i), "iLnO", &r->fd, &r->offset,
-                              &r->length, &members))
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long sid = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(sids, i));
+        if (sid == -1 && PyErr_Occurred())
             goto done;
-        PyObject *ms = PySequence_Fast(members, "read_verified: members must be a list");
-        if (ms == NULL)
-            goto done;
-        r->n = PySequence_Fast_GET_SIZE(ms);
-        r->members = calloc((size_t)(r->n ? r->n : 1), sizeof(member_t));
-        if (r->members == NULL) {
-            Py_DECREF(ms);
-            PyErr_NoMemory();
+        if (sid < 0 || sid >= chunk.n) {
+            PyErr_Format(PyExc_IndexError, "plan: sample %lld is not in the index", sid);
             goto done;
         }
+        keys[i] = (place_t){U32(chunk, sid), U64(offset, sid), sid, i};
+    }
+    /* each sample once, at its first position */
+    qsort(keys, (size_t)n, sizeof(place_t), by_sid);
+    Py_ssize_t m = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (m == 0 || keys[m - 1].sid != keys[i].sid)
+            keys[m++] = keys[i];
+    qsort(keys, (size_t)m, sizeof(place_t), by_place);
+    Py_ssize_t r = 0;
+    int64_t wanted = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t k = (int64_t)keys[i].chunk, off = (int64_t)keys[i].offset;
+        int64_t sz = (int64_t)U64(size, keys[i].sid);
+        if (r) {
+            plan_read_t *p = &reads[r - 1];
+            int64_t length = off + sz - p->offset > p->length ? off + sz - p->offset : p->length;
+            if (p->chunk == k && off - (p->offset + p->length) <= max_gap && length <= max_read
+                    && length <= 2 * (wanted + sz)) {
+                p->length = length;
+                p->n++;
+                if (keys[i].pos < p->pos)
+                    p->pos = keys[i].pos;
+                wanted += sz;
+                continue;
+            }
+        }
+        reads[r++] = (plan_read_t){k, off, sz, i, 1, keys[i].pos};
+        wanted = sz;
+    }
+    qsort(reads, (size_t)r, sizeof(plan_read_t), by_pos);
+    reads_b = PyBytes_FromStringAndSize(NULL, r * 4 * (Py_ssize_t)sizeof(int64_t));
+    members_b = PyBytes_FromStringAndSize(NULL, m * (Py_ssize_t)sizeof(int64_t));
+    if (reads_b == NULL || members_b == NULL)
+        goto done;
+    int64_t *ro = (int64_t *)PyBytes_AS_STRING(reads_b), *mo = (int64_t *)PyBytes_AS_STRING(members_b);
+    for (Py_ssize_t i = 0; i < r; i++) {
+        ro[4 * i] = reads[i].chunk;
+        ro[4 * i + 1] = reads[i].offset;
+        ro[4 * i + 2] = reads[i].length;
+        ro[4 * i + 3] = reads[i].n;
+        for (int64_t j = 0; j < reads[i].n; j++)
+            *mo++ = keys[reads[i].first + j].sid;
+    }
+    out = PyTuple_Pack(2, reads_b, members_b);
+done:
+    Py_XDECREF(reads_b);
+    Py_XDECREF(members_b);
+    free(keys);
+    free(reads);
+    if (got > 2)
+        PyBuffer_Release(&size.view);
+    if (got > 1)
+        PyBuffer_Release(&offset.view);
+    if (got > 0)
+        PyBuffer_Release(&chunk.view);
+    Py_DECREF(sids);
+    return out;
+}
+
+/* read_group(reads, members, start, mstart, fds, offset, size, checksum, least=-1,
+ *            budget_us=0, advise_from=-1) -> (made, reads ok, bytes, values, failed, bad)
+ *   reads, members: plan()'s buffers; the group reads from read `start` on (its members
+ *   from `mstart` on); fds: int64 by chunk, each read's file (-1: not open); offset, size,
+ *   checksum: the index's uint64 arrays. First, without the GIL as the rest:
+ *   posix_fadvise(WILLNEED) for each read from advise_from on (-1: none; not the empty
+ *   ones, whose length 0 would mean the chunk's rest). Then the reads are made in order,
+ *   each checked as soon as it is read; after `least` of them (-1: all), the call returns
+ *   once it has taken budget_us microseconds.
+ *   made: the reads made (start .. start + made - 1); reads ok, bytes: those that did not
+ *   fail and the bytes they brought; values: for each of their members in turn, its bytes
+ *   if they match its checksum, else -1 for a mismatch, or the number of its bytes the
+ *   file held (a short read), or None (its read failed, or its chunk is not open); failed:
+ *   (read, errno) of each read that failed, errno 0 for one whose chunk is not open; bad:
+ *   how many of values are not bytes. */
+static PyObject *read_group(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *reads_obj, *members_obj, *fds_obj, *offset_obj, *size_obj, *sum_obj;
+    Py_ssize_t start, mstart, least = -1, advise_from = -1;
+    long long budget_us = 0;
+    if (!PyArg_ParseTuple(args, "OOnnOOOO|nLn:read_group", &reads_obj, &members_obj, &start,
+                          &mstart, &fds_obj, &offset_obj, &size_obj, &sum_obj, &least,
+                          &budget_us, &advise_from))
+        return NULL;
+    array_t arr[6] = {{{0}}};
+    PyObject *objs[6] = {reads_obj, members_obj, fds_obj, offset_obj, size_obj, sum_obj};
+    const char *names[6] = {"reads", "members", "fds", "offset", "size", "checksum"};
+    int got = 0;
+    PyObject *out = NULL, *values = NULL, *failed = NULL;
+    read_t *rs = NULL;
+    member_t *ms = NULL;
+    PyObject **bufs = NULL;
+    char *scratch = NULL;
+    for (; got < 6; got++)
+        if (get_array(objs[got], &arr[got], 8, names[got]) < 0)
+            goto done;
+    array_t reads = arr[0], members = arr[1], fds = arr[2], offset = arr[3], size = arr[4], sums = arr[5];
+    if (reads.n % 4 || offset.n != size.n || offset.n != sums.n) {
+        PyErr_SetString(PyExc_ValueError, "read_group: malformed reads or index arrays");
+        goto done;
+    }
+    Py_ssize_t nreads = reads.n / 4;
+    if (start < 0 || start > nreads || mstart < 0 || mstart > members.n) {
+        PyErr_SetString(PyExc_ValueError, "read_group: start out of range");
+        goto done;
+    }
+    Py_ssize_t count = nreads - start, mcount = 0;
+    for (Py_ssize_t i = start; i < nreads; i++)
+        mcount += I64(reads, 4 * i + 3);
+    if (mcount > members.n - mstart) {
+        PyErr_SetString(PyExc_ValueError, "read_group: the reads name more members than there are");
+        goto done;
+    }
+    rs = calloc((size_t)(count ? count : 1), sizeof(read_t));
+    ms = calloc((size_t)(mcount ? mcount : 1), sizeof(member_t));
+    bufs = calloc((size_t)(mcount ? mcount : 1), sizeof(PyObject *));
+    scratch = malloc(SCRATCH);
+    if (rs == NULL || ms == NULL || bufs == NULL || scratch == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t j = 0; /* members, from mstart */
+    for (Py_ssize_t i = 0; i < count; i++) {
+        read_t *r = &rs[i];
+        const int64_t *t = &I64(reads, 4 * (start + i));
+        if (t[0] < 0 || t[0] >= fds.n || t[1] < 0 || t[2] < 0 || t[3] < 0) {
+            PyErr_SetString(PyExc_ValueError, "read_group: a read's chunk, offset or length is out of range");
+            goto done;
+        }
+        r->fd = (int)I64(fds, t[0]);
+        r->offset = t[1];
+        r->length = t[2];
+        r->n = t[3];
+        r->members = &ms[j];
         Py_ssize_t end = 0;
-        for (Py_ssize_t j = 0; j < r->n; j++) {
-            member_t *m = &r->members[j];
-            unsigned long long sum;
-            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(ms, j), "nnK", &m->rel, &m->size, &sum)) {
-                Py_DECREF(ms);
+        for (Py_ssize_t q = 0; q < r->n; q++, j++) {
+            int64_t sid = I64(members, mstart + j);
+            if (sid < 0 || sid >= offset.n) {
+                PyErr_Format(PyExc_IndexError, "read_group: sample %lld is not in the index", (long long)sid);
                 goto done;
             }
-            m->sum = sum;
-            if ((m->size > 0 && m->rel < end) || m->rel < 0 || m->size < 0 ||
-                m->rel + m->size > r->length) {
-                Py_DECREF(ms);
-                PyErr_SetString(PyExc_ValueError, "read_verified: members overlap or leave the read");
+            member_t *m = &ms[j];
+            m->rel = (Py_ssize_t)((int64_t)U64(offset, sid) - r->offset);
+            m->size = (Py_ssize_t)U64(size, sid);
+            m->sum = U64(sums, sid);
+            if ((m->size > 0 && m->rel < end) || m->rel < 0 || m->size < 0 || m->rel + m->size > r->length) {
+                PyErr_SetString(PyExc_ValueError, "read_group: members overlap or leave the read");
                 goto done;
             }
             if (m->size > 0)
                 end = m->rel + m->size;
-            PyObject *b = PyBytes_FromStringAndSize(NULL, m->size);
-            if (b == NULL || PyList_Append(bufs, b) < 0) {
-                Py_XDECREF(b);
-                Py_DECREF(ms);
-                goto done;
+            if (r->fd >= 0) {
+                bufs[j] = PyBytes_FromStringAndSize(NULL, m->size);
+                if (bufs[j] == NULL)
+                    goto done;
+                m->buf = PyBytes_AS_STRING(bufs[j]);
             }
-            Py_DECREF(b); /* (bufs holds it) */
-            m->buf = PyBytes_AS_STRING(b);
         }
-        Py_DECREF(ms);
-    }
-    scratch = malloc(SCRATCH);
-    if (scratch == NULL) {
-        PyErr_NoMemory();
-        goto done;
     }
 
     Py_ssize_t made = 0;
     Py_BEGIN_ALLOW_THREADS
-    long long start = now_us();
-    while (made < nreads) {
-        do_read(&reads[made], scratch);
-        verify(&reads[made]);
+    if (advise_from >= 0)
+        for (Py_ssize_t i = advise_from > start ? advise_from - start : 0; i < count; i++)
+            if (rs[i].fd >= 0 && rs[i].length > 0)
+                (void)posix_fadvise(rs[i].fd, (off_t)rs[i].offset, (off_t)rs[i].length, POSIX_FADV_WILLNEED);
+    long long t0 = now_us();
+    while (made < count) {
+        if (rs[made].fd >= 0) {
+            do_read(&rs[made], scratch);
+            verify(&rs[made]);
+        }
         made++;
-        if (least >= 0 && made >= least && now_us() - start >= budget_us)
+        if (least >= 0 && made >= least && now_us() - t0 >= budget_us)
             break;
     }
     Py_END_ALLOW_THREADS
 
-    out = PyList_New(made);
-    if (out == NULL)
+    Py_ssize_t ok = 0, nmade = 0, bad = 0;
+    long long nbytes = 0;
+    for (Py_ssize_t i = 0; i < made; i++)
+        nmade += rs[i].n;
+    values = PyList_New(nmade);
+    failed = PyList_New(0);
+    if (values == NULL || failed == NULL)
         goto done;
-    Py_ssize_t k = 0; /* position in bufs */
+    j = 0;
     for (Py_ssize_t i = 0; i < made; i++) {
-        read_t *r = &reads[i];
-        PyObject *item;
-        if (r->error) {
-            item = PyLong_FromLong(r->error);
-        } else {
-            item = PyList_New(r->n);
-            for (Py_ssize_t j = 0; item != NULL && j < r->n; j++) {
-                member_t *m = &r->members[j];
-                PyObject *v;
-                if (m->rel + m->size > r->got) {
-                    Py_ssize_t held = r->got > m->rel ? r->got - m->rel : 0;
-                    v = PyLong_FromSsize_t(held);
-                } else if (m->buf == NULL) {
-                    v = PyLong_FromLong(-1);
-                } else {
-                    v = PyList_GET_ITEM(bufs, k + j);
-                    Py_INCREF(v);
-                }
-                if (v == NULL) {
-                    Py_CLEAR(item);
-                    break;
-                }
-                PyList_SET_ITEM(item, j, v);
+        read_t *r = &rs[i];
+        int bad_read = r->fd < 0 || r->error;
+        if (bad_read) {
+            PyObject *f = Py_BuildValue("(ni)", start + i, r->fd < 0 ? 0 : r->error);
+            if (f == NULL || PyList_Append(failed, f) < 0) {
+                Py_XDECREF(f);
+                goto done;
             }
+            Py_DECREF(f);
+        } else {
+            ok++;
+            nbytes += r->got;
         }
-        k += r->n;
-        if (item != NULL && !r->error)
-            item = Py_BuildValue("(nN)", r->got, item);
-        if (item == NULL) {
-            Py_CLEAR(out);
-            goto done;
+        for (Py_ssize_t q = 0; q < r->n; q++, j++) {
+            member_t *m = &r->members[q];
+            PyObject *v;
+            if (bad_read) {
+                v = Py_None;
+                Py_INCREF(v);
+            } else if (m->rel + m->size > r->got) {
+                v = PyLong_FromSsize_t(r->got > m->rel ? r->got - m->rel : 0);
+            } else if (m->buf == NULL) {
+                v = PyLong_FromLong(-1);
+            } else {
+                v = bufs[j];
+                bufs[j] = NULL; /* (the list takes it) */
+            }
+            if (v == NULL)
+                goto done;
+            bad += !PyBytes_CheckExact(v);
+            PyList_SET_ITEM(values, j, v);
         }
-        PyList_SET_ITEM(out, i, item);
     }
-
+    out = Py_BuildValue("(nnLOOn)", made, ok, nbytes, values, failed, bad);
 done:
+    if (bufs != NULL) {
+        for (Py_ssize_t i = 0; i < mcount; i++)
+            Py_XDECREF(bufs[i]);
+        free(bufs);
+    }
+    free(ms);
+    free(rs);
     free(scratch);
-    if (reads != NULL)
-        free_reads(reads, nreads);
-    Py_XDECREF(bufs);
-    Py_DECREF(list);
+    Py_XDECREF(values);
+    Py_XDECREF(failed);
+    while (got > 0)
+        PyBuffer_Release(&arr[--got].view);
     return out;
 }
 
-/* willneed(reads): posix_fadvise(fd, offset, length, WILLNEED) for each (fd, offset, length)
- * of reads, all in one stretch without the GIL (in Python each call releases and retakes it:
- * a hand-off per read of a batch). A hint: failures are ignored. */
-static PyObject *willneed(PyObject *self, PyObject *arg) {
-    (void)self;
-    PyObject *list = PySequence_Fast(arg, "willneed: reads must be a list");
-    if (list == NULL)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(list);
-    struct advice {
-        int fd;
-        long long offset, length;
-    } *advice = malloc((size_t)(n ? n : 1) * sizeof(struct advice));
-    if (advice == NULL) {
-        Py_DECREF(list);
-        return PyErr_NoMemory();
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(list, i), "iLL", &advice[i].fd,
-                              &advice[i].offset, &advice[i].length)) {
-            free(advice);
-            Py_DECREF(list);
-            return NULL;
-        }
-    }
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++)
-        (void)posix_fadvise(advice[i].fd, (off_t)advice[i].offset, (off_t)advice[i].length,
-                            POSIX_FADV_WILLNEED);
-    Py_END_ALLOW_THREADS
-    free(advice);
-    Py_DECREF(list);
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef methods[] = {
-    {"willneed", willneed, METH_O,
-     "willneed(reads): posix_fadvise WILLNEED each (fd, offset, length) without the GIL."},
-    {"read_verified", read_verified, METH_VARARGS,
-     "read_verified(reads, least=-1, budget_us=0) -> list: a batch's reads and checksums "
-     "without the GIL, all of them or from `least` on until budget_us has passed (see the "
-     "module's source)."},
+    {"plan", plan, METH_VARARGS,
+     "plan(sids, chunk, offset, size, max_gap, max_read) -> (reads, members): a batch's "
+     "coalesced reads as int64 buffers (see the module's source)."},
+    {"read_group", read_group, METH_VARARGS,
+     "read_group(reads, members, start, mstart, fds, offset, size, checksum, least=-1, "
+     "budget_us=0, advise_from=-1) -> (made, reads ok, bytes, values, failed, bad): a group of "
+     "a batch's reads and checksums without the GIL (see the module's source)."},
     {NULL, NULL, 0, NULL},
 };
 

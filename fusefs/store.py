@@ -266,14 +266,20 @@ class ChunkStore:
         and the group's reads made and bytes read.
         """
         out, nreads, nbytes = {}, 0, 0
-        reads = self.coalesce(sids, max_gap)
-        if self.willneed:
-            self.advise(reads[1:])
-        read_group = self._read_native if self.native else self._read_python
+        if self.native:
+            read_group, total = self._native_groups(sids, max_gap)
+        else:
+            reads = self.coalesce(sids, max_gap)
+            if self.willneed:
+                self.advise(reads[1:])
+            total = len(reads)
+
+            def read_group(done, least, budget):
+                return self._read_python(reads[done:], least, budget)
         done = 0
-        while done < len(reads):
+        while done < total:
             budget = 0.0 if first_alone and done == 0 else group_s
-            got, n, b, made = read_group(reads[done:], max(1, done), budget)
+            got, n, b, made = read_group(done, max(1, done), budget)
             done += made
             nreads += n
             nbytes += b
@@ -312,71 +318,76 @@ class ChunkStore:
                     got[sid] = e
         return got, nreads, nbytes, len(reads)
 
-    def _read_native(self, reads, least: int, budget_s: float) -> tuple[dict, int, int, int]:
-        """As _read_python, with the reads and checksums in fusefs._fetchio: one stretch
-        without the GIL, each sample read straight into its own bytes."""
+    def _native_groups(self, sids, max_gap: int):
+        """(read_group(done, least, budget_s) -> (results, reads made, bytes read, reads
+        done), the number of reads): as _read_python over coalesce's reads, planned and made
+        by fusefs._fetchio (plan, read_group) without per-sample Python: each group one
+        stretch without the GIL, each sample read straight into its own bytes, the first
+        group also advising the kernel of every read but the first (willneed)."""
         ix = self.index
-        offset_v, size_v, checksum_v = ix.offset_v, ix.size_v, ix.checksum_v
-        got, nreads, nbytes = {}, 0, 0
-        todo = []  # (position in reads, chunk, offset, length, sids, handle)
-        failed = []  # (position, sids, error): chunks that would not open
-        for i, (k, off, length, members) in enumerate(reads):
+        reads_b, members_b = _fetchio.plan(sids, ix.chunk, ix.offset, ix.size, max_gap, MAX_READ)
+        reads = np.frombuffer(reads_b, np.int64).reshape(-1, 4)
+        members = np.frombuffer(members_b, np.int64)
+        first = 0  # the members of the reads done so far
+
+        def read_group(done: int, least: int, budget_s: float):
+            nonlocal first
+            fds = np.full(len(ix.chunks), -1, np.int64)
+            held, unopened, retire = {}, {}, set()
             try:
-                todo.append((i, k, off, length, members, self._acquire(k)))
-            except OSError as e:
-                failed.append((i, members, e))
-        results = []
-        try:
-            results = _fetchio.read_verified([
-                (h.fd, off, length, [(offset_v[s] - off, size_v[s], checksum_v[s]) for s in members])
-                for _, k, off, length, members, h in todo],
-                sum(1 for t in todo if t[0] < least), int(budget_s * 1e6))
-        finally:
-            for i, (_, k, _, _, _, h) in enumerate(todo):
-                r = results[i] if i < len(results) else None  # (a failed or short read: reopen)
-                self._release(k, h, r is not None and (type(r) is int or any(
-                    type(v) is int and v >= 0 for v in r[1])))
-        # the reads done: up to the last one made (all, if every one was made)
-        done = len(reads) if len(results) == len(todo) else todo[len(results) - 1][0] + 1
-        for i, members, e in failed:
-            if i < done:
-                got.update(dict.fromkeys(members, e))
-        for (_, k, off, length, members, _), r in zip(todo, results):
-            if type(r) is int:  # the read failed: errno
-                e = OSError(r, os.strerror(r))
-                got.update(dict.fromkeys(members, e))
-                continue
-            nread, r = r
-            nreads += 1
-            nbytes += nread
-            for sid, v in zip(members, r):  # (v: bytes, -1: a mismatch, or the bytes held)
-                got[sid] = v if type(v) is bytes else self.corrupt(sid, None if v < 0 else v)
-        return got, nreads, nbytes, done
+                for k in np.unique(reads[done:, 0]).tolist():  # (each chunk of the reads left, once)
+                    try:
+                        held[k] = h = self._acquire(k)
+                        fds[k] = h.fd
+                    except OSError as e:
+                        unopened[k] = e
+                made, ok, nbytes, values, failed, bad = _fetchio.read_group(
+                    reads_b, members_b, done, first, fds, ix.offset, ix.size, ix.checksum, least,
+                    int(budget_s * 1e6), 1 if done == 0 and self.willneed else -1)
+                ids = members[first:first + len(values)].tolist()
+                got = dict(zip(ids, values))
+                if bad:  # (a failed read, a chunk not open, a mismatch or a short read)
+                    errors, at = dict(failed), 0
+                    for i in range(done, done + made):
+                        k, n = int(reads[i, 0]), int(reads[i, 3])
+                        if i in errors:
+                            err = errors[i]
+                            e = unopened[k] if err == 0 else OSError(err, os.strerror(err))
+                            got.update(dict.fromkeys(ids[at:at + n], e))
+                            if err:
+                                retire.add(k)
+                        else:
+                            for sid, v in zip(ids[at:at + n], values[at:at + n]):
+                                if type(v) is int:  # (-1: a mismatch; else the bytes held: short)
+                                    got[sid] = self.corrupt(sid, None if v < 0 else v)
+                                    if v >= 0:
+                                        retire.add(k)  # (the file may be replaced: open it again)
+                        at += n
+            finally:
+                for k, h in held.items():
+                    self._release(k, h, k in retire)
+            first += len(values)
+            return got, ok, nbytes, made
+
+        return read_group, len(reads)
 
     def advise(self, reads) -> None:
-        """posix_fadvise WILLNEED for each (chunk, offset, length, ...) of reads (natively:
-        all in one release of the GIL): a hint, so a failure here is left to the read itself
-        to report. (An empty read is not advised: length 0 would mean the whole rest of the
-        chunk.)"""
-        held = []  # (chunk, handle, offset, length)
-        try:
-            for k, off, length, *_ in reads:
-                if length <= 0:
-                    continue
-                try:
-                    held.append((k, self._acquire(k), off, length))
-                except OSError:
-                    continue
-            if self.native:
-                _fetchio.willneed([(h.fd, off, length) for _, h, off, length in held])
-            else:
-                for _, h, off, length in held:
-                    try:
-                        os.posix_fadvise(h.fd, off, length, os.POSIX_FADV_WILLNEED)
-                    except OSError:
-                        pass
-        finally:
-            for k, h, _, _ in held:
+        """posix_fadvise WILLNEED for each (chunk, offset, length, ...) of reads (the Python
+        reads'; the compiled ones advise in read_group): a hint, so a failure here is left
+        to the read itself to report. (An empty read is not advised: length 0 would mean
+        the whole rest of the chunk.)"""
+        for k, off, length, *_ in reads:
+            if length <= 0:
+                continue
+            try:
+                h = self._acquire(k)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(h.fd, off, length, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass
+            finally:
                 self._release(k, h, False)
 
     def read_sample(self, sid: int) -> bytes:

@@ -136,20 +136,29 @@ def test_groups_make_their_least_reads_and_go_on_within_their_budget(tricky, nat
     assert groups(group_s=0, first_alone=True) == [1, 1, 2, 4, 8]
 
 
-def test_the_compiled_reads_stop_after_least_once_the_budget_is_spent(tricky):
+def one_read_group(ix, fd, sids, lengths=None, **kw):
+    """_fetchio.read_group over reads of chunk 0 (fd), one per sample of sids, each the
+    sample's own bytes (or lengths[i] bytes from its start)."""
     from fusefs import _fetchio
+    reads = np.array([(0, int(ix.offset[s]), int(ix.size[s]) if lengths is None else lengths[i], 1)
+                      for i, s in enumerate(sids)], np.int64).reshape(-1, 4)
+    fds = np.array([fd], np.int64)
+    return _fetchio.read_group(reads.tobytes(), np.array(sids, np.int64).tobytes(), 0, 0, fds,
+                               ix.offset, ix.size, ix.checksum, *kw.pop("args", ()), **kw)
+
+
+def test_the_compiled_reads_stop_after_least_once_the_budget_is_spent(tricky):
     _, dst, files = tricky
     ix = Index.load(os.path.join(dst, INDEX_NAME))
-    s = max(range(ix.n_files), key=lambda s: int(ix.size[s]))
-    fd = os.open(os.path.join(dst, ix.chunks[int(ix.chunk[s])].path), os.O_RDONLY)
+    s = max((s for s in range(ix.n_files) if ix.chunk[s] == 0), key=lambda s: int(ix.size[s]))
+    fd = os.open(os.path.join(dst, ix.chunks[0].path), os.O_RDONLY)
     try:
-        one = (fd, int(ix.offset[s]), int(ix.size[s]), [(0, int(ix.size[s]), int(ix.checksum[s]))])
         want = files[os.fsdecode(ix.file_path(s))]
-        assert _fetchio.read_verified([one] * 5) == [(len(want), [want])] * 5
-        assert len(_fetchio.read_verified([one] * 5, 2)) == 2  # (budget 0)
-        assert len(_fetchio.read_verified([one] * 5, 0)) == 1  # at least one read
-        assert len(_fetchio.read_verified([one] * 5, 2, 3600 * 10**6)) == 5
-        assert len(_fetchio.read_verified([one] * 5, 9, 0)) == 5
+        assert one_read_group(ix, fd, [s] * 5) == (5, 5, 5 * len(want), [want] * 5, [], 0)
+        assert one_read_group(ix, fd, [s] * 5, args=(2,))[0] == 2  # (budget 0)
+        assert one_read_group(ix, fd, [s] * 5, args=(0,))[0] == 1  # at least one read
+        assert one_read_group(ix, fd, [s] * 5, args=(2, 3600 * 10**6))[0] == 5
+        assert one_read_group(ix, fd, [s] * 5, args=(9, 0))[0] == 5
     finally:
         os.close(fd)
 
@@ -158,55 +167,99 @@ def test_bad_arguments_are_refused(tricky):
     from fusefs import _fetchio
     src, dst, files = tricky
     ix = Index.load(os.path.join(dst, INDEX_NAME))
+    s = max((s for s in range(ix.n_files) if ix.chunk[s] == 0), key=lambda s: int(ix.size[s]))
     fd = os.open(os.path.join(dst, ix.chunks[0].path), os.O_RDONLY)
+    off, size = int(ix.offset[s]), int(ix.size[s])
+    fds = np.array([fd], np.int64)
+    group = lambda reads, members, fds=fds: _fetchio.read_group(  # noqa: E731
+        np.array(reads, np.int64).tobytes(), np.array(members, np.int64).tobytes(), 0, 0, fds,
+        ix.offset, ix.size, ix.checksum)
     try:
-        with pytest.raises(ValueError, match="overlap"):
-            _fetchio.read_verified([(fd, 0, 100, [(0, 60, 0), (50, 10, 0)])])
+        with pytest.raises(ValueError, match="overlap"):  # (one sample twice in a read)
+            group([0, off, size, 2], [s, s])
         with pytest.raises(ValueError, match="leave the read"):
-            _fetchio.read_verified([(fd, 0, 100, [(90, 20, 0)])])
+            group([0, off, size - 1, 1], [s])
+        with pytest.raises(ValueError, match="more members"):
+            group([0, off, size, 2], [s])
+        with pytest.raises(ValueError, match="out of range"):  # (a chunk fds does not have)
+            group([1, off, size, 1], [s])
+        with pytest.raises(IndexError, match="not in the index"):
+            group([0, off, size, 1], [ix.n_files])
+        with pytest.raises(ValueError, match="8-byte items"):
+            _fetchio.read_group(b"123", b"", 0, 0, fds, ix.offset, ix.size, ix.checksum)
         with pytest.raises(TypeError):
-            _fetchio.read_verified([(fd, 0, 100)])
-        assert _fetchio.read_verified([(-1, 0, 10, [(0, 10, 0)])]) == [errno.EBADF]
-        assert _fetchio.read_verified([]) == []
+            _fetchio.read_group([0, off, size, 1], b"", 0, 0, fds, ix.offset, ix.size, ix.checksum)
+        assert group([0, off, size, 1], [s], np.array([-1], np.int64)) == (1, 0, 0, [None], [(0, 0)], 1)
+        assert group([0, off, size, 1], [s], np.array([1 << 20], np.int64))[3:] == ([None], [(0, errno.EBADF)], 1)
+        assert group([], []) == (0, 0, 0, [], [], 0)
+        with pytest.raises(IndexError, match="not in the index"):
+            _fetchio.plan([ix.n_files], ix.chunk, ix.offset, ix.size, 0, storemod.MAX_READ)
+        with pytest.raises(ValueError, match="differ in length"):
+            _fetchio.plan([0], ix.chunk, ix.offset[:-1], ix.size, 0, storemod.MAX_READ)
     finally:
         os.close(fd)
 
 
-def test_a_batch_is_advised_in_one_native_call(tricky, monkeypatch):
-    """willneed: every read of a batch but the first, advised in one call of the compiled
-    module (which releases the GIL once, not once per read); an empty read is not advised
-    (length 0 would advise the rest of the chunk); a bad fd is ignored (a hint), a
-    malformed read refused."""
+@pytest.mark.parametrize("max_gap", [0, 1000, 256 << 10])
+def test_the_compiled_plan_gives_coalesces_reads(tricky, max_gap):
+    """_fetchio.plan gives store.ChunkStore.coalesce's reads, in its order, for random
+    batches with repeats (each sample read once, where it first comes), empty samples and
+    reads capped by max_read."""
+    from fusefs import _fetchio
+    src, dst, files = tricky
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    store = ChunkStore(dst, ix, native=False)
+    rng = np.random.default_rng(max_gap)
+    for _ in range(60):
+        sids = rng.integers(0, ix.n_files, int(rng.integers(0, 2 * ix.n_files))).tolist()
+        max_read = int(rng.choice([1, 50_000, storemod.MAX_READ]))
+        want = store.coalesce(sids, max_gap, max_read)
+        reads_b, members_b = _fetchio.plan(sids, ix.chunk, ix.offset, ix.size, max_gap, max_read)
+        reads = np.frombuffer(reads_b, np.int64).reshape(-1, 4).tolist()
+        members = np.frombuffer(members_b, np.int64).tolist()
+        got, at = [], 0
+        for k, off, length, n in reads:
+            got.append((k, off, length, members[at:at + n]))
+            at += n
+        assert got == [(int(k), int(off), int(length), [int(s) for s in m]) for k, off, length, m in want]
+        assert at == len(members) == len(set(sids))
+
+
+def test_a_batch_is_advised_in_its_first_compiled_group(tricky, monkeypatch):
+    """willneed: the compiled reads' first group advises the kernel of every read but the
+    first (read_group's advise_from 1, in the same release of the GIL), the later groups of
+    none; without willneed, none is."""
     from fusefs import _fetchio
     src, dst, files = tricky
     ix = Index.load(os.path.join(dst, INDEX_NAME))
     calls = []
 
     class Spy:
-        read_verified = staticmethod(_fetchio.read_verified)
+        plan = staticmethod(_fetchio.plan)
 
         @staticmethod
-        def willneed(reads):
-            calls.append(list(reads))
-            return _fetchio.willneed(reads)
+        def read_group(*args):
+            calls.append(args[2:4] + args[-1:])  # (start, first member, advise_from)
+            return _fetchio.read_group(*args)
     monkeypatch.setattr(storemod, "_fetchio", Spy)
-    store = ChunkStore(dst, ix, willneed=True)
     sids = np.random.default_rng(3).permutation(ix.n_files).tolist()
-    reads = store.coalesce(sids, 0)
-    assert len(reads) > 2
-    got = store.read_batch(sids, max_gap=0)[0]
-    assert all(got[s] == files[os.fsdecode(ix.file_path(s))] for s in sids)
-    assert len(calls) == 1
-    assert [(off, length) for _, off, length in calls[0]] == [(off, length) for _, off, length, _ in reads[1:]
-                                                              if length > 0]
-    calls.clear()
-    store.advise([(0, 0, 0, []), (0, 100, 10, [])])
-    assert [[(off, length) for _, off, length in c] for c in calls] == [[(100, 10)]]
-    assert _fetchio.willneed([(-1, 0, 10)]) is None and _fetchio.willneed([]) is None
-    with pytest.raises(TypeError):
-        _fetchio.willneed([("fd", 0, 10)])
-    with pytest.raises(TypeError):
-        _fetchio.willneed(5)
+    assert len(ChunkStore(dst, ix).coalesce(sids, 0)) > 8
+    for willneed in (True, False):
+        calls.clear()
+        got = ChunkStore(dst, ix, willneed=willneed).read_batch(sids, max_gap=0, group_s=0)[0]
+        assert all(got[s] == files[os.fsdecode(ix.file_path(s))] for s in sids)
+        assert len(calls) > 2 and calls[0] == (0, 0, 1 if willneed else -1)
+        assert all(advise == -1 for _, _, advise in calls[1:])
+        assert [start for start, _, _ in calls] == sorted(start for start, _, _ in calls)
+
+
+def test_the_python_reads_advise_every_read_but_an_empty_one(tricky, monkeypatch):
+    src, dst, files = tricky
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    advised = []
+    monkeypatch.setattr(storemod.os, "posix_fadvise", lambda fd, off, length, how: advised.append((off, length)))
+    ChunkStore(dst, ix, native=False).advise([(0, 0, 0, []), (0, 100, 10, [])])
+    assert advised == [(100, 10)]
 
 
 def test_native_reads_are_refused_where_they_are_not_built(tricky, monkeypatch):
