@@ -90,8 +90,8 @@ def main() -> None:
     dst, mnt = os.path.join(a.out, f"packed-{n}"), os.path.join(a.out, f"mnt-{n}")
     packed = make_packed(dst, n, progress=True, reuse=True)
     with side_by_side(a.against) as versions:
-        for _ in range(a.rounds):
-            for label, env in versions.items():
+        for i in range(a.rounds):  # (REF first in even rounds, last in odd ones)
+            for label, env in (list(versions.items()) if i % 2 == 0 else list(versions.items())[::-1]):
                 row = epoch(dst, mnt, packed, a.readers, a.cache_size, env, label)
                 print(json.dumps(row), flush=True)
                 results.write(**row)
