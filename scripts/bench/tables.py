@@ -11,7 +11,8 @@ over io_uring), each from the benchmark's last run (its rows share `started`); g
 workers), gpu-hybrid (bench_hybrid's epoch rows, by model, mode and seed), gpu-swap
 (bench_swap's rows, and the exit status of each swap part that ended without them) and
 gpu-importance (bench_unbiased --local on the node); in HOTPATH.md, hotpath
-(bench_hotpath.py --results: fusefs, --no-fast-path and the minimal daemons, by regime).
+(bench_hotpath.py --results: fusefs, --no-fast-path and the minimal daemons, by regime) and
+wake (wake_cost.py: an idle loop's wake, trio's and a bare epoll loop's).
 
 usage: .venv/bin/python scripts/bench/tables.py [--check]
 """
@@ -360,6 +361,21 @@ def uring(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def wake(rows: list[dict]) -> str:
+    """The loop thread's CPU per wake by spacing: trio's against a bare epoll loop."""
+    run = last_run(rows, "wake_cost")
+    if not run:
+        return not_measured("wake_cost")
+    by = {(r["loop"], r["spacing_ms"]): r for r in run}
+    out = ["| wakes apart | trio: loop CPU us a wake (rounds) | bare epoll loop (rounds) | commit, date |",
+           "| --- | --- | --- | --- |"]
+    for spacing in dict.fromkeys(r["spacing_ms"] for r in run):
+        t, e = by[("trio", spacing)], by[("epoll", spacing)]
+        out.append(f"| {spacing:g} ms | {t['cpu_us_per_wake']:.0f} ({slashed(t['rounds'])}) "
+                   f"| {e['cpu_us_per_wake']:.0f} ({slashed(e['rounds'])}) | {where(t)} |")
+    return "\n".join(out)
+
+
 def hotpath(rows: list[dict]) -> str:
     """Daemon CPU us per sample by regime (the median round): fusefs (loop / other threads),
     the same with --no-fast-path, and the minimal daemons' nearest epochs."""
@@ -409,7 +425,8 @@ TABLES = {"mount": (mount, "bench_mount.jsonl"), "unbiased": (unbiased, "bench_u
           "clients": (clients, "bench_clients.jsonl"), "faults": (faults, "faults.jsonl"),
           "soak": (soak, "soak.jsonl"), "gpu-node": (gpu_node, "gpu-node.jsonl"), "gpu-hybrid": (gpu_hybrid, "gpu-node.jsonl"),
           "gpu-swap": (gpu_swap, "gpu-node.jsonl"), "gpu-importance": (gpu_importance, "gpu-node.jsonl"),
-          "hotpath": (hotpath, "bench_hotpath.jsonl", HOTPATH)}
+          "hotpath": (hotpath, "bench_hotpath.jsonl", HOTPATH),
+          "wake": (wake, "wake_cost.jsonl", HOTPATH)}
 
 
 def render(doc: str, path: str = DOC) -> tuple[str, list[str]]:
