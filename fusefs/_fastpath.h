@@ -13,8 +13,14 @@
  * recorded, in order, as events (the handle; a release's with the `released` bit set) that fusefs drains
  * with fusefs_fast_take() for its accounting (the order's uses, the statistics): the
  * event fd becomes readable once `batch` events are waiting, or `delay_us` after the
- * first; fusefs also takes them before it handles each request handed to the loop, so
- * that it sees everything in the order the kernel sent it.
+ * first that fusefs must learn of soon. The opens and releases of samples the kernel holds
+ * (its flags, below), while fusefs fetches nothing (no sample came into its cache,
+ * fusefs_fast_hold, for FUSEFS_LAZY times the delay), only tell it of uses it has nothing
+ * to do for: while nothing else waits they wait FUSEFS_LAZY times as long (an idle loop's
+ * wake costs it several times a busy one's: docs/HOTPATH.md, "What a wake of the idle loop
+ * costs"). While it fetches, the read-ahead needs them (the readers' progress moves it on).
+ * fusefs also takes them before it handles each request handed to the loop, so that it
+ * sees everything in the order the kernel sent it.
  *
  * A read of a dataset handle is answered here when the sample's bytes are held: fusefs
  * mirrors its cache into a table (fusefs_fast_hold: sample -> a bytes object, to which the
@@ -65,6 +71,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -81,6 +88,7 @@
 
 #define FUSEFS_BUFSIZE (256 * 4096 + 4096) /* libfuse's: FUSE_MAX_MAX_PAGES pages + a header page */
 #define FUSEFS_ANSWERED 1024  /* the uniques of the requests answered last, for their interrupts */
+#define FUSEFS_LAZY 5  /* lazy events wait this many times the delay (fusefs_event) */
 #define FUSEFS_MAX_THREADS 64  /* (fast_path_thread_counts' array in internal.pxi holds as many) */
 #define FUSEFS_INT_REQ_BIT (1ULL << 0)  /* an interrupt's unique: its request's with this bit */
 /* The events' bits are fusefs's (fusefs/core.py), given at the start: single, distinct
@@ -136,8 +144,10 @@ static struct {
     uint64_t *ev;
     size_t ev_n, ev_cap, batch;
     int ev_signalled;
-    struct timespec ev_first;
+    int ev_urgent;                   /* an event waits that is not lazy (fusefs_event) */
+    struct timespec ev_first, ev_urgent_first;
     long delay_ns;
+    long long filled_ns;  /* when a sample last came into fusefs's cache (atomic; monotonic ns) */
     /* requests answered here, and the bytes of the reads (atomic) */
     unsigned long long opens, releases, ioctls, reads, read_bytes;
     /* sample -> a bytes object holding its bytes, or NULL (n_files of them), under held_lock
@@ -215,7 +225,25 @@ static void fusefs_signal_events(void) {
     }
 }
 
-static void fusefs_event(uint64_t e) {
+/* Whether fusefs takes the kernel to hold sample sid's pages. */
+static int fusefs_kernel_holds(uint64_t sid) {
+    return sid < fusefs_fast.kernel_flags_n
+           && __atomic_load_n(&fusefs_fast.kernel_flags[sid], __ATOMIC_RELAXED);
+}
+
+static long long fusefs_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long) t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* Queue event e for the loop; lazy: an open or release of a sample the kernel holds, which
+ * may wait FUSEFS_LAZY times the delay unless fusefs is fetching (the first event that is
+ * not lazy sets the batch's deadline to the delay after it). */
+static void fusefs_event(uint64_t e, int lazy) {
+    if (lazy && fusefs_now_ns() - __atomic_load_n(&fusefs_fast.filled_ns, __ATOMIC_RELAXED)
+                < FUSEFS_LAZY * fusefs_fast.delay_ns)
+        lazy = 0;
     pthread_mutex_lock(&fusefs_fast.lock);
     if (fusefs_fast.ev_n == fusefs_fast.ev_cap) {
         size_t cap = fusefs_fast.ev_cap ? 2 * fusefs_fast.ev_cap : 1024;
@@ -229,6 +257,10 @@ static void fusefs_event(uint64_t e) {
     }
     if (fusefs_fast.ev_n == 0)
         clock_gettime(CLOCK_MONOTONIC, &fusefs_fast.ev_first);
+    if (!lazy && !fusefs_fast.ev_urgent) {
+        fusefs_fast.ev_urgent = 1;
+        clock_gettime(CLOCK_MONOTONIC, &fusefs_fast.ev_urgent_first);
+    }
     fusefs_fast.ev[fusefs_fast.ev_n++] = e;
     if (fusefs_fast.ev_n >= fusefs_fast.batch)
         fusefs_signal_events();
@@ -395,7 +427,7 @@ static int64_t fusefs_lookup_file(uint64_t parent, const char *name, size_t n) {
 /* a forget of inode ino (no answer) */
 static void fusefs_forgot(uint64_t ino) {
     if (ino >= fusefs_fast.file_base && ino - fusefs_fast.file_base < fusefs_fast.n_files)
-        fusefs_event(fusefs_fast.ev_released | fusefs_fast.ev_read | (ino - fusefs_fast.file_base));
+        fusefs_event(fusefs_fast.ev_released | fusefs_fast.ev_read | (ino - fusefs_fast.file_base), 0);
 }
 
 /* 1 if the request was answered here */
@@ -415,7 +447,8 @@ static int fusefs_answer(const char *data, size_t len) {
         uint64_t serial = __atomic_add_fetch(&fusefs_fast.serial, 1, __ATOMIC_RELAXED) % fusefs_fast.serial_wrap;
         out.fh = (serial << fusefs_fast.sid_bits) | sid;
         out.open_flags = FOPEN_KEEP_CACHE;
-        fusefs_event(out.fh);  /* (before the reply: its release may come at once, on another thread) */
+        /* (before the reply: its release may come at once, on another thread) */
+        fusefs_event(out.fh, fusefs_kernel_holds(sid));
         fusefs_reply(h->unique, 0, &out, sizeof out);
         __atomic_add_fetch(&fusefs_fast.opens, 1, __ATOMIC_RELAXED);
         return 1;
@@ -424,7 +457,8 @@ static int fusefs_answer(const char *data, size_t len) {
         const struct fuse_release_in *in = (const struct fuse_release_in *) (h + 1);
         if (len < sizeof *h + sizeof *in || in->fh >= fusefs_fast.fh_base)
             return 0;
-        fusefs_event(in->fh | fusefs_fast.ev_released);
+        fusefs_event(in->fh | fusefs_fast.ev_released,
+                     fusefs_kernel_holds(in->fh & ((1ULL << fusefs_fast.sid_bits) - 1)));
         fusefs_reply(h->unique, 0, NULL, 0);
         __atomic_add_fetch(&fusefs_fast.releases, 1, __ATOMIC_RELAXED);
         return 1;
@@ -445,11 +479,10 @@ static int fusefs_answer(const char *data, size_t len) {
         uint64_t n = (uint64_t) PyBytes_GET_SIZE(o);
         uint64_t off = in->offset < n ? in->offset : n;
         uint64_t k = n - off < in->size ? n - off : in->size;
-        int lost = sid < fusefs_fast.kernel_flags_n
-                   && __atomic_load_n(&fusefs_fast.kernel_flags[sid], __ATOMIC_RELAXED);
+        int lost = fusefs_kernel_holds(sid);
         /* (the event before the reply, as an open's) */
         fusefs_event(fusefs_fast.ev_read | sid | (lost ? fusefs_fast.ev_read_lost : 0)
-                     | (in->offset < n && in->offset + in->size >= n ? fusefs_fast.ev_read_end : 0));
+                     | (in->offset < n && in->offset + in->size >= n ? fusefs_fast.ev_read_end : 0), 0);
         fusefs_reply(h->unique, 0, PyBytes_AS_STRING(o) + off, (size_t) k);
         pthread_rwlock_unlock(&fusefs_fast.held_lock);
         __atomic_add_fetch(&fusefs_fast.reads, 1, __ATOMIC_RELAXED);
@@ -569,7 +602,9 @@ static void *fusefs_thread(void *arg) {
         int timeout = -1;
         pthread_mutex_lock(&fusefs_fast.lock);
         if (fusefs_fast.ev_n && !fusefs_fast.ev_signalled) {
-            long left = fusefs_fast.delay_ns - fusefs_ns_since(&fusefs_fast.ev_first);
+            long left = fusefs_fast.ev_urgent
+                        ? fusefs_fast.delay_ns - fusefs_ns_since(&fusefs_fast.ev_urgent_first)
+                        : FUSEFS_LAZY * fusefs_fast.delay_ns - fusefs_ns_since(&fusefs_fast.ev_first);
             if (left <= 0)
                 fusefs_signal_events();
             else
@@ -639,6 +674,7 @@ static int fusefs_fast_configure(int fd, uint64_t file_base, uint64_t n_files, u
     fusefs_fast.write_flags = write_flags;
     fusefs_fast.batch = batch ? batch : 1;
     fusefs_fast.delay_ns = delay_us * 1000L;
+    fusefs_fast.filled_ns = LLONG_MIN / 2;  /* (nothing came into the cache yet) */
     fusefs_fast.ended = fusefs_fast.err = fusefs_fast.stop = 0;
     fusefs_fast.opens = fusefs_fast.releases = fusefs_fast.ioctls = 0;
     fusefs_fast.reads = fusefs_fast.read_bytes = 0;
@@ -780,7 +816,7 @@ static void fusefs_fast_join(void) {
     free(fusefs_fast.ev);
     fusefs_fast.ev = NULL;
     fusefs_fast.ev_n = fusefs_fast.ev_cap = 0;
-    fusefs_fast.ev_signalled = 0;
+    fusefs_fast.ev_signalled = fusefs_fast.ev_urgent = 0;
     close(fusefs_fast.fwd_fd);
     close(fusefs_fast.ev_fd);
     close(fusefs_fast.stop_fd);
@@ -865,6 +901,8 @@ static void fusefs_fast_hold(uint64_t sid, PyObject *o) {
     if (fusefs_fast.held == NULL || sid >= fusefs_fast.n_files)
         return;
     Py_XINCREF(o);
+    if (o != NULL)  /* (a fetch: the read-ahead needs the readers' progress, fusefs_event) */
+        __atomic_store_n(&fusefs_fast.filled_ns, fusefs_now_ns(), __ATOMIC_RELAXED);
     pthread_rwlock_wrlock(&fusefs_fast.held_lock);
     old = fusefs_fast.held[sid];
     fusefs_fast.held[sid] = o;
@@ -929,6 +967,16 @@ static void fusefs_fast_free_held(void) {
     memset(&fusefs_fast.tree, 0, sizeof fusefs_fast.tree);
 }
 
+/* The events waiting (their number in *n), and whether they wait for the delay (1) or,
+ * every one lazy, for FUSEFS_LAZY times it (0). */
+static int fusefs_fast_pending(size_t *n) {
+    pthread_mutex_lock(&fusefs_fast.lock);
+    *n = fusefs_fast.ev_n;
+    int urgent = fusefs_fast.ev_urgent;
+    pthread_mutex_unlock(&fusefs_fast.lock);
+    return urgent;
+}
+
 /* The waiting events, taken (their number in *n; free() the array). */
 static uint64_t *fusefs_fast_take(size_t *n) {
     uint64_t *ev;
@@ -937,6 +985,7 @@ static uint64_t *fusefs_fast_take(size_t *n) {
     *n = fusefs_fast.ev_n;
     fusefs_fast.ev = NULL;
     fusefs_fast.ev_n = fusefs_fast.ev_cap = 0;
+    fusefs_fast.ev_urgent = 0;
     if (fusefs_fast.ev_signalled) {
         fusefs_unkick(fusefs_fast.ev_fd);
         fusefs_fast.ev_signalled = 0;

@@ -5,6 +5,7 @@ the thread's own function, its replies written to a pipe), and each reply is che
 for byte against what Core answers, each event against what Core expects."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -41,13 +42,10 @@ def reply(unique: int = 7, err: int = 0, body: bytes = b"") -> bytes:
     return OUT_HEADER.pack(OUT_HEADER.size + len(body), -err, unique) + body
 
 
-@pytest.fixture
-def fast(tricky):
-    """A Core over the tricky set and the fast path configured from it, its replies written
-    to a pipe: (core, answer(request) -> (answered, bytes written), events() -> list)."""
-    src, dst, files = tricky
-    ix = Index.load(os.path.join(dst, INDEX_NAME))
-    core = Core(ix, ChunkStore(dst, ix))
+@contextlib.contextmanager
+def configured(core: Core, delay_us: int = 0):
+    """The fast path configured from core (its events' delay delay_us), its replies written
+    to a pipe: that pipe's (read end, write end)."""
     args = core.fast_path_args()
     r, w = os.pipe()
     os.set_blocking(r, False)
@@ -55,26 +53,39 @@ def fast(tricky):
     pyfuse3.fast_path_kernel_flags(args["kernel_flags"])
     pyfuse3.fast_path_tree(args["tree"])
     pyfuse3.fast_path_configure(w, args["file_base"], args["n_files"], FH_BASE, args["sid_bits"],
-                                args["serial"], args["serial_wrap"], args["write_flags"], args["events"])
-
-    def answer(req: bytes) -> tuple[bool, bytes]:
-        done = pyfuse3.fast_path_answer(req)
-        try:
-            out = os.read(r, 1 << 21)
-        except BlockingIOError:
-            out = b""
-        return done, out
-
-    def events() -> list[int]:
-        ev = pyfuse3.fast_path_events()
-        return list(memoryview(ev).cast("Q")) if ev else []
-
+                                args["serial"], args["serial_wrap"], args["write_flags"], args["events"],
+                                delay_us=delay_us)
     try:
-        yield core, answer, events
+        yield r, w
     finally:
+        pyfuse3.fast_path_events()  # (none left for another test)
         pyfuse3._fusefs_free()
         os.close(r)
         os.close(w)
+
+
+@pytest.fixture
+def fast(tricky):
+    """A Core over the tricky set and the fast path configured from it, its replies written
+    to a pipe: (core, answer(request) -> (answered, bytes written), events() -> list)."""
+    src, dst, files = tricky
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    core = Core(ix, ChunkStore(dst, ix))
+    with configured(core) as (r, w):
+
+        def answer(req: bytes) -> tuple[bool, bytes]:
+            done = pyfuse3.fast_path_answer(req)
+            try:
+                out = os.read(r, 1 << 21)
+            except BlockingIOError:
+                out = b""
+            return done, out
+
+        def events() -> list[int]:
+            ev = pyfuse3.fast_path_events()
+            return list(memoryview(ev).cast("Q")) if ev else []
+
+        yield core, answer, events
 
 
 def entry_reply(core: Core, parent: int, name: bytes) -> bytes:
@@ -195,3 +206,35 @@ def test_an_interrupt_of_a_request_answered_here_is_taken_any_other_goes_to_the_
     assert answer(request(INTERRUPT, 0, b"\0" * 4, unique=18 | INT_REQ_BIT)) == (False, b"")  # (cut short)
     assert pyfuse3.fast_path_counts()["interrupt"] == 3
     assert pyfuse3.fast_path_interrupts_forwarded() - before == 3
+
+def test_a_held_samples_opens_and_releases_wait_longer_while_nothing_is_fetched(tricky):
+    """The events of opens and releases of samples the kernel holds are lazy (they may wait
+    several times the delay, fusefs/_fastpath.h) while no sample came into the cache within
+    that time: a reader's uses then move nothing the read-ahead has to do. Those of a sample
+    the kernel does not hold, and any while samples come into the cache (the read-ahead
+    needs the readers' progress then), wait for the delay."""
+    src, dst, files = tricky
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    core = Core(ix, ChunkStore(dst, ix))
+    # (a delay of 1,000 s: a sample that came into the cache counts as just now throughout)
+    with configured(core, delay_us=10**9) as (r, w):
+        held, other = 3, 4
+        core.kernel_view.held[held] = True  # (the flags the thread reads)
+
+        def use(sid):
+            done = pyfuse3.fast_path_answer(request(OPEN, core.file_base + sid, OPEN_IN.pack(os.O_RDONLY, 0)))
+            fh = OPEN_OUT.unpack(os.read(r, 4096)[OUT_HEADER.size:])[0]
+            assert done and pyfuse3.fast_path_answer(request(RELEASE, core.file_base + sid,
+                                                             RELEASE_IN.pack(fh, 0, 0, 0)))
+            os.read(r, 4096)
+        assert pyfuse3.fast_path_pending() == (0, False)
+        use(held)
+        assert pyfuse3.fast_path_pending() == (2, False)  # lazy: the kernel holds it, nothing fetched
+        use(other)
+        assert pyfuse3.fast_path_pending() == (4, True)   # the kernel does not hold it
+        assert len(pyfuse3.fast_path_events()) == 4 * 8 and pyfuse3.fast_path_pending() == (0, False)
+        use(held)
+        assert pyfuse3.fast_path_pending() == (2, False)
+        pyfuse3.fast_path_hold(other, files[os.fsdecode(ix.file_path(other))])  # a fetch arrived
+        use(held)
+        assert pyfuse3.fast_path_pending() == (4, True)   # fetching: the read-ahead needs them soon

@@ -1194,3 +1194,6 @@ FAST_PATH_THREADS = True
 
 # fusefs: __version__ is the pyfuse3 release this binding is
 VERSION_OF_RELEASE = True
+
+# fusefs: the fast path's lazy events: fast_path_pending, and fast_path_configure's delay
+LAZY_EVENTS = True

@@ -226,6 +226,7 @@ cdef extern from "_fastpath.h":
     int fusefs_fast_event_fd() nogil
     void fusefs_fast_counts(unsigned long long *out) nogil
     unsigned long long *fusefs_fast_take(size_t *n) nogil
+    int fusefs_fast_pending(size_t *n) nogil
     void fusefs_fast_hold(unsigned long long sid, PyObject *o)
     void fusefs_fast_free_held()
     void fusefs_fast_kernel_flags(const unsigned char *flags, unsigned long long n)
@@ -277,15 +278,16 @@ def fast_path_thread_counts():
 
 
 def fast_path_configure(fd, file_base, n_files, fh_base, sid_bits, serial, serial_wrap, write_flags,
-                        events):
+                        events, delay_us=0):
     """Tests: set the fast path up as fast_path_start does, without its thread, its replies
     written to fd (fast_path_tree and fast_path_kernel_flags stay; the table of held samples
-    is new and empty: fast_path_hold fills it); then fast_path_answer."""
+    is new and empty: fast_path_hold fills it); then fast_path_answer. delay_us: the events'
+    delay (fast_path_pending tells which deadline they wait for)."""
     cdef unsigned long long bits[4]
     released, read, read_end, read_lost = events
     bits[0], bits[1], bits[2], bits[3] = released, read, read_end, read_lost
     cdef int err = fusefs_fast_configure(fd, file_base, n_files, fh_base, sid_bits, serial,
-                                         serial_wrap, write_flags, 1 << 30, 0, bits)
+                                         serial_wrap, write_flags, 1 << 30, delay_us, bits)
     if err:
         raise OSError(err, 'fast_path_configure: ' + strerror(err))
 
@@ -310,6 +312,15 @@ def fast_path_events():
         return (<char *> ev)[:n * 8] if n else b''
     finally:
         stdlib.free(ev)
+
+
+def fast_path_pending():
+    """(the events waiting, whether they wait for the delay): False while every one is lazy
+    (an open or release of a sample the kernel holds while nothing came into the cache for
+    a while: they wait for several times the delay, fusefs/_fastpath.h)."""
+    cdef size_t n = 0
+    cdef int urgent = fusefs_fast_pending(&n)
+    return n, bool(urgent)
 
 
 def fast_path_counts():
