@@ -217,6 +217,25 @@ static long fusefs_ns_since(const struct timespec *t) {
     return (now.tv_sec - t->tv_sec) * 1000000000L + (now.tv_nsec - t->tv_nsec);
 }
 
+/* under lock: whether the waiting events, if every one is lazy, are to reach fusefs
+ * within the delay all the same: a sample came into its cache (it fetches) within
+ * FUSEFS_LAZY times the delay before the first of them, or since. */
+static int fusefs_events_fetching(void) {
+    long long first = (long long) fusefs_fast.ev_first.tv_sec * 1000000000LL + fusefs_fast.ev_first.tv_nsec;
+    return __atomic_load_n(&fusefs_fast.filled_ns, __ATOMIC_RELAXED)
+           > first - FUSEFS_LAZY * fusefs_fast.delay_ns;
+}
+
+/* under lock, with events waiting: the ns left until they are to reach fusefs (the delay
+ * after the first that is not lazy; while every one is lazy, the delay after the first of
+ * them if fusefs fetches, else FUSEFS_LAZY times it) */
+static long fusefs_events_left_ns(void) {
+    if (fusefs_fast.ev_urgent)
+        return fusefs_fast.delay_ns - fusefs_ns_since(&fusefs_fast.ev_urgent_first);
+    return (fusefs_events_fetching() ? 1 : FUSEFS_LAZY) * fusefs_fast.delay_ns
+           - fusefs_ns_since(&fusefs_fast.ev_first);
+}
+
 /* under lock: make the event fd readable */
 static void fusefs_signal_events(void) {
     if (fusefs_fast.ev_n && !fusefs_fast.ev_signalled) {
@@ -237,13 +256,10 @@ static long long fusefs_now_ns(void) {
     return (long long) t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-/* Queue event e for the loop; lazy: an open or release of a sample the kernel holds, which
- * may wait FUSEFS_LAZY times the delay unless fusefs is fetching (the first event that is
- * not lazy sets the batch's deadline to the delay after it). */
+/* Queue event e for the loop; lazy: an open or release of a sample the kernel holds (the
+ * first event that is not lazy sets the batch's deadline to the delay after it;
+ * fusefs_events_left_ns). */
 static void fusefs_event(uint64_t e, int lazy) {
-    if (lazy && fusefs_now_ns() - __atomic_load_n(&fusefs_fast.filled_ns, __ATOMIC_RELAXED)
-                < FUSEFS_LAZY * fusefs_fast.delay_ns)
-        lazy = 0;
     pthread_mutex_lock(&fusefs_fast.lock);
     if (fusefs_fast.ev_n == fusefs_fast.ev_cap) {
         size_t cap = fusefs_fast.ev_cap ? 2 * fusefs_fast.ev_cap : 1024;
@@ -602,9 +618,7 @@ static void *fusefs_thread(void *arg) {
         int timeout = -1;
         pthread_mutex_lock(&fusefs_fast.lock);
         if (fusefs_fast.ev_n && !fusefs_fast.ev_signalled) {
-            long left = fusefs_fast.ev_urgent
-                        ? fusefs_fast.delay_ns - fusefs_ns_since(&fusefs_fast.ev_urgent_first)
-                        : FUSEFS_LAZY * fusefs_fast.delay_ns - fusefs_ns_since(&fusefs_fast.ev_first);
+            long left = fusefs_events_left_ns();
             if (left <= 0)
                 fusefs_signal_events();
             else
@@ -972,7 +986,7 @@ static void fusefs_fast_free_held(void) {
 static int fusefs_fast_pending(size_t *n) {
     pthread_mutex_lock(&fusefs_fast.lock);
     *n = fusefs_fast.ev_n;
-    int urgent = fusefs_fast.ev_urgent;
+    int urgent = *n && (fusefs_fast.ev_urgent || fusefs_events_fetching());
     pthread_mutex_unlock(&fusefs_fast.lock);
     return urgent;
 }

@@ -17,9 +17,9 @@ object. The opens, reads, releases and dataset files' forgets it answered reach 
 core as events, in order and in batches (`Core.answered`): from 256 of them (128 samples)
 or 20 ms after the first; the opens and releases of samples the kernel holds, while no
 fetched sample came into the cache for 100 ms, wait 100 ms (the read-ahead has nothing to
-do for them, and an idle loop's wake costs it several times a busy one's). Before each request the loop handles, the events before it are
-applied (fs.Operations), so the accounting sees opens, releases and order changes in the
-order the kernel sent them. A request the loop answers costs one thread hand-off more than
+do for them, and an idle loop's wake costs it several times a busy one's). Before each
+request the loop handles, the events before it are applied (fs.Operations), so the
+accounting sees opens, releases and order changes in the order the kernel sent them. A request the loop answers costs one thread hand-off more than
 without the fast path (docs/HOTPATH.md, "The fast path"); `--no-fast-path` turns it off.
 """
 from __future__ import annotations
