@@ -272,10 +272,11 @@ done:
     return out;
 }
 
-/* read_group(reads, members, start, mstart, fds, offset, size, checksum, least=-1,
+/* read_group(reads, members, start, mstart, chunks, fds, offset, size, checksum, least=-1,
  *            budget_us=0, advise_from=-1) -> (made, reads ok, bytes, values, failed, bad)
  *   reads, members: plan()'s buffers; the group reads from read `start` on (its members
- *   from `mstart` on); fds: int64 by chunk, each read's file (-1: not open); offset, size,
+ *   from `mstart` on); chunks, fds: int64, the chunks of those reads (ascending) and each
+ *   one's file (-1: not open); offset, size,
  *   checksum: the index's uint64 arrays. First, without the GIL as the rest:
  *   posix_fadvise(WILLNEED) for each read from advise_from on (-1: none; not the empty
  *   ones, whose length 0 would mean the chunk's rest). Then the reads are made in order,
@@ -289,27 +290,28 @@ done:
  *   how many of values are not bytes. */
 static PyObject *read_group(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *reads_obj, *members_obj, *fds_obj, *offset_obj, *size_obj, *sum_obj;
+    PyObject *reads_obj, *members_obj, *chunks_obj, *fds_obj, *offset_obj, *size_obj, *sum_obj;
     Py_ssize_t start, mstart, least = -1, advise_from = -1;
     long long budget_us = 0;
-    if (!PyArg_ParseTuple(args, "OOnnOOOO|nLn:read_group", &reads_obj, &members_obj, &start,
-                          &mstart, &fds_obj, &offset_obj, &size_obj, &sum_obj, &least,
-                          &budget_us, &advise_from))
+    if (!PyArg_ParseTuple(args, "OOnnOOOOO|nLn:read_group", &reads_obj, &members_obj, &start,
+                          &mstart, &chunks_obj, &fds_obj, &offset_obj, &size_obj, &sum_obj,
+                          &least, &budget_us, &advise_from))
         return NULL;
-    array_t arr[6] = {{{0}}};
-    PyObject *objs[6] = {reads_obj, members_obj, fds_obj, offset_obj, size_obj, sum_obj};
-    const char *names[6] = {"reads", "members", "fds", "offset", "size", "checksum"};
+    array_t arr[7] = {{{0}}};
+    PyObject *objs[7] = {reads_obj, members_obj, chunks_obj, fds_obj, offset_obj, size_obj, sum_obj};
+    const char *names[7] = {"reads", "members", "chunks", "fds", "offset", "size", "checksum"};
     int got = 0;
     PyObject *out = NULL, *values = NULL, *failed = NULL;
     read_t *rs = NULL;
     member_t *ms = NULL;
     PyObject **bufs = NULL;
     char *scratch = NULL;
-    for (; got < 6; got++)
+    for (; got < 7; got++)
         if (get_array(objs[got], &arr[got], 8, names[got]) < 0)
             goto done;
-    array_t reads = arr[0], members = arr[1], fds = arr[2], offset = arr[3], size = arr[4], sums = arr[5];
-    if (reads.n % 4 || offset.n != size.n || offset.n != sums.n) {
+    array_t reads = arr[0], members = arr[1], chunks = arr[2], fds = arr[3], offset = arr[4],
+            size = arr[5], sums = arr[6];
+    if (reads.n % 4 || offset.n != size.n || offset.n != sums.n || chunks.n != fds.n) {
         PyErr_SetString(PyExc_ValueError, "read_group: malformed reads or index arrays");
         goto done;
     }
@@ -337,11 +339,19 @@ static PyObject *read_group(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < count; i++) {
         read_t *r = &rs[i];
         const int64_t *t = &I64(reads, 4 * (start + i));
-        if (t[0] < 0 || t[0] >= fds.n || t[1] < 0 || t[2] < 0 || t[3] < 0) {
-            PyErr_SetString(PyExc_ValueError, "read_group: a read's chunk, offset or length is out of range");
+        Py_ssize_t lo = 0, hi = chunks.n; /* (its chunk among chunks: a binary search) */
+        while (lo < hi) {
+            Py_ssize_t mid = lo + (hi - lo) / 2;
+            if (I64(chunks, mid) < t[0])
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo == chunks.n || I64(chunks, lo) != t[0] || t[1] < 0 || t[2] < 0 || t[3] < 0) {
+            PyErr_SetString(PyExc_ValueError, "read_group: a read's chunk is not among chunks, or its offset or length is out of range");
             goto done;
         }
-        r->fd = (int)I64(fds, t[0]);
+        r->fd = (int)I64(fds, lo);
         r->offset = t[1];
         r->length = t[2];
         r->n = t[3];
@@ -455,7 +465,7 @@ static PyMethodDef methods[] = {
      "plan(sids, chunk, offset, size, max_gap, max_read) -> (reads, members): a batch's "
      "coalesced reads as int64 buffers (see the module's source)."},
     {"read_group", read_group, METH_VARARGS,
-     "read_group(reads, members, start, mstart, fds, offset, size, checksum, least=-1, "
+     "read_group(reads, members, start, mstart, chunks, fds, offset, size, checksum, least=-1, "
      "budget_us=0, advise_from=-1) -> (made, reads ok, bytes, values, failed, bad): a group of "
      "a batch's reads and checksums without the GIL (see the module's source)."},
     {NULL, NULL, 0, NULL},

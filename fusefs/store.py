@@ -332,17 +332,18 @@ class ChunkStore:
 
         def read_group(done: int, least: int, budget_s: float):
             nonlocal first
-            fds = np.full(len(ix.chunks), -1, np.int64)
+            chunks = np.unique(reads[done:, 0])  # (each chunk of the reads left, once)
+            fds = np.full(len(chunks), -1, np.int64)
             held, unopened, retire = {}, {}, set()
             try:
-                for k in np.unique(reads[done:, 0]).tolist():  # (each chunk of the reads left, once)
+                for i, k in enumerate(chunks.tolist()):
                     try:
                         held[k] = h = self._acquire(k)
-                        fds[k] = h.fd
+                        fds[i] = h.fd
                     except OSError as e:
                         unopened[k] = e
                 made, ok, nbytes, values, failed, bad = _fetchio.read_group(
-                    reads_b, members_b, done, first, fds, ix.offset, ix.size, ix.checksum, least,
+                    reads_b, members_b, done, first, chunks, fds, ix.offset, ix.size, ix.checksum, least,
                     int(budget_s * 1e6), 1 if done == 0 and self.willneed else -1)
                 ids = members[first:first + len(values)].tolist()
                 got = dict(zip(ids, values))

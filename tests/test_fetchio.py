@@ -143,7 +143,8 @@ def one_read_group(ix, fd, sids, lengths=None, **kw):
     reads = np.array([(0, int(ix.offset[s]), int(ix.size[s]) if lengths is None else lengths[i], 1)
                       for i, s in enumerate(sids)], np.int64).reshape(-1, 4)
     fds = np.array([fd], np.int64)
-    return _fetchio.read_group(reads.tobytes(), np.array(sids, np.int64).tobytes(), 0, 0, fds,
+    return _fetchio.read_group(reads.tobytes(), np.array(sids, np.int64).tobytes(), 0, 0,
+                               np.array([0], np.int64), fds,
                                ix.offset, ix.size, ix.checksum, *kw.pop("args", ()), **kw)
 
 
@@ -171,8 +172,9 @@ def test_bad_arguments_are_refused(tricky):
     fd = os.open(os.path.join(dst, ix.chunks[0].path), os.O_RDONLY)
     off, size = int(ix.offset[s]), int(ix.size[s])
     fds = np.array([fd], np.int64)
+    zero = np.array([0], np.int64)
     group = lambda reads, members, fds=fds: _fetchio.read_group(  # noqa: E731
-        np.array(reads, np.int64).tobytes(), np.array(members, np.int64).tobytes(), 0, 0, fds,
+        np.array(reads, np.int64).tobytes(), np.array(members, np.int64).tobytes(), 0, 0, zero, fds,
         ix.offset, ix.size, ix.checksum)
     try:
         with pytest.raises(ValueError, match="overlap"):  # (one sample twice in a read)
@@ -181,14 +183,16 @@ def test_bad_arguments_are_refused(tricky):
             group([0, off, size - 1, 1], [s])
         with pytest.raises(ValueError, match="more members"):
             group([0, off, size, 2], [s])
-        with pytest.raises(ValueError, match="out of range"):  # (a chunk fds does not have)
+        with pytest.raises(ValueError, match="not among chunks"):
             group([1, off, size, 1], [s])
         with pytest.raises(IndexError, match="not in the index"):
             group([0, off, size, 1], [ix.n_files])
         with pytest.raises(ValueError, match="8-byte items"):
-            _fetchio.read_group(b"123", b"", 0, 0, fds, ix.offset, ix.size, ix.checksum)
+            _fetchio.read_group(b"123", b"", 0, 0, zero, fds, ix.offset, ix.size, ix.checksum)
         with pytest.raises(TypeError):
-            _fetchio.read_group([0, off, size, 1], b"", 0, 0, fds, ix.offset, ix.size, ix.checksum)
+            _fetchio.read_group([0, off, size, 1], b"", 0, 0, zero, fds, ix.offset, ix.size, ix.checksum)
+        with pytest.raises(ValueError, match="malformed"):  # (a chunk without its fd)
+            _fetchio.read_group(b"", b"", 0, 0, np.array([0, 1], np.int64), fds, ix.offset, ix.size, ix.checksum)
         assert group([0, off, size, 1], [s], np.array([-1], np.int64)) == (1, 0, 0, [None], [(0, 0)], 1)
         assert group([0, off, size, 1], [s], np.array([1 << 20], np.int64))[3:] == ([None], [(0, errno.EBADF)], 1)
         assert group([], []) == (0, 0, 0, [], [], 0)
