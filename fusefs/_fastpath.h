@@ -19,6 +19,14 @@
  * to do for: while nothing else waits they wait FUSEFS_LAZY times as long (an idle loop's
  * wake costs it several times a busy one's: docs/HOTPATH.md, "What a wake of the idle loop
  * costs"). While it fetches, the read-ahead needs them (the readers' progress moves it on).
+ * While fusefs's read-ahead has covered its orders (fusefs_fast_idle: nothing it could
+ * fetch waits for the readers' progress), they wait FUSEFS_IDLE times the delay, and
+ * FUSEFS_IDLE_BATCH times the batch: only a new order gives it work then, and fusefs takes
+ * the events before it applies one. So do, then, the opens, releases and reads of samples
+ * the kernel does not hold (a read the thread answers needs nothing of the loop; one it
+ * cannot answer goes to the loop, which takes the events first); a read of a sample
+ * fusefs took the kernel to hold (`read_lost`) and a forget never wait longer than the
+ * delay (the read-ahead may have to fetch again what it passed over).
  * fusefs also takes them before it handles each request handed to the loop, so that it
  * sees everything in the order the kernel sent it.
  *
@@ -89,6 +97,12 @@
 #define FUSEFS_BUFSIZE (256 * 4096 + 4096) /* libfuse's: FUSE_MAX_MAX_PAGES pages + a header page */
 #define FUSEFS_ANSWERED 1024  /* the uniques of the requests answered last, for their interrupts */
 #define FUSEFS_LAZY 5  /* lazy events wait this many times the delay (fusefs_event) */
+#define FUSEFS_IDLE 50  /* ... and this many, while the read-ahead is idle (fusefs_fast_idle) */
+#define FUSEFS_IDLE_BATCH 16  /* ... when this many times the batch wait */
+/* an event's hurry (fusefs_event): it reaches fusefs within the delay (NOW); may wait longer
+ * (LAZY: fusefs_events_lazy_delays); or within the delay unless the read-ahead is idle,
+ * then as a lazy one (IDLE) */
+enum { FUSEFS_EV_NOW, FUSEFS_EV_LAZY, FUSEFS_EV_IDLE };
 #define FUSEFS_MAX_THREADS 64  /* (fast_path_thread_counts' array in internal.pxi holds as many) */
 #define FUSEFS_INT_REQ_BIT (1ULL << 0)  /* an interrupt's unique: its request's with this bit */
 /* The events' bits are fusefs's (fusefs/core.py), given at the start: single, distinct
@@ -144,10 +158,11 @@ static struct {
     uint64_t *ev;
     size_t ev_n, ev_cap, batch;
     int ev_signalled;
-    int ev_urgent;                   /* an event waits that is not lazy (fusefs_event) */
-    struct timespec ev_first, ev_urgent_first;
+    int ev_urgent, ev_eager;  /* an event waits that is FUSEFS_EV_NOW, FUSEFS_EV_IDLE */
+    struct timespec ev_first, ev_urgent_first, ev_eager_first;
     long delay_ns;
     long long filled_ns;  /* when a sample last came into fusefs's cache (atomic; monotonic ns) */
+    int idle;             /* fusefs's read-ahead has covered its orders (atomic; fusefs_fast_idle) */
     /* requests answered here, and the bytes of the reads (atomic) */
     unsigned long long opens, releases, ioctls, reads, read_bytes;
     /* sample -> a bytes object holding its bytes, or NULL (n_files of them), under held_lock
@@ -226,14 +241,46 @@ static int fusefs_events_fetching(void) {
            > first - FUSEFS_LAZY * fusefs_fast.delay_ns;
 }
 
-/* under lock, with events waiting: the ns left until they are to reach fusefs (the delay
- * after the first that is not lazy; while every one is lazy, the delay after the first of
- * them if fusefs fetches, else FUSEFS_LAZY times it) */
+/* under lock, with events waiting and every one lazy: how many times the delay they may
+ * wait (1 if fusefs fetches; else FUSEFS_IDLE while its read-ahead is idle, FUSEFS_LAZY
+ * while not) */
+static int fusefs_events_lazy_delays(void) {
+    if (fusefs_events_fetching())
+        return 1;
+    return __atomic_load_n(&fusefs_fast.idle, __ATOMIC_RELAXED) ? FUSEFS_IDLE : FUSEFS_LAZY;
+}
+
+/* under lock: whether an event waits that is to reach fusefs within the delay (one
+ * FUSEFS_EV_NOW; one FUSEFS_EV_IDLE while the read-ahead is not idle) */
+static int fusefs_events_urgent(void) {
+    return fusefs_fast.ev_urgent
+           || (fusefs_fast.ev_eager && !__atomic_load_n(&fusefs_fast.idle, __ATOMIC_RELAXED));
+}
+
+/* under lock, with events waiting: the ns left until they are to reach fusefs: the delay
+ * after the first that is urgent (fusefs_events_urgent), or fusefs_events_lazy_delays times
+ * it after the first of them */
 static long fusefs_events_left_ns(void) {
-    if (fusefs_fast.ev_urgent)
-        return fusefs_fast.delay_ns - fusefs_ns_since(&fusefs_fast.ev_urgent_first);
-    return (fusefs_events_fetching() ? 1 : FUSEFS_LAZY) * fusefs_fast.delay_ns
-           - fusefs_ns_since(&fusefs_fast.ev_first);
+    long left = fusefs_events_lazy_delays() * fusefs_fast.delay_ns - fusefs_ns_since(&fusefs_fast.ev_first);
+    if (fusefs_fast.ev_urgent) {
+        long l = fusefs_fast.delay_ns - fusefs_ns_since(&fusefs_fast.ev_urgent_first);
+        left = l < left ? l : left;
+    }
+    if (fusefs_fast.ev_eager && !__atomic_load_n(&fusefs_fast.idle, __ATOMIC_RELAXED)) {
+        long l = fusefs_fast.delay_ns - fusefs_ns_since(&fusefs_fast.ev_eager_first);
+        left = l < left ? l : left;
+    }
+    return left;
+}
+
+/* under lock: whether as many events wait as are to reach fusefs now (the batch; while
+ * none is urgent and fusefs's read-ahead is idle, FUSEFS_IDLE_BATCH times it) */
+static int fusefs_events_full(void) {
+    size_t n = fusefs_fast.ev_n;
+    if (n < fusefs_fast.batch)
+        return 0;
+    return n / FUSEFS_IDLE_BATCH >= fusefs_fast.batch || fusefs_events_urgent()
+           || fusefs_events_lazy_delays() != FUSEFS_IDLE;
 }
 
 /* under lock: make the event fd readable */
@@ -256,10 +303,9 @@ static long long fusefs_now_ns(void) {
     return (long long) t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-/* Queue event e for the loop; lazy: an open or release of a sample the kernel holds (the
- * first event that is not lazy sets the batch's deadline to the delay after it;
- * fusefs_events_left_ns). */
-static void fusefs_event(uint64_t e, int lazy) {
+/* Queue event e for the loop, with its hurry (FUSEFS_EV_NOW, _LAZY or _IDLE: the batch's
+ * deadline, fusefs_events_left_ns). */
+static void fusefs_event(uint64_t e, int hurry) {
     pthread_mutex_lock(&fusefs_fast.lock);
     if (fusefs_fast.ev_n == fusefs_fast.ev_cap) {
         size_t cap = fusefs_fast.ev_cap ? 2 * fusefs_fast.ev_cap : 1024;
@@ -273,12 +319,15 @@ static void fusefs_event(uint64_t e, int lazy) {
     }
     if (fusefs_fast.ev_n == 0)
         clock_gettime(CLOCK_MONOTONIC, &fusefs_fast.ev_first);
-    if (!lazy && !fusefs_fast.ev_urgent) {
+    if (hurry == FUSEFS_EV_NOW && !fusefs_fast.ev_urgent) {
         fusefs_fast.ev_urgent = 1;
         clock_gettime(CLOCK_MONOTONIC, &fusefs_fast.ev_urgent_first);
+    } else if (hurry == FUSEFS_EV_IDLE && !fusefs_fast.ev_eager) {
+        fusefs_fast.ev_eager = 1;
+        clock_gettime(CLOCK_MONOTONIC, &fusefs_fast.ev_eager_first);
     }
     fusefs_fast.ev[fusefs_fast.ev_n++] = e;
-    if (fusefs_fast.ev_n >= fusefs_fast.batch)
+    if (fusefs_events_full())
         fusefs_signal_events();
     pthread_mutex_unlock(&fusefs_fast.lock);
 }
@@ -443,7 +492,8 @@ static int64_t fusefs_lookup_file(uint64_t parent, const char *name, size_t n) {
 /* a forget of inode ino (no answer) */
 static void fusefs_forgot(uint64_t ino) {
     if (ino >= fusefs_fast.file_base && ino - fusefs_fast.file_base < fusefs_fast.n_files)
-        fusefs_event(fusefs_fast.ev_released | fusefs_fast.ev_read | (ino - fusefs_fast.file_base), 0);
+        fusefs_event(fusefs_fast.ev_released | fusefs_fast.ev_read | (ino - fusefs_fast.file_base),
+                     FUSEFS_EV_NOW);
 }
 
 /* 1 if the request was answered here */
@@ -464,7 +514,7 @@ static int fusefs_answer(const char *data, size_t len) {
         out.fh = (serial << fusefs_fast.sid_bits) | sid;
         out.open_flags = FOPEN_KEEP_CACHE;
         /* (before the reply: its release may come at once, on another thread) */
-        fusefs_event(out.fh, fusefs_kernel_holds(sid));
+        fusefs_event(out.fh, fusefs_kernel_holds(sid) ? FUSEFS_EV_LAZY : FUSEFS_EV_IDLE);
         fusefs_reply(h->unique, 0, &out, sizeof out);
         __atomic_add_fetch(&fusefs_fast.opens, 1, __ATOMIC_RELAXED);
         return 1;
@@ -474,7 +524,8 @@ static int fusefs_answer(const char *data, size_t len) {
         if (len < sizeof *h + sizeof *in || in->fh >= fusefs_fast.fh_base)
             return 0;
         fusefs_event(in->fh | fusefs_fast.ev_released,
-                     fusefs_kernel_holds(in->fh & ((1ULL << fusefs_fast.sid_bits) - 1)));
+                     fusefs_kernel_holds(in->fh & ((1ULL << fusefs_fast.sid_bits) - 1))
+                     ? FUSEFS_EV_LAZY : FUSEFS_EV_IDLE);
         fusefs_reply(h->unique, 0, NULL, 0);
         __atomic_add_fetch(&fusefs_fast.releases, 1, __ATOMIC_RELAXED);
         return 1;
@@ -498,7 +549,8 @@ static int fusefs_answer(const char *data, size_t len) {
         int lost = fusefs_kernel_holds(sid);
         /* (the event before the reply, as an open's) */
         fusefs_event(fusefs_fast.ev_read | sid | (lost ? fusefs_fast.ev_read_lost : 0)
-                     | (in->offset < n && in->offset + in->size >= n ? fusefs_fast.ev_read_end : 0), 0);
+                     | (in->offset < n && in->offset + in->size >= n ? fusefs_fast.ev_read_end : 0),
+                     lost ? FUSEFS_EV_NOW : FUSEFS_EV_IDLE);
         fusefs_reply(h->unique, 0, PyBytes_AS_STRING(o) + off, (size_t) k);
         pthread_rwlock_unlock(&fusefs_fast.held_lock);
         __atomic_add_fetch(&fusefs_fast.reads, 1, __ATOMIC_RELAXED);
@@ -689,6 +741,7 @@ static int fusefs_fast_configure(int fd, uint64_t file_base, uint64_t n_files, u
     fusefs_fast.batch = batch ? batch : 1;
     fusefs_fast.delay_ns = delay_us * 1000L;
     fusefs_fast.filled_ns = LLONG_MIN / 2;  /* (nothing came into the cache yet) */
+    fusefs_fast.idle = 0;
     fusefs_fast.ended = fusefs_fast.err = fusefs_fast.stop = 0;
     fusefs_fast.opens = fusefs_fast.releases = fusefs_fast.ioctls = 0;
     fusefs_fast.reads = fusefs_fast.read_bytes = 0;
@@ -830,7 +883,7 @@ static void fusefs_fast_join(void) {
     free(fusefs_fast.ev);
     fusefs_fast.ev = NULL;
     fusefs_fast.ev_n = fusefs_fast.ev_cap = 0;
-    fusefs_fast.ev_signalled = fusefs_fast.ev_urgent = 0;
+    fusefs_fast.ev_signalled = fusefs_fast.ev_urgent = fusefs_fast.ev_eager = 0;
     close(fusefs_fast.fwd_fd);
     close(fusefs_fast.ev_fd);
     close(fusefs_fast.stop_fd);
@@ -981,14 +1034,23 @@ static void fusefs_fast_free_held(void) {
     memset(&fusefs_fast.tree, 0, sizeof fusefs_fast.tree);
 }
 
-/* The events waiting (their number in *n), and whether they wait for the delay (1) or,
- * every one lazy, for FUSEFS_LAZY times it (0). */
-static int fusefs_fast_pending(size_t *n) {
+/* The events waiting (their number in *n, whether the event fd was made readable for them
+ * in *signalled), and how many times the delay they wait: 1, FUSEFS_LAZY or FUSEFS_IDLE
+ * (0: none waits). */
+static int fusefs_fast_pending(size_t *n, int *signalled) {
     pthread_mutex_lock(&fusefs_fast.lock);
     *n = fusefs_fast.ev_n;
-    int urgent = *n && (fusefs_fast.ev_urgent || fusefs_events_fetching());
+    *signalled = fusefs_fast.ev_signalled;
+    int delays = !*n ? 0 : fusefs_events_urgent() ? 1 : fusefs_events_lazy_delays();
     pthread_mutex_unlock(&fusefs_fast.lock);
-    return urgent;
+    return delays;
+}
+
+/* Whether fusefs's read-ahead is idle: it has covered its orders, and the readers'
+ * progress gives it nothing to fetch until a new order (lazy events then wait longer). A
+ * thread asleep takes a change at its next request. */
+static void fusefs_fast_idle(int idle) {
+    __atomic_store_n(&fusefs_fast.idle, idle, __ATOMIC_RELAXED);
 }
 
 /* The waiting events, taken (their number in *n; free() the array). */
@@ -999,7 +1061,7 @@ static uint64_t *fusefs_fast_take(size_t *n) {
     *n = fusefs_fast.ev_n;
     fusefs_fast.ev = NULL;
     fusefs_fast.ev_n = fusefs_fast.ev_cap = 0;
-    fusefs_fast.ev_urgent = 0;
+    fusefs_fast.ev_urgent = fusefs_fast.ev_eager = 0;
     if (fusefs_fast.ev_signalled) {
         fusefs_unkick(fusefs_fast.ev_fd);
         fusefs_fast.ev_signalled = 0;

@@ -108,14 +108,18 @@ def cpu_seconds() -> float:
 
 class Core:
     def __init__(self, index: Index, store: ChunkStore, config: MountConfig = DEFAULTS, *,
-                 local=None, kernel=None, hold=None, control_socket: str | None = None):
+                 local=None, kernel=None, hold=None, idle=None, catch_up=None,
+                 control_socket: str | None = None):
         """The dataset of index, its chunks read through store, with the mount's settings
         (config); local: the local cache tier (local.LocalTier) or None; kernel: the kernel
         page cache (fs.KernelCache, which fetched samples are pushed into as they arrive:
         docs/ARCHITECTURE.md, "Kernel page cache"), or None: every read is served by the
         daemon; hold(sid, bytes or None): told of every sample the cache keeps or lets go
-        (the fast path's FastPath.hold, which answers reads from them), or None;
-        control_socket: the control socket's path, which `.fusefs/control` links to (None:
+        (the fast path's FastPath.hold, which answers reads from them), or None; idle(bool):
+        told when the read-ahead has covered its orders, or no longer (FastPath.idle: the
+        readers' uses of samples the kernel holds may then reach the core later), or None;
+        catch_up(): applies the uses that wait to reach the core (FastPath.catch_up), before
+        an order from the control socket is put in force, or None; control_socket: the control socket's path, which `.fusefs/control` links to (None:
         no link). The files' owner is config's uid and gid (None: the daemon's)."""
         self.index = index
         self.store = store
@@ -136,12 +140,14 @@ class Core:
         self.fetcher = Fetcher(store, config.fetch, local=local)
         self.kernel_view = KernelView(index.n_files, self.stats, kernel, ino_base=self.file_base)
         self.reads = Reads(index, store, self.cache, self.policy, self.fetcher, self.stats,
-                           self.kernel_view, local=local, readahead=config.readahead)
+                           self.kernel_view, local=local, readahead=config.readahead,
+                           on_idle=idle)
         self.prefetcher = self.reads.prefetcher
         budget = config.order_bytes if config.order_bytes is not None else \
             default_budget(config.cache_bytes, index.n_files)
         self.orders = Orders(index, self.policy, self.cache, self.reads, self.prefetcher, self.stats,
                              budget, local=local)
+        self._catch_up = catch_up
         # the parts whose counters() make the statistics (count() adds the FUSE adapter's)
         self.counted = [self.stats, self.cache, self.fetcher, self.prefetcher, self.reads,
                         self.kernel_view, self.orders, *([local] if local is not None else [])]
@@ -313,8 +319,9 @@ class Core:
 
     async def commit_order(self, rank: int, data: bytes) -> None:
         """set_order from the control socket: the order is prepared in a worker thread
-        (orders.Orders.commit), so the loop serves everything else meanwhile."""
-        await self.orders.commit(rank, data)
+        (orders.Orders.commit), so the loop serves everything else meanwhile; the readers'
+        uses that came before it are applied first (catch_up)."""
+        await self.orders.commit(rank, data, before=self._catch_up)
         self.control.show_order(rank, data)
 
     @property

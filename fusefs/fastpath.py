@@ -17,9 +17,11 @@ object. The opens, reads, releases and dataset files' forgets it answered reach 
 core as events, in order and in batches (`Core.answered`): from 256 of them (128 samples)
 or 20 ms after the first; the opens and releases of samples the kernel holds, while no
 fetched sample came into the cache for 100 ms, wait 100 ms (the read-ahead has nothing to
-do for them, and an idle loop's wake costs it several times a busy one's). Before each
-request the loop handles, the events before it are applied (fs.Operations), so the
-accounting sees opens, releases and order changes in the order the kernel sent them. A request the loop answers costs one thread hand-off more than
+do for them, and an idle loop's wake costs it several times a busy one's), and while the
+read-ahead has covered its orders too (`idle`), 1 s or 2,048 samples. Before each request
+the loop handles, and before an order is put in force, the events before it are applied
+(fs.Operations, Core.commit_order), so the accounting sees opens, releases and order
+changes in the order they came. A request the loop answers costs one thread hand-off more than
 without the fast path (docs/HOTPATH.md, "The fast path"); `--no-fast-path` turns it off.
 """
 from __future__ import annotations
@@ -91,6 +93,13 @@ class FastPath:
                 "bytes_served": pyfuse3.fast_path_read_bytes(),
                 "interrupts_to_loop": pyfuse3.fast_path_interrupts_forwarded(),
                 "fast_path_threads": pyfuse3.fast_path_thread_counts()}
+
+    @staticmethod
+    def idle(idle: bool) -> None:
+        """The read-ahead has covered its orders (True), or no longer: while it has, the
+        lazy events wait longer still (pyfuse3.FAST_PATH_IDLE times the delay, in batches
+        pyfuse3.FAST_PATH_IDLE_BATCH times as large)."""
+        pyfuse3.fast_path_idle(idle)
 
     @staticmethod
     def hold(sid: int, data) -> None:

@@ -137,7 +137,8 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
         own_folder(os.path.dirname(sock_path))
         fast = fastpath.FastPath() if config.fast_path.enabled else None
         core = Core(index, store, config, local=local, kernel=KernelCache() if config.kernel_cache else None,
-                    hold=fast.hold if fast else None, control_socket=sock_path)
+                    hold=fast.hold if fast else None, idle=fast.idle if fast else None,
+                    catch_up=fast.catch_up if fast else None, control_socket=sock_path)
         try:
             control = ControlSocket(sock_path, core.commit_order, core.may_control, core.order_limit,
                                     core.trusted)

@@ -130,8 +130,9 @@ class Orders:
             raise
         self.install(prepared)
 
-    async def commit(self, rank: int, data: bytes) -> None:
-        """set(), with the preparing in a worker thread, one commit at a time."""
+    async def commit(self, rank: int, data: bytes, before=None) -> None:
+        """set(), with the preparing in a worker thread, one commit at a time; before(), if
+        given, is called just before the order is put in force."""
         if self._lock is None:
             self._lock = trio.Lock()
         async with self._lock:
@@ -140,6 +141,8 @@ class Orders:
             except FsError as e:
                 self.refused(rank, str(e))
                 raise
+            if before is not None:
+                before()
             self.install(prepared)
 
 

@@ -93,6 +93,9 @@ class ReadAheadPlan:
         self._used = 0          # bytes used by readers since the heads last moved
         self.fresh = False      # a new order since the heads last moved
         self.advancing = False  # the heads stopped after ADVANCE_STEP positions: go on
+        # every plan covered to its end by the last advance: the readers' progress gives
+        # the read-ahead nothing to fetch until a new order (or a rewind)
+        self.idle = False
 
     def reset(self) -> None:
         """A new order: forget the queued read-ahead of the old one (its reservations too);
@@ -104,13 +107,13 @@ class ReadAheadPlan:
             q.clear()
         self.queued.clear()
         self.heads.clear()
-        self.fresh = True
+        self.fresh, self.idle = True, False
 
     def rewind(self) -> None:
         """Walk the plans again from the readers' cursors (what was passed over may need
         fetching now: the kernel dropped pages it was thought to hold)."""
         self.heads.clear()
-        self.fresh = True
+        self.fresh, self.idle = True, False
 
     def used(self, nbytes: int) -> bool:
         """A reader used a sample of nbytes: whether a refill's worth was used since the
@@ -134,11 +137,13 @@ class ReadAheadPlan:
         """Move the plans' heads forward (through each order, then its next one), queueing
         what is neither cached nor in flight, until the budget holds nothing needed later
         than the head's sample or every plan is fully covered (round robin over ranks), or
-        `step` positions were looked at: then True (the heads keep where they got to)."""
+        `step` positions were looked at: then True (the heads keep where they got to).
+        Sets `idle`: whether every plan is covered to its end."""
         cache, inflight, queued = self.cache, self.inflight, self.queued
         sizes, node_of, key = self.index.size_v, self.node_of, self.policy.key
         kernel_holds = self.kernel_holds
         looked = 0  # positions looked at
+        self.idle = bounded = False  # (bounded: a plan stopped short of its end)
         active = [(rank, plan) for rank, plan in self.policy.plans.items()
                   if self.heads.get(rank, 0) < len(plan.ids) + len(plan.next_ids)]
         while active:
@@ -163,6 +168,7 @@ class ReadAheadPlan:
                 self.heads[rank] = pos
                 if pos >= end or plan.bytes_between(plan.frontier, pos) > self.readahead:
                     active.remove(item)  # covered, or as far ahead as it may look
+                    bounded = bounded or pos < end
                     continue
                 if not cache.reserve(sid, sizes[sid], key(sid)):
                     return False  # the budget holds nothing needed later than this
@@ -173,6 +179,7 @@ class ReadAheadPlan:
                 looked += pos + 1 - start
                 if step is not None and looked >= step:
                     return True
+        self.idle = not bounded
         return False
 
     def batches(self, running: list[int]) -> list[tuple[int, list[int]]]:
@@ -284,11 +291,14 @@ class Prefetcher:
     """
 
     def __init__(self, index, policy, cache, fetcher, fetch_batch, readahead: int | None = None,
-                 kernel_holds=lambda sid: False):
+                 kernel_holds=lambda sid: False, on_idle=None):
         """index, policy, cache, readahead, kernel_holds: the plan's (ReadAheadPlan);
         fetcher: the nodes, their request slots, what is in flight; fetch_batch(sids,
-        claimed=...): runs a batch and delivers its samples (Reads.fetch_batch)."""
+        claimed=...): runs a batch and delivers its samples (Reads.fetch_batch); on_idle(idle):
+        told when the plan's `idle` changes (FastPath.idle: the readers' uses may then reach
+        the core later), or None."""
         self.fetcher, self.fetch_batch = fetcher, fetch_batch
+        self.on_idle, self._idle_told = on_idle, False
         nodes = len(fetcher.node_names)
         self.plan = ReadAheadPlan(index, policy, cache, nodes=nodes, node_of=fetcher.node_of,
                                   inflight=fetcher.inflight, per_node=fetcher.per_node,
@@ -332,12 +342,19 @@ class Prefetcher:
         """A new order: forget the queued read-ahead of the old one (its reservations too);
         batches already running finish, and what they bring is kept only if still needed."""
         self.plan.reset()
+        self._tell_idle()
 
     def rewind(self) -> None:
         """Walk the plans again from the readers' cursors (KernelView found the kernel
         dropped what it was thought to hold)."""
         self.plan.rewind()
+        self._tell_idle()
         self.wake()
+
+    def _tell_idle(self) -> None:
+        if self.on_idle is not None and self.plan.idle != self._idle_told:
+            self._idle_told = self.plan.idle
+            self.on_idle(self._idle_told)
 
     def yield_room(self, nbytes: int, key: float) -> int:
         """ReadAheadPlan.yield_room: reservations of queued samples needed later than key
@@ -365,6 +382,7 @@ class Prefetcher:
             return
         if self.plan.due() and self.plan.step():
             self._wake.set()  # (the rest at the task's next turn: the loop serves meanwhile)
+        self._tell_idle()
         self.dispatch()
 
     def dispatch(self) -> None:

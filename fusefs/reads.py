@@ -41,19 +41,20 @@ GAVE_UP_MAX = 4096
 
 class Reads:
     def __init__(self, index, store, cache, policy, fetcher, stats, kernel_view, *, local=None,
-                 readahead: int | None = None):
+                 readahead: int | None = None, on_idle=None):
         """index: sizes, chunks and paths (for log lines); store: chunk paths (for log
         lines); cache, policy: where bytes are kept and by what rule; fetcher: batches,
         in-flight fetches; stats: the daemon's counters; kernel_view: what the kernel page
         cache holds (kernel_view.KernelView), which fetched samples are pushed into; local:
         the local tier or None. The read-ahead (prefetch.Prefetcher, `readahead` bytes
-        ahead of the readers; None: its default) is made here: it runs its batches through
-        fetch_batch, and a miss takes along the samples it has queued."""
+        ahead of the readers; None: its default; on_idle: told when it has covered its
+        orders, or no longer) is made here: it runs its batches through fetch_batch, and a
+        miss takes along the samples it has queued."""
         self.index, self.store, self.cache, self.policy = index, store, cache, policy
         self.fetcher, self.stats, self.local = fetcher, stats, local
         self.kernel_view = kernel_view
         self.prefetcher = Prefetcher(index, policy, cache, fetcher, self.fetch_batch, readahead,
-                                     kernel_holds=kernel_view.holds)
+                                     kernel_holds=kernel_view.holds, on_idle=on_idle)
         self.corrupt: dict[int, str] = {}  # samples whose stored bytes fail their checksum
         self.gave_up: collections.OrderedDict[int, float] = collections.OrderedDict()  # sid -> when
         self._recent = collections.deque(maxlen=32)  # recently read samples (scan detection)

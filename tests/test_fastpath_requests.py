@@ -10,6 +10,7 @@ import errno
 import fcntl
 import os
 import struct
+import time
 
 import pytest
 
@@ -43,9 +44,9 @@ def reply(unique: int = 7, err: int = 0, body: bytes = b"") -> bytes:
 
 
 @contextlib.contextmanager
-def configured(core: Core, delay_us: int = 0):
-    """The fast path configured from core (its events' delay delay_us), its replies written
-    to a pipe: that pipe's (read end, write end)."""
+def configured(core: Core, delay_us: int = 0, batch: int = 1 << 30):
+    """The fast path configured from core (its events' delay delay_us and batch), its
+    replies written to a pipe: that pipe's (read end, write end)."""
     args = core.fast_path_args()
     r, w = os.pipe()
     os.set_blocking(r, False)
@@ -54,7 +55,7 @@ def configured(core: Core, delay_us: int = 0):
     pyfuse3.fast_path_tree(args["tree"])
     pyfuse3.fast_path_configure(w, args["file_base"], args["n_files"], FH_BASE, args["sid_bits"],
                                 args["serial"], args["serial_wrap"], args["write_flags"], args["events"],
-                                delay_us=delay_us)
+                                delay_us=delay_us, batch=batch)
     try:
         yield r, w
     finally:
@@ -210,31 +211,78 @@ def test_an_interrupt_of_a_request_answered_here_is_taken_any_other_goes_to_the_
 def test_a_held_samples_opens_and_releases_wait_longer_while_nothing_is_fetched(tricky):
     """The events of opens and releases of samples the kernel holds are lazy (they may wait
     several times the delay, fusefs/_fastpath.h) while no sample came into the cache within
-    that time: a reader's uses then move nothing the read-ahead has to do. Those of a sample
-    the kernel does not hold, and any while samples come into the cache (the read-ahead
-    needs the readers' progress then), wait for the delay."""
+    that time: a reader's uses then move nothing the read-ahead has to do. While the
+    read-ahead is idle too (it covered its orders), they wait longer still, in larger
+    batches, and so do those of samples the kernel does not hold and their reads. Any event
+    while samples come into the cache (the read-ahead needs the readers' progress then), a
+    read of a sample the kernel was taken to hold (its pages were dropped) and a forget
+    wait for the delay."""
     src, dst, files = tricky
     ix = Index.load(os.path.join(dst, INDEX_NAME))
     core = Core(ix, ChunkStore(dst, ix))
-    # (a delay of 1,000 s: a sample that came into the cache counts as just now throughout)
-    with configured(core, delay_us=10**9) as (r, w):
-        held, other = 3, 4
-        core.kernel_view.held[held] = True  # (the flags the thread reads)
+    lazy, idle, idle_batch = pyfuse3.FAST_PATH_LAZY, pyfuse3.FAST_PATH_IDLE, pyfuse3.FAST_PATH_IDLE_BATCH
+    assert 1 < lazy < idle and idle_batch > 1
+    held, other = 3, 4
 
-        def use(sid):
-            done = pyfuse3.fast_path_answer(request(OPEN, core.file_base + sid, OPEN_IN.pack(os.O_RDONLY, 0)))
-            fh = OPEN_OUT.unpack(os.read(r, 4096)[OUT_HEADER.size:])[0]
-            assert done and pyfuse3.fast_path_answer(request(RELEASE, core.file_base + sid,
-                                                             RELEASE_IN.pack(fh, 0, 0, 0)))
-            os.read(r, 4096)
-        assert pyfuse3.fast_path_pending() == (0, False)
-        use(held)
-        assert pyfuse3.fast_path_pending() == (2, False)  # lazy: the kernel holds it, nothing fetched
-        use(other)
-        assert pyfuse3.fast_path_pending() == (4, True)   # the kernel does not hold it
-        assert len(pyfuse3.fast_path_events()) == 4 * 8 and pyfuse3.fast_path_pending() == (0, False)
-        use(held)
-        assert pyfuse3.fast_path_pending() == (2, False)
+    def use(r, sid, read=False):
+        done = pyfuse3.fast_path_answer(request(OPEN, core.file_base + sid, OPEN_IN.pack(os.O_RDONLY, 0)))
+        fh = OPEN_OUT.unpack(os.read(r, 4096)[OUT_HEADER.size:])[0]
+        if read:
+            assert pyfuse3.fast_path_answer(request(READ_OP, core.file_base + sid,
+                                                    READ_IN.pack(fh, 0, 1 << 20, 0, 0, 0, 0)))
+            os.read(r, 1 << 20)
+        assert done and pyfuse3.fast_path_answer(request(RELEASE, core.file_base + sid,
+                                                         RELEASE_IN.pack(fh, 0, 0, 0)))
+        os.read(r, 4096)
+
+    # reads first (the second configuration leaves the counts at 0, as the binding's test
+    # expects of a fresh process): the samples held for the thread; a delay of 1 us, so
+    # that their hold (a fetch) is long past when the reads come
+    core.kernel_view.held[held] = True  # (the flags the thread reads)
+    with configured(core, delay_us=1, batch=1 << 20) as (r, w):
+        for sid in (held, other):
+            pyfuse3.fast_path_hold(sid, files[os.fsdecode(ix.file_path(sid))])
+        time.sleep(0.01)  # (at least 10 ms: far more than the events' longest wait, 50 us)
+        pyfuse3.fast_path_idle(True)
+        use(r, other, read=True)
+        assert pyfuse3.fast_path_pending() == (3, idle, False)  # the thread answered the read
+        pyfuse3.fast_path_events()
+        use(r, held, read=True)                                 # the kernel dropped its pages
+        assert pyfuse3.fast_path_pending() == (3, 1, False)
+        pyfuse3.fast_path_events()
+        pyfuse3.fast_path_idle(False)
+        use(r, other, read=True)
+        assert pyfuse3.fast_path_pending() == (3, 1, False)
+    # (a delay of 1,000 s: a sample that came into the cache counts as just now throughout;
+    # a batch of 2 events: one sample's open and release)
+    with configured(core, delay_us=10**9, batch=2) as (r, w):
+        assert pyfuse3.fast_path_pending() == (0, 0, False)
+        use(r, held)
+        assert pyfuse3.fast_path_pending() == (2, lazy, True)  # lazy: the kernel holds it, nothing fetched
+        use(r, other)
+        assert pyfuse3.fast_path_pending() == (4, 1, True)     # the kernel does not hold it
+        assert len(pyfuse3.fast_path_events()) == 4 * 8 and pyfuse3.fast_path_pending() == (0, 0, False)
+        pyfuse3.fast_path_idle(True)  # the read-ahead covered its orders
+        for k in range(1, idle_batch):
+            use(r, held if k % 2 else other)
+            assert pyfuse3.fast_path_pending() == (2 * k, idle, False)  # longer, in a larger batch
+        use(r, held)
+        assert pyfuse3.fast_path_pending() == (2 * idle_batch, idle, True)  # that batch is full
+        pyfuse3.fast_path_events()
+        use(r, held)
+        assert pyfuse3.fast_path_pending() == (2, idle, False)
+        assert pyfuse3.fast_path_answer(request(FORGET, core.file_base + other, struct.pack("<Q", 1)))
+        assert pyfuse3.fast_path_pending() == (3, 1, True)     # a forget: within the delay
+        pyfuse3.fast_path_events()
+        use(r, other)
+        assert pyfuse3.fast_path_pending() == (2, idle, False)  # not held, and yet it may wait
+        pyfuse3.fast_path_idle(False)  # a new order: the read-ahead has work again
+        assert pyfuse3.fast_path_pending() == (2, 1, False)    # (the thread signals at its next wait)
+        pyfuse3.fast_path_events()
+        use(r, held)
+        assert pyfuse3.fast_path_pending() == (2, lazy, True)
+        pyfuse3.fast_path_events()
         pyfuse3.fast_path_hold(other, files[os.fsdecode(ix.file_path(other))])  # a fetch arrived
-        use(held)
-        assert pyfuse3.fast_path_pending() == (4, True)   # fetching: the read-ahead needs them soon
+        pyfuse3.fast_path_idle(True)
+        use(r, held)
+        assert pyfuse3.fast_path_pending() == (2, 1, True)     # fetching: the read-ahead needs them soon

@@ -20,7 +20,7 @@ from fusefs.prefetch import default_readahead
 from fusefs.store import ChunkStore
 from fusefs.entries import FsError
 
-from conftest import exact_within_budget, make_core, read_whole, run_epoch, settled, whole_set
+from conftest import exact_within_budget, make_core, read_whole, run_epoch, serving, settled, whole_set
 
 
 @given(data=st.data())
@@ -551,3 +551,33 @@ def test_every_backend_request_holds_one_storage_nodes_samples(three_nodes):
             fetched[node_of(s)] = fetched.get(node_of(s), 0) + 1
     stats = core.statistics()["nodes"]
     assert {core.fetcher.node_names.index(name): s["samples"] for name, s in stats.items()} == fetched
+
+
+def test_the_core_tells_when_the_read_ahead_is_idle_and_applies_uses_before_an_order(three_nodes):
+    """Core's idle callback (the fast path's FastPath.idle) hears True once the read-ahead
+    has covered its order (here at once: its depth holds the whole set), False as a new
+    order comes and True again once that is covered, and nothing while that stays so;
+    catch_up (FastPath.catch_up: the readers' uses that wait) runs before an order from
+    the control socket is in force."""
+    dst, files = three_nodes
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    told, caught = [], []
+    core = Core(ix, ChunkStore(dst, ix), MountConfig.of(cache_bytes=2 * ix.total_bytes),
+                idle=told.append, catch_up=lambda: caught.append(dict(core.plans)))
+    n = ix.n_files
+
+    async def go():
+        async with serving(core):
+            await core.commit_order(0, orderfmt.encode(list(range(n)), epoch=0))
+            assert caught == [{}] and told == [True]  # (caught up before the order)
+            await settled(core)
+            for sid in range(n):
+                assert await read_whole(core, sid) == files[os.fsdecode(ix.file_path(sid))]
+            core.prefetcher.wake()
+            await settled(core)
+            assert told == [True] and core.statistics()["backend_samples"] == n
+            first = core.plans[0]
+            await core.commit_order(0, orderfmt.encode(list(range(n - 1, -1, -1)), epoch=1))
+            assert len(caught) == 2 and caught[1][0] is first  # (before the new one)
+            assert told == [True, False, True]
+    trio.run(go)

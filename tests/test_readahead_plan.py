@@ -79,3 +79,32 @@ def test_readers_using_a_refill_move_the_heads_on_and_the_kernels_samples_are_sk
     assert used >= plan.low_water and plan.due()
     plan.step()
     assert set(plan.queued) - set(first) and not held & set(plan.queued)
+
+
+def test_the_plan_is_idle_once_it_has_covered_its_orders_and_not_before(three_nodes):
+    """`idle` (which lets the fast path hold the readers' uses back longer) is set only by an
+    advance that covered every order to its end: not while the depth or the budget stops
+    it, not after a new order or a rewind until an advance covers it again."""
+    dst, _ = three_nodes
+    ix, node, policy, cache, inflight, plan, order = _plan(dst)
+    assert plan.advance() is False and not plan.idle  # stopped at its depth
+    held = set()
+    ix, node, policy, cache, inflight, plan, order = _plan(dst, kernel_holds=lambda s: s in held)
+    held.update(order[:-1].tolist())  # the kernel holds all but the order's last sample,
+    # which is further ahead of the readers than the depth: the readers' progress lets it in
+    assert plan.advance() is False and not plan.idle and not plan.queued
+    held.add(int(order[-1]))
+    plan.rewind()
+    assert plan.advance() is False and plan.idle  # nothing left to fetch
+    assert plan.step() is False and plan.idle
+    plan.reset()  # (a new order)
+    assert not plan.idle and plan.advance() is False and plan.idle
+    plan.rewind()  # (the kernel dropped pages)
+    assert not plan.idle
+    # the budget stops it: nothing it holds is needed later than the head's sample
+    ix, node, policy, cache, inflight, plan, order = _plan(dst, budget_share=0.01)
+    plan.readahead = int(ix.total_bytes)
+    assert plan.advance() is False and not plan.idle and cache.free < int(ix.size.max())
+    policy.plans.clear()  # no order at all: nothing to fetch
+    plan.reset()
+    assert plan.advance() is False and plan.idle

@@ -1197,3 +1197,6 @@ VERSION_OF_RELEASE = True
 
 # fusefs: the fast path's lazy events: fast_path_pending, and fast_path_configure's delay
 LAZY_EVENTS = True
+
+# fusefs: the fast path's idle read-ahead: fast_path_idle, fast_path_pending's deadlines
+IDLE_READAHEAD = True

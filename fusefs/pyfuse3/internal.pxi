@@ -226,7 +226,12 @@ cdef extern from "_fastpath.h":
     int fusefs_fast_event_fd() nogil
     void fusefs_fast_counts(unsigned long long *out) nogil
     unsigned long long *fusefs_fast_take(size_t *n) nogil
-    int fusefs_fast_pending(size_t *n) nogil
+    int fusefs_fast_pending(size_t *n, int *signalled) nogil
+    void fusefs_fast_idle(int idle) nogil
+    enum:
+        FUSEFS_LAZY
+        FUSEFS_IDLE
+        FUSEFS_IDLE_BATCH
     void fusefs_fast_hold(unsigned long long sid, PyObject *o)
     void fusefs_fast_free_held()
     void fusefs_fast_kernel_flags(const unsigned char *flags, unsigned long long n)
@@ -278,16 +283,17 @@ def fast_path_thread_counts():
 
 
 def fast_path_configure(fd, file_base, n_files, fh_base, sid_bits, serial, serial_wrap, write_flags,
-                        events, delay_us=0):
+                        events, delay_us=0, batch=1 << 30):
     """Tests: set the fast path up as fast_path_start does, without its thread, its replies
     written to fd (fast_path_tree and fast_path_kernel_flags stay; the table of held samples
-    is new and empty: fast_path_hold fills it); then fast_path_answer. delay_us: the events'
-    delay (fast_path_pending tells which deadline they wait for)."""
+    is new and empty: fast_path_hold fills it); then fast_path_answer. delay_us, batch: the
+    events' delay and batch (fast_path_pending tells which deadline they wait for, and
+    whether they were signalled)."""
     cdef unsigned long long bits[4]
     released, read, read_end, read_lost = events
     bits[0], bits[1], bits[2], bits[3] = released, read, read_end, read_lost
     cdef int err = fusefs_fast_configure(fd, file_base, n_files, fh_base, sid_bits, serial,
-                                         serial_wrap, write_flags, 1 << 30, delay_us, bits)
+                                         serial_wrap, write_flags, batch, delay_us, bits)
     if err:
         raise OSError(err, 'fast_path_configure: ' + strerror(err))
 
@@ -314,13 +320,29 @@ def fast_path_events():
         stdlib.free(ev)
 
 
+# how many times the delay lazy events wait (an open or release of a sample the kernel
+# holds while nothing came into the cache for a while), and while the read-ahead is idle
+# (fast_path_idle), when also FAST_PATH_IDLE_BATCH times the batch may wait
+FAST_PATH_LAZY = FUSEFS_LAZY
+FAST_PATH_IDLE = FUSEFS_IDLE
+FAST_PATH_IDLE_BATCH = FUSEFS_IDLE_BATCH
+
+
 def fast_path_pending():
-    """(the events waiting, whether they wait for the delay): False while every one is lazy
-    (an open or release of a sample the kernel holds while nothing came into the cache for
-    a while: they wait for several times the delay, fusefs/_fastpath.h)."""
+    """(the events waiting, how many times the delay they wait: 1, FAST_PATH_LAZY while
+    every one is lazy, FAST_PATH_IDLE while the read-ahead is idle too, 0 when none waits;
+    whether the event fd was made readable for them), fusefs/_fastpath.h."""
     cdef size_t n = 0
-    cdef int urgent = fusefs_fast_pending(&n)
-    return n, bool(urgent)
+    cdef int signalled = 0
+    cdef int delays = fusefs_fast_pending(&n, &signalled)
+    return n, delays, bool(signalled)
+
+
+def fast_path_idle(idle):
+    """Tell the fast path whether the read-ahead is idle (it covered its orders: the
+    readers' progress gives it nothing to fetch until a new order); its lazy events then
+    wait FAST_PATH_IDLE times the delay."""
+    fusefs_fast_idle(1 if idle else 0)
 
 
 def fast_path_counts():
