@@ -183,8 +183,9 @@ class Tries:
 
 class Batch:
     """One fetch of one node's samples: each Pending settled exactly once (`finish`), as
-    its sample arrives from the worker thread (`on_read`, then `arrived` on the loop) or
-    when the fetch ends (cancelled ones with FetchCancelled)."""
+    its sample arrives from the worker thread (`on_read`, then `arrived` on the loop: the
+    group's samples are handed to `deliver` together) or when the fetch ends (cancelled
+    ones with FetchCancelled)."""
 
     def __init__(self, fetcher: "Fetcher", node: Node, pendings: dict, deliver, push, unpushed):
         self.fetcher, self.node, self.pendings = fetcher, node, pendings
@@ -196,6 +197,11 @@ class Batch:
         self.inbox = fetcher._inbox
 
     def finish(self, sid: int, r) -> None:
+        self._settle(sid, r)
+        self.deliver([(sid, r)])
+
+    def _settle(self, sid: int, r) -> None:
+        """Sample sid's fetch is over: its Pending holds r, its readers are woken."""
         p = self.pendings.pop(sid)
         if isinstance(r, Exception):
             p.error = r
@@ -206,7 +212,6 @@ class Batch:
                 self.node.stats.samples += 1
         del self.fetcher.inflight[sid]
         p.set()
-        self.deliver(sid, r)
 
     def arrived(self, item) -> None:
         """(The event loop, while the batch goes on.) Samples read: each delivered."""
@@ -217,13 +222,16 @@ class Batch:
         stats.bytes += nbytes
         if local:
             self.from_local.update(got)
-        pendings = self.pendings
+        pendings, settled = self.pendings, []
         for sid, r in got.items():
             if sid in pendings and not isinstance(r, Exception):
-                try:  # (an error here would end trio's run: leave it to the batch's end)
-                    self.finish(sid, r)
-                except Exception:
-                    log.exception("delivering sample %d on arrival failed", sid)
+                self._settle(sid, r)
+                settled.append((sid, r))
+        if settled:
+            try:  # (an error here would end trio's run; the readers have their bytes)
+                self.deliver(settled)
+            except Exception:
+                log.exception("delivering %d sample(s) on arrival failed", len(settled))
 
     def on_read(self, got: dict, nreads: int = 0, nbytes: int = 0, local: bool = False) -> None:
         """(The worker thread.) A group of reads is done: its samples to the loop, then
@@ -345,9 +353,9 @@ class Fetcher:
 
     async def fetch(self, sids: list[int], deliver, claimed: dict[int, Pending] | None = None,
                     push=None, unpushed: int | None = None) -> None:
-        """Fetch sids (one node) in one batch; deliver(sid, bytes | Exception) for each,
-        each sample as soon as its read is done (the read of a sample asked for earlier in
-        sids is made earlier). `claimed`: sids already claimed (the others are claimed now;
+        """Fetch sids (one node) in one batch; deliver([(sid, bytes | Exception)]) for each,
+        each sample as soon as its read is done, those of a group of reads together (the
+        read of a sample asked for earlier in sids is made earlier). `claimed`: sids already claimed (the others are claimed now;
         any someone else fetches are left out). `push([(sid, bytes)])`: called in the worker
         thread with the samples of each group of reads, after the event loop has been handed
         them (the kernel page cache push, KernelView.push), or None. `unpushed`: a sample not to

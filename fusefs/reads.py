@@ -37,6 +37,9 @@ log = logging.getLogger("fusefs")
 # remembered (the oldest go first).
 GAVE_UP_S = 5.0
 GAVE_UP_MAX = 4096
+# a group of at least this many fetched samples has its keys computed at once (numpy's fixed
+# cost per call is about that of this many Python calls of Policy.key)
+KEYS_AT_ONCE = 16
 
 
 class Reads:
@@ -160,15 +163,32 @@ class Reads:
                 cache.settle(sid)
         results = {}
 
-        def deliver(s, r):
-            cache.settle(s)
-            results[s] = r
-            self.deliver(s, r, missed=s == keep)
+        def deliver(items):
+            for s, r in items:
+                cache.settle(s)
+                results[s] = r
+            self.deliver_many(items, keep)
 
         view = self.kernel_view
         await self.fetcher.fetch(sids, deliver, claimed, push=view.push if view.pushes else None,
                                  unpushed=keep)
         return results
+
+    def deliver_many(self, items, missed: int | None = None) -> None:
+        """deliver() of each (sid, result) of a group of reads; `missed`: the sample of a
+        reader who missed it. The keys of a large group come from one numpy pass over the
+        plans (Policy.keys), not a Python call each."""
+        if len(items) < KEYS_AT_ONCE:
+            for sid, r in items:
+                self.deliver(sid, r, missed=sid == missed)
+            return
+        ok = [sid for sid, r in items if not isinstance(r, Exception)]
+        keys = dict(zip(ok, self.policy.keys(np.array(ok, dtype=np.int64)).tolist()))
+        for sid, r in items:
+            if sid == missed or sid not in keys:
+                self.deliver(sid, r, missed=sid == missed)
+            else:
+                self._keep(sid, r, keys[sid])
 
     def deliver(self, sid: int, result, missed: bool = False) -> None:
         """A fetch finished: keep the bytes if the orders need them before something cached
@@ -194,10 +214,14 @@ class Reads:
                               self.fetcher.node_names[self.fetcher.node_of(sid)], self.store.chunk_path(chunk),
                               os.fsdecode(self.index.file_path(sid)), result)
             return
+        self._keep(sid, result, self.policy.key_after_use(sid) if missed else self.policy.key(sid))
+
+    def _keep(self, sid: int, result: bytes, key: float) -> None:
+        """A fetched sample's bytes, needed next at key: offered to the local tier, kept in
+        the cache if the orders need them before something cached."""
         if self.local is not None and sid not in self.local:  # (cheap test first)
             self.local.offer(sid, result, float(self.local.priority[sid])
                              if self.policy.keeps_after_use(sid) else -np.inf)
-        key = self.policy.key_after_use(sid) if missed else self.policy.key(sid)
         if not self.cache.put(sid, result, key) and key != float("inf"):
             # the budget is reserved for read-ahead needed later: take some back
             if self.prefetcher.yield_room(self.cache.cost(len(result)), key):
