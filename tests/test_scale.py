@@ -112,3 +112,25 @@ def test_a_local_tier_eviction_costs_the_same_whatever_it_holds(tmp_path):
         finally:
             tier.close()
     assert costs[0] == costs[1], costs
+
+
+def test_the_eviction_heaps_stale_items_stay_within_one_an_entry():
+    """Every use re-keys its cached sample (a new heap item; the old one stays, stale): the
+    heap is rebuilt before it holds more stale items than entries (plus a constant), by
+    re-keys alone (a cache that fetches nothing) as by puts, so its memory stays within what
+    each entry's overhead counts (cache.ENTRY_OVERHEAD)."""
+    n = 5_000
+    cache = SampleCache(budget=1 << 30)
+    for sid in range(n):
+        cache.put(sid, b"x", key=float(sid))
+    longest = 0
+    for step in range(20 * n):  # re-keys only
+        cache.rekey(step % n, float(n + step))
+        longest = max(longest, len(cache._heap))
+    assert n < longest <= 2 * n + 1024 + 1
+    for sid in range(n, 3 * n):  # puts that evict, with re-keys between
+        cache.put(sid, b"x", key=float(sid))
+        cache.rekey(sid - n, float(5 * n + sid))
+        longest = max(longest, len(cache._heap))
+    assert longest <= 2 * len(cache._entries) + 1024 + 1
+    assert sorted(cache._entries) == list(range(3 * n))  # (nothing evicted: the budget holds all)
