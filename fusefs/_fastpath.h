@@ -250,11 +250,16 @@ static int fusefs_events_lazy_delays(void) {
     return __atomic_load_n(&fusefs_fast.idle, __ATOMIC_RELAXED) ? FUSEFS_IDLE : FUSEFS_LAZY;
 }
 
+/* under lock: whether a FUSEFS_EV_IDLE event waits and is to reach fusefs within the
+ * delay (the read-ahead is not idle) */
+static int fusefs_events_eager(void) {
+    return fusefs_fast.ev_eager && !__atomic_load_n(&fusefs_fast.idle, __ATOMIC_RELAXED);
+}
+
 /* under lock: whether an event waits that is to reach fusefs within the delay (one
- * FUSEFS_EV_NOW; one FUSEFS_EV_IDLE while the read-ahead is not idle) */
+ * FUSEFS_EV_NOW, or fusefs_events_eager) */
 static int fusefs_events_urgent(void) {
-    return fusefs_fast.ev_urgent
-           || (fusefs_fast.ev_eager && !__atomic_load_n(&fusefs_fast.idle, __ATOMIC_RELAXED));
+    return fusefs_fast.ev_urgent || fusefs_events_eager();
 }
 
 /* under lock, with events waiting: the ns left until they are to reach fusefs: the delay
@@ -266,7 +271,7 @@ static long fusefs_events_left_ns(void) {
         long l = fusefs_fast.delay_ns - fusefs_ns_since(&fusefs_fast.ev_urgent_first);
         left = l < left ? l : left;
     }
-    if (fusefs_fast.ev_eager && !__atomic_load_n(&fusefs_fast.idle, __ATOMIC_RELAXED)) {
+    if (fusefs_events_eager()) {
         long l = fusefs_fast.delay_ns - fusefs_ns_since(&fusefs_fast.ev_eager_first);
         left = l < left ? l : left;
     }

@@ -183,10 +183,9 @@ class SampleCache:
 
     def _push(self, sid: int, key: float) -> None:
         """sid's item on the eviction heap; its earlier ones stay, stale (lazy deletion),
-        until the heap holds as many stale items as entries: then it is rebuilt. (A stale
-        item is about 150 bytes of Python objects outside the samples' heap: at a million
-        tiny entries, up to three stale items an entry held about 230 MB more at the end of
-        an epoch than one does.)"""
+        until the heap holds as many stale items as entries: then it is rebuilt (amortized
+        O(1) a push). A stale item is about 150 bytes of Python objects that the entry
+        overhead must cover: docs/HOTPATH.md, "Memory through the epoch"."""
         heapq.heappush(self._heap, (-key, next(self._seq), sid))
         if len(self._heap) > 2 * len(self._entries) + 1024:
             self._rebuild_heap()
