@@ -213,7 +213,7 @@ class Core:
                 self._forgot(sid)
 
     def _forgot(self, sid: int) -> None:
-        self.kernel_view.forgot(sid)  # (its pages are gone with the inode)
+        self.reads.forgot(sid)  # (its pages are gone with the inode)
 
     # ---- data ------------------------------------------------------------------------
     def trusted(self, uid: int | None) -> bool:

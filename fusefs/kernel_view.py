@@ -6,9 +6,10 @@ worker threads); a read the daemon answers to a sample's end leaves its pages th
 (`read_through`: keep_cache). The kernel tells the daemon only when it forgets an inode
 (`forgot`); it drops pages without telling, under memory pressure or reclaiming cold pages
 proactively, and a read that reaches the daemon for a sample taken as held shows that it
-did (`lost`). When that happens to many of the pushed samples opened under an order, every
-flag is cleared and only what is pushed from then on is taken as held (`drops`, until the
-next order). The flags are one byte per sample (`flags`), which the fast path's threads read
+did (`lost`). When that happens to many of the pushed samples opened under an order (a
+forget of a sample the orders still need counts too: the kernel reclaims inodes with their
+pages), every flag is cleared and only what is pushed from then on is taken as held
+(`drops`, until the next order). The flags are one byte per sample (`flags`), which the fast path's threads read
 as they answer reads (READ_LOST: fastpath.py).
 """
 from __future__ import annotations
@@ -94,11 +95,16 @@ class KernelView:
         if self.kernel is not None:
             self.held[sid] = True
 
-    def forgot(self, sid: int) -> None:
-        """The kernel forgot sample sid's inode, and with it its pages."""
-        if self.held[sid]:
-            self.stats.kernel_forgotten += 1
-            self.held[sid] = False
+    def forgot(self, sid: int, needed: bool = False) -> bool:
+        """The kernel forgot sample sid's inode, and with it its pages. If they were held
+        and the current orders still need sid (needed), that is a drop as lost()'s: True
+        when it made the drops cross the line (every flag cleared). (A forget says nothing
+        of the pages the kernel still holds when it comes for samples already used.)"""
+        if not self.held[sid]:
+            return False
+        self.stats.kernel_forgotten += 1
+        self.held[sid] = False
+        return needed and self._dropped()
 
     def lost(self, sid: int) -> bool:
         """A read of sample sid reached the daemon: the kernel does not hold all its pages.
@@ -112,15 +118,19 @@ class KernelView:
             return False
         self.held[sid] = False
         self.stats.kernel_dropped += 1
+        return self._dropped()
+
+    def _dropped(self) -> bool:
+        """One more pushed sample still needed was dropped under this order: lost()."""
         self._drops += 1
         opened = self.stats.opens_pushed - self._opens_at_order
         if self.drops or self._drops < MIN_DROPS or self._drops <= DROP_SHARE * opened:
             return False
         self.drops = True
         self.held[:] = False
-        log.info("the kernel dropped pages of %d of the %d pushed samples opened under the "
-                 "current order(s): what it was thought to hold is fetched and pushed again",
-                 self._drops, opened)
+        log.info("the kernel dropped the pages (or forgot the inodes) of %d pushed samples "
+                 "still needed, against %d opened under the current order(s): what it was "
+                 "thought to hold is fetched and pushed again", self._drops, opened)
         return True
 
     def new_order(self) -> None:

@@ -73,6 +73,15 @@ class Reads:
         if self.kernel_view.lost(sid):
             self.prefetcher.rewind()
 
+    def forgot(self, sid: int) -> None:
+        """The kernel forgot sample sid's inode, and with it its pages: as lost() if the
+        kernel was taken to hold them and the orders still need sid (the read-ahead passed
+        over it as held and would not come back for it: its reader would miss)."""
+        view = self.kernel_view
+        needed = view.holds(sid) and self.policy.next_use(sid) is not None
+        if view.forgot(sid, needed):
+            self.prefetcher.rewind()
+
     def answered(self, sid: int, end: bool, held: bool) -> None:
         """A read of sample sid was answered from its cached bytes outside the loop (the
         fast path): as fetch() would count it, and as the daemon's read (Core.read) would

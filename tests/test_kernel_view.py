@@ -76,3 +76,19 @@ def test_many_drops_under_an_order_clear_every_flag_once_until_the_next_order():
     assert view.holds(0)
     view.new_order()
     assert not view.drops
+
+
+def test_forgets_of_samples_still_needed_count_as_drops_and_others_do_not():
+    """A forget takes the pages with the inode: for a sample the orders still need it is a
+    drop as a lost read's (the read-ahead passed over it as held), for one they no longer
+    need it is not."""
+    n = 10 * MIN_DROPS
+    stats = Stats()
+    view = KernelView(n, stats, Kernel())
+    view.push([(s, b"x") for s in range(n)])
+    view.new_order()
+    assert not any(view.forgot(s, needed=False) for s in range(n // 2))
+    assert not view.drops and stats.kernel_forgotten == n // 2 and view.holds(n - 1)
+    told = [view.forgot(s, needed=True) for s in range(n // 2, n)]
+    assert told.count(True) == 1 and told.index(True) == MIN_DROPS - 1  # (none opened)
+    assert view.drops and not view.held.any() and stats.kernel_dropped == 0
