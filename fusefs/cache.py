@@ -114,22 +114,24 @@ class SampleCache:
         if nbytes <= self.free:
             return True
         heap, entries, current = self._heap, self._entries, self._key
-        taken, freed = [], 0
+        taken, freed = {}, 0
         while heap and self.free + freed < nbytes:
             neg, seq, sid = heap[0]
-            if sid not in entries or current[sid] != -neg:
-                heapq.heappop(heap)  # stale: evicted, dropped or re-keyed since
+            # stale: evicted, dropped or re-keyed since; or an item of the same key as the
+            # one taken (an entry put again, or re-keyed back, under the same key)
+            if sid not in entries or current[sid] != -neg or sid in taken:
+                heapq.heappop(heap)
                 continue
             if not (-neg > key or -neg == math.inf):
                 break
-            taken.append(heapq.heappop(heap))
+            taken[sid] = heapq.heappop(heap)
             freed += len(entries[sid]) + self.overhead
         if self.free + freed < nbytes:
-            for item in taken:
+            for item in taken.values():
                 heapq.heappush(heap, item)
             return False
         mirror = self._mirror
-        for _, _, sid in taken:
+        for sid in taken:
             data = entries.pop(sid)
             del current[sid]
             self.used -= len(data) + self.overhead

@@ -120,6 +120,19 @@ def test_cache_evicts_furthest_next_use_first_and_never_pins():
     assert c.used + c.reserved <= c.budget and c.pinned_bytes == 10
 
 
+def test_an_entry_put_again_or_re_keyed_back_under_its_key_is_evicted_once():
+    """A put of a cached sample (delivered twice) or a re-key back to its earlier key leaves
+    two heap items that look current: the entry is still evicted once, in its key's turn,
+    and the budget holds."""
+    for again in (lambda c: c.put(2, b"x" * 10, key=12.0), lambda c: (c.rekey(2, 99.0), c.rekey(2, 12.0))):
+        c = SampleCache(30, entry_overhead=0)
+        for sid, key in ((0, 10.0), (1, 11.0), (2, 12.0)):
+            c.put(sid, b"x" * 10, key=key)
+        again(c)
+        assert c.put(3, b"y" * 20, key=5.0)  # room for two: samples 2 and 1, furthest first
+        assert sorted(c._entries) == [0, 3] and c.evictions == 2 and c.used == c.budget
+
+
 def test_policy_keys_span_the_epoch_boundary():
     sizes = np.full(5, 10)
     p = Policy(sizes)
