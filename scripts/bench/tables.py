@@ -12,7 +12,8 @@ workers), gpu-hybrid (bench_hybrid's epoch rows, by model, mode and seed), gpu-s
 (bench_swap's rows, and the exit status of each swap part that ended without them) and
 gpu-importance (bench_unbiased --local on the node); in HOTPATH.md, hotpath
 (bench_hotpath.py --results: fusefs, --no-fast-path and the minimal daemons, by regime) and
-wake (wake_cost.py: an idle loop's wake, trio's and a bare epoll loop's).
+wake (wake_cost.py: an idle loop's wake, trio's and a bare epoll loop's) and pages
+(page_cost.py: a sample's read into fresh memory and into memory present).
 
 usage: .venv/bin/python scripts/bench/tables.py [--check]
 """
@@ -376,6 +377,20 @@ def wake(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def pages(rows: list[dict]) -> str:
+    """A sample's read into fresh memory against memory already present (page_cost.py)."""
+    run = last_run(rows, "page_cost")
+    if not run:
+        return not_measured("page_cost")
+    out = ["| memory read into | CPU us a sample (rounds) | minor faults a sample | sample | commit, date |",
+           "| --- | --- | --- | --- | --- |"]
+    for r in run:
+        out.append(f"| {r['memory']} | {r['cpu_us_per_sample']:.1f} ({slashed(r['rounds'], '{:.1f}')}) "
+                   f"| {r['minor_faults_per_sample']:.1f} | {r['sample_bytes'] >> 10} KB x {r['samples']:,} "
+                   f"| {where(r)} |")
+    return "\n".join(out)
+
+
 def hotpath(rows: list[dict]) -> str:
     """Daemon CPU us per sample by regime (the median round): fusefs (loop / other threads),
     the same with --no-fast-path, and the minimal daemons' nearest epochs."""
@@ -426,7 +441,7 @@ TABLES = {"mount": (mount, "bench_mount.jsonl"), "unbiased": (unbiased, "bench_u
           "soak": (soak, "soak.jsonl"), "gpu-node": (gpu_node, "gpu-node.jsonl"), "gpu-hybrid": (gpu_hybrid, "gpu-node.jsonl"),
           "gpu-swap": (gpu_swap, "gpu-node.jsonl"), "gpu-importance": (gpu_importance, "gpu-node.jsonl"),
           "hotpath": (hotpath, "bench_hotpath.jsonl", HOTPATH),
-          "wake": (wake, "wake_cost.jsonl", HOTPATH)}
+          "wake": (wake, "wake_cost.jsonl", HOTPATH), "pages": (pages, "page_cost.jsonl", HOTPATH)}
 
 
 def render(doc: str, path: str = DOC) -> tuple[str, list[str]]:
