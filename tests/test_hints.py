@@ -1,4 +1,5 @@
 """trainer.HintedSampler: the same indices as torch's samplers, and orders through a mount."""
+import contextlib
 import errno
 import os
 import random
@@ -367,6 +368,18 @@ def test_read_ahead_bytes_pushed_to_the_kernel_page_cache(tricky, tmp_path, mode
             assert s["cache_samples"] == len(rels)  # kept: room is not needed
 
 
+@contextlib.contextmanager
+def _listed_mount(dst: str, files: dict, tmp_path, cache_size: str):
+    """A mount of dst (the tricky tree's files) with --cache-size cache_size, its tree
+    listed as ImageFolder lists it (the kernel then knows every inode, so fetched samples
+    can be pushed): (mount point, the non-empty files' paths, their sample ids)."""
+    rels = sorted(k for k, v in files.items() if not k.endswith("/") and v)
+    mnt = str(tmp_path / "mnt")
+    with running_mount(dst, mnt, "--cache-size", cache_size):
+        assert len([f for _, _, fs in os.walk(mnt) for f in fs]) == len(files) - 2  # listed
+        yield mnt, rels, mount_ids(mnt)
+
+
 def _kernel_forgets(mnt: str, what: str) -> dict:
     """Drop the machine's caches (/proc/sys/vm/drop_caches: what), wait until the mount
     takes no sample as held in the kernel page cache, and return its stats then."""
@@ -388,11 +401,7 @@ def test_inodes_the_kernel_forgets_are_no_longer_taken_to_hold_pages(tricky, tmp
     path's thread, none by the Python loop, and reach the core as events: every sample
     pushed before is taken as held no longer; its reads reach the daemon again."""
     _, dst, files = tricky
-    rels = sorted(k for k, v in files.items() if not k.endswith("/") and v)
-    mnt = str(tmp_path / "mnt")
-    with running_mount(dst, mnt, "--cache-size", "200%"):
-        assert len([f for _, _, fs in os.walk(mnt) for f in fs]) == len(files) - 2  # listed
-        ids = mount_ids(mnt)
+    with _listed_mount(dst, files, tmp_path, "200%") as (mnt, rels, ids):
         write_order(mnt, [ids[os.fsencode(r)] for r in rels], epoch=0)
         deadline = time.monotonic() + 30
         while mount_stats(mnt)["pushed"] < len(rels) and time.monotonic() < deadline:
@@ -423,11 +432,7 @@ def test_the_read_ahead_fetches_again_what_the_order_needs_once_the_kernel_forge
     count as drops, the read-ahead goes back for them, and the epoch's readers find them
     fetched or on their way, not missed (before: every read of the epoch missed)."""
     _, dst, files = tricky
-    rels = sorted(k for k, v in files.items() if not k.endswith("/") and v)
-    mnt = str(tmp_path / "mnt")
-    with running_mount(dst, mnt, "--cache-size", "20%"):
-        assert len([f for _, _, fs in os.walk(mnt) for f in fs]) == len(files) - 2  # listed
-        ids = mount_ids(mnt)
+    with _listed_mount(dst, files, tmp_path, "20%") as (mnt, rels, ids):
         _epoch(mnt, rels, files, ids, 0)
         shuffled = random.Random(1).sample(rels, len(rels))
         write_order(mnt, [ids[os.fsencode(r)] for r in shuffled], epoch=1)
@@ -473,12 +478,8 @@ def test_samples_the_kernel_holds_are_not_fetched_again_until_it_drops_pages(tri
     MIN_DROPS of them (and more than DROP_SHARE of the pushed samples opened) were dropped,
     what was pushed before is forgotten, fetched samples are pushed again and the
     read-ahead fetches what it skipped; a new order counts drops afresh."""
-    src, dst, files = tricky
-    rels = sorted(k for k, v in files.items() if not k.endswith("/") and v)
-    mnt = str(tmp_path / "mnt")
-    with running_mount(dst, mnt, "--cache-size", "20%"):
-        assert len([f for _, _, fs in os.walk(mnt) for f in fs]) == len(files) - 2  # listed
-        ids = mount_ids(mnt)
+    _, dst, files = tricky
+    with _listed_mount(dst, files, tmp_path, "20%") as (mnt, rels, ids):
         first, s = _epoch(mnt, rels, files, ids, 0)
         pushed = s["in_kernel"]
         assert pushed >= len(rels) // 2, s  # most samples arrived before their reader
