@@ -119,8 +119,9 @@ class Core:
         told when the read-ahead has covered its orders, or no longer (FastPath.idle: the
         readers' uses of samples the kernel holds may then reach the core later), or None;
         catch_up(): applies the uses that wait to reach the core (FastPath.catch_up), before
-        an order from the control socket is put in force, or None; control_socket: the control socket's path, which `.fusefs/control` links to (None:
-        no link). The files' owner is config's uid and gid (None: the daemon's)."""
+        an order from the control socket is put in force, or None; control_socket: the
+        control socket's path, which `.fusefs/control` links to (None: no link). The files'
+        owner is config's uid and gid (None: the daemon's)."""
         self.index = index
         self.store = store
         self.local = local

@@ -21,8 +21,9 @@ do for them, and an idle loop's wake costs it several times a busy one's), and w
 read-ahead has covered its orders too (`idle`), 1 s or 2,048 samples. Before each request
 the loop handles, and before an order is put in force, the events before it are applied
 (fs.Operations, Core.commit_order), so the accounting sees opens, releases and order
-changes in the order they came. A request the loop answers costs one thread hand-off more than
-without the fast path (docs/HOTPATH.md, "The fast path"); `--no-fast-path` turns it off.
+changes in the order they came. A request the loop answers costs one thread hand-off more
+than without the fast path (docs/HOTPATH.md, "The fast path"); `--no-fast-path` turns it
+off.
 """
 from __future__ import annotations
 

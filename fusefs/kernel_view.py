@@ -9,8 +9,8 @@ proactively, and a read that reaches the daemon for a sample taken as held shows
 did (`lost`). When that happens to many of the pushed samples opened under an order (a
 forget of a sample the orders still need counts too: the kernel reclaims inodes with their
 pages), every flag is cleared and only what is pushed from then on is taken as held
-(`drops`, until the next order). The flags are one byte per sample (`flags`), which the fast path's threads read
-as they answer reads (READ_LOST: fastpath.py).
+(`drops`, until the next order). The flags are one byte per sample (`flags`), which the
+fast path's threads read as they answer reads (READ_LOST: fastpath.py).
 """
 from __future__ import annotations
 
