@@ -133,6 +133,38 @@ def test_an_entry_put_again_or_re_keyed_back_under_its_key_is_evicted_once():
         assert sorted(c._entries) == [0, 3] and c.evictions == 2 and c.used == c.budget
 
 
+def test_evictions_take_the_furthest_key_first_through_heap_rebuilds():
+    """Random puts, re-keys and drops on a small cache, long enough for the eviction heap to
+    be rebuilt several times: after every step the cache holds what a reference that evicts
+    the entry of largest key first holds (a put evicts only entries needed later than it,
+    or nothing)."""
+    rng = np.random.default_rng(7)
+    c = SampleCache(50, entry_overhead=0)
+    rebuilds, rebuild = [], c._rebuild_heap
+    c._rebuild_heap = lambda: (rebuilds.append(len(c._heap)), rebuild())
+    ref: dict[int, float] = {}  # sid -> key, of what the cache should hold
+    for _ in range(20_000):
+        sid, key, op = int(rng.integers(200)), float(rng.random()), rng.random()
+        if op < 0.5:
+            kept = c.put(sid, b"x", key=key)
+            ref.pop(sid, None)
+            victims = sorted((s for s in ref if ref[s] > key), key=ref.get, reverse=True)
+            if len(ref) < 50 or victims:
+                for s in victims[:max(0, len(ref) + 1 - 50)]:
+                    del ref[s]
+                ref[sid] = key
+            assert kept == (sid in ref)
+        elif op < 0.95:
+            c.rekey(sid, key)
+            if sid in ref:
+                ref[sid] = key
+        else:
+            c.drop(sid)
+            ref.pop(sid, None)
+        assert c._entries.keys() == ref.keys()
+    assert len(rebuilds) >= 3 and c.evictions > 1000
+
+
 def test_policy_keys_span_the_epoch_boundary():
     sizes = np.full(5, 10)
     p = Policy(sizes)
