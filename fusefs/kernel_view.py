@@ -6,26 +6,30 @@ worker threads); a read the daemon answers to a sample's end leaves its pages th
 (`read_through`: keep_cache). The kernel tells the daemon only when it forgets an inode
 (`forgot`); it drops pages without telling, under memory pressure or reclaiming cold pages
 proactively, and a read that reaches the daemon for a sample taken as held shows that it
-did (`lost`). When that happens to many of the pushed samples opened under an order (a
-forget of a sample the orders still need counts too: the kernel reclaims inodes with their
-pages), every flag is cleared and only what is pushed from then on is taken as held
-(`drops`, until the next order). The flags are one byte per sample (`flags`), which the
+did (`lost`). When that happens to many of the pushed samples opened lately (a forget of a
+sample the orders still need counts too: the kernel reclaims inodes with their pages),
+every flag is cleared and only what is pushed from then on is taken as held (`drops`, until
+the next order). Lately, not since the order: a kernel that drops everything late in a long
+epoch is found out after about as many misses as early in a short one. The flags are one byte per sample (`flags`), which the
 fast path's threads read as they answer reads (READ_LOST: fastpath.py).
 """
 from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 
 import numpy as np
 
 log = logging.getLogger("fusefs")
 
-# Distrust what was pushed to the kernel once this share of the pushed samples opened under
-# an order were found dropped (and at least MIN_DROPS of them): see KernelView.lost.
+# Distrust what was pushed to the kernel once more than this share of the pushed samples
+# opened lately (about the last DROP_WINDOW of them, under the current order) were found
+# dropped, and at least MIN_DROPS of them: see KernelView.lost.
 DROP_SHARE = 0.1
 MIN_DROPS = 16
+DROP_WINDOW = 1024
 
 
 class KernelView:
@@ -39,7 +43,8 @@ class KernelView:
         self.ino_base = ino_base
         self.held = np.zeros(n_files, dtype=bool)  # pushed or read through, not forgotten since
         self.drops = False           # the kernel dropped many pushed pages under this order
-        self._drops = 0              # pushed samples found dropped since the last order
+        self._recent = 0.0           # drops found lately: each weighs exp(-opens since / DROP_WINDOW)
+        self._opens_at_drop = 0      # stats.opens_pushed at the last drop
         self._opens_at_order = 0     # stats.opens_pushed when the last order came
 
     def counters(self) -> dict:
@@ -109,8 +114,9 @@ class KernelView:
     def lost(self, sid: int) -> bool:
         """A read of sample sid reached the daemon: the kernel does not hold all its pages.
         If they had been pushed, the kernel dropped some. One such sample costs its reader a
-        fetch (a miss); once more than DROP_SHARE of the pushed samples opened under this
-        order (and at least MIN_DROPS) were dropped, the kernel has likely dropped most of
+        fetch (a miss); once more than DROP_SHARE of the pushed samples opened lately (about
+        the last DROP_WINDOW under this order; and at least MIN_DROPS) were dropped, the
+        kernel has likely dropped most of
         them: every flag is cleared, so every sample is pushed again as it is fetched, and
         True says so (the read-ahead then goes back for what it skipped). What is pushed
         from then on is held again."""
@@ -121,20 +127,26 @@ class KernelView:
         return self._dropped()
 
     def _dropped(self) -> bool:
-        """One more pushed sample still needed was dropped under this order: lost()."""
-        self._drops += 1
-        opened = self.stats.opens_pushed - self._opens_at_order
-        if self.drops or self._drops < MIN_DROPS or self._drops <= DROP_SHARE * opened:
+        """One more pushed sample still needed was dropped under this order: lost(). The
+        drops weigh less as pushed samples are opened after them (exp(-opens since /
+        DROP_WINDOW)), and so do the opens: both count about the last DROP_WINDOW opens (all
+        of them, early in an order), in O(1) a drop and nothing an open."""
+        opens = self.stats.opens_pushed
+        self._recent = self._recent * math.exp((self._opens_at_drop - opens) / DROP_WINDOW) + 1
+        self._opens_at_drop = opens
+        window = -DROP_WINDOW * math.expm1((self._opens_at_order - opens) / DROP_WINDOW)
+        if self.drops or self._recent < MIN_DROPS or self._recent <= DROP_SHARE * window:
             return False
         self.drops = True
         self.held[:] = False
-        log.info("the kernel dropped the pages (or forgot the inodes) of %d pushed samples "
-                 "still needed, against %d opened under the current order(s): what it was "
-                 "thought to hold is fetched and pushed again", self._drops, opened)
+        log.info("the kernel dropped the pages (or forgot the inodes) of %.0f of about the "
+                 "last %.0f pushed samples opened (%d under the current order(s)), still "
+                 "needed: what it was thought to hold is fetched and pushed again",
+                 self._recent, window, opens - self._opens_at_order)
         return True
 
     def new_order(self) -> None:
         """A new order: count drops afresh."""
         self.drops = False
-        self._drops = 0
-        self._opens_at_order = self.stats.opens_pushed
+        self._recent = 0.0
+        self._opens_at_order = self._opens_at_drop = self.stats.opens_pushed
