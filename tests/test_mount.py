@@ -14,6 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 
 from fusefs.index import INDEX_NAME, Index
+from fusefs.kernel_view import DROP_SHARE, DROP_WINDOW
 
 from testkit.mounts import is_mounted, resolve, running_mount, stop_mount
 from trainer.hints import mount_stats
@@ -411,6 +412,24 @@ def test_bench_commit_times_every_ranks_commit_and_the_getattrs_meanwhile(tmp_pa
     assert rows[0]["order_entries"] == 2 * 20000  # (every sample in this epoch and the next)
     assert 0 < rows[0]["order_bytes"] <= rows[0]["order_budget"]
     assert not is_mounted(out / "mnt-20000")
+
+
+def test_bench_scale_drop_pages_finds_the_kernel_dropped_everything_in_a_hundred_misses(tmp_path):
+    """scripts/bench/bench_scale.py --drop-pages end to end at a small scale (10,000 samples, a
+    cache of a fifth of them): an epoch read first, then the measured one, whose page cache
+    is dropped halfway; the daemon distrusts its pushes (kernel_drops) after about a tenth
+    of kernel_view.DROP_WINDOW misses, not a tenth of the 5,000 samples opened before the
+    drop, and every byte read is right (the benchmark checks each quarter's)."""
+    out, results = tmp_path / "out", tmp_path / "results.jsonl"
+    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench", "bench_scale.py"),
+                        "--drop-pages", "--samples", "10000", "--cache-size", "6MiB", "--out", str(out),
+                        "--results", str(results)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in open(results)]
+    assert len(rows) == 1 and rows[0]["bench"] == "bench_scale_drop", rows
+    row = rows[0]
+    assert row["kernel_drops"] and 0 < row["quarters"][2]["misses"] <= 2 * DROP_SHARE * DROP_WINDOW, row
+    assert not is_mounted(out / "mnt-10000")
 
 
 def test_bench_hotpath_runs_every_regime_and_paces_the_paced_one(tmp_path):

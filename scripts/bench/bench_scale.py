@@ -12,6 +12,14 @@ grows through the epoch). Per version: samples/s, the daemon's CPU per sample (w
 and per quarter), its peak RSS against fresh + orders + budget, and the backend samples
 (each sample once). With --against REF the same for REF's fusefs, alternating by round.
 
+--drop-pages reads a whole epoch first (every sample fetched and pushed into the kernel
+page cache), then the measured epoch along a new order, in which the kernel holds every
+sample, and drops the page cache (pages only: `drop_caches` 1, as root) halfway, before its
+third quarter, as reclaim that takes every pushed sample at once would; it reports the
+misses per quarter (rows `bench_scale_drop`): how many reads wait for a fetch before the
+daemon stops trusting what it pushed (kernel_view.KernelView) should not grow with how far
+into the epoch the drop comes.
+
 usage: .venv/bin/python scripts/bench/bench_scale.py [--quick] [--samples N] [--against REF]
 """
 from __future__ import annotations
@@ -28,6 +36,7 @@ from common import REPO, JsonLines, read_files, side_by_side
 
 from fusefs import client
 from fusefs import order as orderfmt
+from testkit.gluster import drop_caches
 from testkit.mounts import running_mount
 from testkit.synth import make_packed
 
@@ -39,11 +48,14 @@ def status(pid: int, key: str) -> int:
 
 
 def epoch(dst: str, mnt: str, packed, readers: int, cache: str, env: dict, label: str,
-          options: list[str] = ()) -> dict:
-    """One mount (with extra `fusefs mount` options), one epoch: the row."""
+          options: list[str] = (), drop_pages: bool = False) -> dict:
+    """One mount (with extra `fusefs mount` options), one epoch: the row (drop_pages: a
+    whole epoch read first, then the measured one, the page cache dropped before its third
+    quarter)."""
     n = packed.n
     rng = np.random.default_rng(1)
     order, nxt = rng.permutation(n), rng.permutation(n)
+    first = 1 if drop_pages else 0  # (the measured epoch's number)
     paths = [os.path.join(mnt, packed.path(i)) for i in order.tolist()]
     with running_mount(dst, mnt, "--cache-size", cache, *options, env=env, timeout=300) as (proc, _), \
             mp.get_context("fork").Pool(readers) as pool:
@@ -51,25 +63,35 @@ def epoch(dst: str, mnt: str, packed, readers: int, cache: str, env: dict, label
         listed = sum(len(files) for _, _, files in os.walk(mnt))
         list_s = time.perf_counter() - t
         fresh = status(proc.pid, "VmRSS")
+        if drop_pages:  # (an epoch before: the kernel then holds every sample)
+            warm = rng.permutation(n)
+            client.send_order(mnt, orderfmt.encode(warm, epoch=0, next_follows=True) + orderfmt.encode(order, epoch=1))
+            warm_paths = [os.path.join(mnt, packed.path(i)) for i in warm.tolist()]
+            pool.map(read_files, [warm_paths[i::readers] for i in range(readers)], chunksize=1)
         s0 = client.mount_stats(mnt)  # (the read-ahead starts with the order)
-        client.send_order(mnt, orderfmt.encode(order, epoch=0, next_follows=True) + orderfmt.encode(nxt, epoch=1))
+        client.send_order(mnt, orderfmt.encode(order, epoch=first, next_follows=True) + orderfmt.encode(nxt, epoch=first + 1))
         quarters, t0 = [], time.perf_counter()
         for q in range(4):
             part = paths[q * n // 4:(q + 1) * n // 4]
+            if drop_pages and q == 2:
+                drop_caches(1)
             before, tq = client.mount_stats(mnt), time.perf_counter()
             got = sum(pool.map(read_files, [part[i::readers] for i in range(readers)], chunksize=1))
             after = client.mount_stats(mnt)
             assert got == int(packed.sizes[order[q * n // 4:(q + 1) * n // 4]].sum()), "bytes lost"
             quarters.append({"cpu_us_per_sample": round(1e6 * (after["cpu_s"] - before["cpu_s"]) / len(part), 1),
-                             "samples_per_s": round(len(part) / (time.perf_counter() - tq))})
+                             "samples_per_s": round(len(part) / (time.perf_counter() - tq)),
+                             "misses": after["misses"] - before["misses"]})
         seconds = time.perf_counter() - t0
         s1 = client.mount_stats(mnt)
         peak = status(proc.pid, "VmHWM")
-    return {"bench": "bench_scale", "regime": "scale", "version": label, "samples": n, "listed": listed, "list_s": round(list_s, 1),
+    return {"bench": "bench_scale_drop" if drop_pages else "bench_scale",
+            "regime": "scale_drop" if drop_pages else "scale", "version": label, "samples": n, "listed": listed, "list_s": round(list_s, 1),
             "readers": readers, "cache_budget": s1["cache_budget"], "samples_per_s": round(n / seconds),
             "daemon_cpu_us_per_sample": round(1e6 * (s1["cpu_s"] - s0["cpu_s"]) / n, 1),
             "quarters": quarters, "backend_samples": s1["backend_samples"] - s0["backend_samples"],
-            "misses": s1["misses"] - s0["misses"], "rss_fresh_mb": round(fresh / 1e6, 1),
+            "misses": s1["misses"] - s0["misses"], "kernel_drops": s1["kernel_drops"],
+            "rss_fresh_mb": round(fresh / 1e6, 1),
             "rss_peak_mb": round(peak / 1e6, 1), "order_mb": round((s1.get("order_bytes") or 0) / 1e6, 1),
             "budget_mb": round(s1["cache_budget"] / 1e6, 1)}
 
@@ -83,8 +105,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--out", default=os.path.join(REPO, "out", "packed"))
     p.add_argument("--against", metavar="REF", help="also run REF's fusefs, alternating by round")
+    p.add_argument("--drop-pages", action="store_true",
+                   help="drop the page cache halfway (root): the misses until the daemon notices")
     JsonLines.argument(p, "bench_scale")
     a = p.parse_args()
+    if a.drop_pages and os.geteuid() != 0:
+        raise SystemExit("bench_scale.py: --drop-pages writes /proc/sys/vm/drop_caches: run it as root")
     n = a.samples or (200_000 if a.quick else 1_281_000)
     results = JsonLines(a.results)
     dst, mnt = os.path.join(a.out, f"packed-{n}"), os.path.join(a.out, f"mnt-{n}")
@@ -92,7 +118,7 @@ def main() -> None:
     with side_by_side(a.against) as versions:
         for i in range(a.rounds):  # (REF first in even rounds, last in odd ones)
             for label, env in (list(versions.items()) if i % 2 == 0 else list(versions.items())[::-1]):
-                row = epoch(dst, mnt, packed, a.readers, a.cache_size, env, label)
+                row = epoch(dst, mnt, packed, a.readers, a.cache_size, env, label, drop_pages=a.drop_pages)
                 print(json.dumps(row), flush=True)
                 results.write(**row)
 

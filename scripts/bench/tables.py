@@ -5,7 +5,7 @@ docs differ from what it would write, and say which table).
 
 Tables: mount (bench_mount: index, pack, random reads), order (bench_order: the settings
 on the GlusterFS test bed), clients (bench_clients: fio and tar), faults (faults.py), soak
-(soak.py), memory (bench_memory.py), hammer (bench_hammer.py), commit (bench_commit.py), scale (bench_scale.py), uring (bench_uring.py: the minimal raw-protocol daemon over /dev/fuse and
+(soak.py), memory (bench_memory.py), hammer (bench_hammer.py), commit (bench_commit.py), scale (bench_scale.py), scale-drop (bench_scale.py --drop-pages), uring (bench_uring.py: the minimal raw-protocol daemon over /dev/fuse and
 over io_uring), each from the benchmark's last run (its rows share `started`); gpu-node
 (bench_node on the GPU node: loose files, fusefs and the minimal C daemon by loader and
 workers), gpu-hybrid (bench_hybrid's epoch rows, by model, mode and seed), gpu-swap
@@ -345,6 +345,22 @@ def scale(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def scale_drop(rows: list[dict]) -> str:
+    """bench_scale.py --drop-pages: the page cache dropped before the third quarter."""
+    run = last_run(rows, "bench_scale_drop")
+    if not run:
+        return not_measured("bench_scale")
+    out = ["| fusefs | samples | samples/s | misses a quarter (page cache dropped before the third) "
+           "| daemon CPU us a sample (quarters) | fetched | commit, date |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in run:
+        misses = " / ".join(f"{q['misses']:,}" for q in r["quarters"])
+        quarters = " / ".join(f"{q['cpu_us_per_sample']:.0f}" for q in r["quarters"])
+        out.append(f"| {r['version']} | {r['samples']:,} | {r['samples_per_s']:,} | {misses} "
+                   f"| {r['daemon_cpu_us_per_sample']:.0f} ({quarters}) | {r['backend_samples']:,} | {where(r)} |")
+    return "\n".join(out)
+
+
 def uring(rows: list[dict]) -> str:
     run = last_run(rows, "bench_uring")
     if not run:
@@ -436,7 +452,7 @@ def unbiased(rows: list[dict]) -> str:
 
 
 TABLES = {"mount": (mount, "bench_mount.jsonl"), "unbiased": (unbiased, "bench_unbiased.jsonl"), "memory": (memory, "bench_memory.jsonl"), "hammer": (hammer, "bench_hammer.jsonl"),
-          "commit": (commit, "bench_commit.jsonl"), "scale": (scale, "bench_scale.jsonl"), "uring": (uring, "bench_uring.jsonl"), "order": (order, "bench_order.jsonl"),
+          "commit": (commit, "bench_commit.jsonl"), "scale": (scale, "bench_scale.jsonl"), "scale-drop": (scale_drop, "bench_scale.jsonl"), "uring": (uring, "bench_uring.jsonl"), "order": (order, "bench_order.jsonl"),
           "clients": (clients, "bench_clients.jsonl"), "faults": (faults, "faults.jsonl"),
           "soak": (soak, "soak.jsonl"), "gpu-node": (gpu_node, "gpu-node.jsonl"), "gpu-hybrid": (gpu_hybrid, "gpu-node.jsonl"),
           "gpu-swap": (gpu_swap, "gpu-node.jsonl"), "gpu-importance": (gpu_importance, "gpu-node.jsonl"),
