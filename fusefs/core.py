@@ -342,11 +342,24 @@ class Core:
         plan, done = used
         if sid in self.cache:  # its next use moved on (to a later occurrence, or never)
             self.cache.rekey(sid, self.policy.key(sid))
+        if plan.passed:  # (occurrences the cursor passed unused: their next uses moved on too)
+            self._passed(plan.passed)
         self.prefetcher.used(self.index.size_v[sid])
         if done and self.local is not None and plan.importance is None:
             for s in done:
                 if self.policy.next_use(s) is None:
                     self.local.lower(s)
+
+    def _passed(self, passed: list[int]) -> None:
+        """Samples whose occurrence a plan's cursor passed without their readers' uses
+        (Plan.passed, emptied here): the cache keys them by their next use now. (Left at the
+        passed position, an entry would look needed sooner than anything ahead and never
+        be evicted: with readers far apart, such entries filled the cache in an epoch.)"""
+        cache, key = self.cache, self.policy.key
+        for s in passed:
+            if s in cache:
+                cache.rekey(s, key(s))
+        passed.clear()
 
     def ids_table(self) -> bytes:
         """Every sample's relative path, NUL-terminated, in id order (`.fusefs/ids`)."""

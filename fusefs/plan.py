@@ -7,7 +7,10 @@ known to be needed until its second use, and `use()` says when a use was the las
 Readers do not consume the order exactly in sequence: DataLoader worker processes and
 their prefetching interleave batches, and a reader may skip samples. The cursor is the
 first occurrence not yet used; occurrences more than `skip_window` positions behind the
-furthest use are taken as skipped (so a skipped sample cannot hold the cursor back).
+furthest use are taken as skipped (so a skipped sample cannot hold the cursor back). The
+samples so passed wait in `passed` until the caller takes them: their next use moved on
+without a use of theirs, and the cache's key for them must move on too (a reader's late
+use of a passed occurrence counts for nothing).
 
 With the next epoch's order (Order.next), a sample's next use may lie beyond this order's
 end: `distance` counts positions from the cursor through the rest of this order into the
@@ -44,6 +47,7 @@ class Plan:
         self.cursor = 0
         self.frontier = 0  # one past the furthest position used
         self.skipped = 0
+        self.passed: list[int] = []  # samples whose occurrence the cursor passed unused (Core.use)
         nxt = order.next
         self.next_ids = (np.zeros(0, np.int64) if nxt is None
                          else np.ascontiguousarray(nxt.ids, dtype=np.int64))
@@ -170,6 +174,7 @@ class Plan:
                 if self.next_position(sid) == self.cursor:
                     finished += self._mark(sid, self.cursor)
                     self.skipped += 1
+                    self.passed.append(sid)
             self.cursor += 1
         return finished
 

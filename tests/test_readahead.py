@@ -608,3 +608,29 @@ def test_a_large_group_of_fetched_samples_is_kept_as_each_alone_would_be(three_n
     assert a._key == b._key and a._entries.keys() == b._entries.keys() and len(a._entries) > KEYS_AT_ONCE
     assert a.used == b.used and items[7][0] not in a._entries and missed in a._entries
     assert a._key[missed] == cores[0].policy.key_after_use(missed) != cores[0].policy.key(missed)
+
+
+def test_samples_the_cursor_passes_unused_are_keyed_by_their_next_use(three_nodes):
+    """Readers far apart (further than the plan's skip window): the cursor passes the
+    occurrences the slow reader has not used yet and counts them as skipped. Their cached
+    entries are keyed by their next use from then on, so they can be evicted as any other
+    entry; they kept the passed position before, looked needed sooner than anything ahead,
+    and with independent readers a whole epoch apart filled the cache (every read then
+    missed: ImageNet's count, the page cache dropped mid-epoch)."""
+    dst, _ = three_nodes
+    core = make_core(dst)
+    n = core.index.n_files
+    order = list(range(n))
+    core.set_order(0, orderfmt.encode(order, epoch=0, next_follows=True) + orderfmt.encode(order[::-1], epoch=1))
+    plan = core.plans[0]
+    plan.skip_window = 4
+    for s in order[:8]:
+        assert core.cache.put(s, b"x", key=core.policy.key(s))
+    core.use(order[10])  # (the fast reader, 10 positions ahead: the cursor passes 0-6)
+    passed = order[:10 - plan.skip_window + 1]
+    assert plan.cursor == len(passed) and plan.skipped == len(passed) and plan.passed == []
+    for s in order[:8]:
+        assert core.cache._key[s] == core.policy.key(s), s
+    assert all(core.cache._key[s] >= n for s in passed)  # (next needed in the next epoch)
+    core.use(order[0])  # (the slow reader's late use counts for nothing, and keys nothing)
+    assert core.cache._key[order[0]] == core.policy.key(order[0]) >= n
