@@ -10,8 +10,9 @@ did (`lost`). When that happens to many of the pushed samples opened lately (a f
 sample the orders still need counts too: the kernel reclaims inodes with their pages),
 every flag is cleared and only what is pushed from then on is taken as held (`drops`, until
 the next order). Lately, not since the order: a kernel that drops everything late in a long
-epoch is found out after about as many misses as early in a short one. The flags are one byte per sample (`flags`), which the
-fast path's threads read as they answer reads (READ_LOST: fastpath.py).
+epoch is found out after about as many misses as early in a short one. The flags are one
+byte per sample (`flags`), which the fast path's threads read as they answer reads
+(READ_LOST: fastpath.py).
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ class KernelView:
         self.ino_base = ino_base
         self.held = np.zeros(n_files, dtype=bool)  # pushed or read through, not forgotten since
         self.drops = False           # the kernel dropped many pushed pages under this order
-        self._recent = 0.0           # drops found lately: each weighs exp(-opens since / DROP_WINDOW)
+        self._recent = 0.0           # drops found lately, each by exp(-opens since / DROP_WINDOW)
         self._opens_at_drop = 0      # stats.opens_pushed at the last drop
         self._opens_at_order = 0     # stats.opens_pushed when the last order came
 
@@ -116,10 +117,9 @@ class KernelView:
         If they had been pushed, the kernel dropped some. One such sample costs its reader a
         fetch (a miss); once more than DROP_SHARE of the pushed samples opened lately (about
         the last DROP_WINDOW under this order; and at least MIN_DROPS) were dropped, the
-        kernel has likely dropped most of
-        them: every flag is cleared, so every sample is pushed again as it is fetched, and
-        True says so (the read-ahead then goes back for what it skipped). What is pushed
-        from then on is held again."""
+        kernel has likely dropped most of them: every flag is cleared, so every sample is
+        pushed again as it is fetched, and True says so (the read-ahead then goes back for
+        what it skipped). What is pushed from then on is held again."""
         if not self.held[sid]:
             return False
         self.held[sid] = False
