@@ -356,10 +356,11 @@ class Fetcher:
         """Fetch sids (one node) in one batch; deliver([(sid, bytes | Exception)]) for each,
         each sample as soon as its read is done, those of a group of reads together (the
         read of a sample asked for earlier in sids is made earlier). `claimed`: sids already
-        claimed (the others are claimed now; any someone else fetches are left out). `push([(sid, bytes)])`: called in the worker
-        thread with the samples of each group of reads, after the event loop has been handed
-        them (the kernel page cache push, KernelView.push), or None. `unpushed`: a sample not to
-        push (one a reader missed: its own reads are under way and bring its pages)."""
+        claimed (the others are claimed now; any someone else fetches are left out).
+        `push([(sid, bytes)])`: called in the worker thread with the samples of each group of
+        reads, after the event loop has been handed them (the kernel page cache push,
+        KernelView.push), or None. `unpushed`: a sample not to push (one a reader missed: its
+        own reads are under way and bring its pages)."""
         pendings = dict(claimed or {})
         pendings.update(self.claim(sids))  # (those in claimed are in flight already)
         if not pendings:
