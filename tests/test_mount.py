@@ -432,6 +432,26 @@ def test_bench_scale_drop_pages_finds_the_kernel_dropped_everything_in_a_hundred
     assert not is_mounted(out / "mnt-10000")
 
 
+def test_bench_scale_epochs_reads_epochs_in_a_row_on_one_mount(tmp_path):
+    """scripts/bench/bench_scale.py --epochs end to end at a small scale (10,000 samples, a
+    cache of a fifth of them): three epochs on one mount, every byte right (the benchmark
+    checks each quarter's); the first fetches every sample once, the next ones almost none
+    (the kernel holds what was pushed), and each epoch reports the daemon's memory."""
+    out, results = tmp_path / "out", tmp_path / "results.jsonl"
+    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench", "bench_scale.py"),
+                        "--epochs", "3", "--samples", "10000", "--cache-size", "6MiB", "--out", str(out),
+                        "--results", str(results)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in open(results)]
+    assert len(rows) == 1 and rows[0]["bench"] == "bench_scale_epochs", rows
+    epochs = rows[0]["epochs"]
+    assert len(epochs) == 3 and epochs[0]["backend_samples"] == 10000, epochs
+    assert all(e["backend_samples"] < 1000 for e in epochs[1:]), epochs
+    assert all(0 < e["rss_mb"] <= e["rss_peak_mb"] <= rows[0]["rss_peak_mb"] for e in epochs), epochs
+    assert rows[0]["backend_samples"] == sum(e["backend_samples"] for e in epochs)
+    assert not is_mounted(out / "mnt-10000")
+
+
 def test_bench_hotpath_runs_every_regime_and_paces_the_paced_one(tmp_path):
     """scripts/bench/bench_hotpath.py (the regression guard for fusefs/) end to end at a tiny
     scale: a row per regime with the daemon's CPU and requests per sample; a sample the

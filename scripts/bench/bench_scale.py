@@ -20,7 +20,13 @@ misses per quarter (rows `bench_scale_drop`): how many reads wait for a fetch be
 daemon stops trusting what it pushed (kernel_view.KernelView) should not grow with how far
 into the epoch the drop comes.
 
+--epochs N reads N epochs in a row on one mount, each order handed over with the next (rows
+`bench_scale_epochs`): per epoch samples/s, CPU per sample, misses, samples fetched, and the
+daemon's resident memory at the epoch's end and at its peak so far: what a new order costs
+the memory, and whether any of it stays.
+
 usage: .venv/bin/python scripts/bench/bench_scale.py [--quick] [--samples N] [--against REF]
+       [--drop-pages | --epochs N]
 """
 from __future__ import annotations
 
@@ -47,16 +53,35 @@ def status(pid: int, key: str) -> int:
         return next(int(line.split()[1]) << 10 for line in f if line.startswith(key + ":"))
 
 
+def quarters_of(mnt: str, pool, packed, order, readers: int, drop_pages: bool) -> list[dict]:
+    """Read one epoch along order, in four quarters one after the other (drop_pages: the
+    page cache dropped before the third); each quarter's CPU per sample, samples/s, misses."""
+    n, quarters = packed.n, []
+    paths = [os.path.join(mnt, packed.path(i)) for i in order.tolist()]
+    for q in range(4):
+        part = paths[q * n // 4:(q + 1) * n // 4]
+        if drop_pages and q == 2:
+            drop_caches(1)
+        before, tq = client.mount_stats(mnt), time.perf_counter()
+        got = sum(pool.map(read_files, [part[i::readers] for i in range(readers)], chunksize=1))
+        after = client.mount_stats(mnt)
+        assert got == int(packed.sizes[order[q * n // 4:(q + 1) * n // 4]].sum()), "bytes lost"
+        quarters.append({"cpu_us_per_sample": round(1e6 * (after["cpu_s"] - before["cpu_s"]) / len(part), 1),
+                         "samples_per_s": round(len(part) / (time.perf_counter() - tq)),
+                         "misses": after["misses"] - before["misses"]})
+    return quarters
+
+
 def epoch(dst: str, mnt: str, packed, readers: int, cache: str, env: dict, label: str,
-          options: list[str] = (), drop_pages: bool = False) -> dict:
+          options: list[str] = (), drop_pages: bool = False, epochs: int = 1) -> dict:
     """One mount (with extra `fusefs mount` options), one epoch: the row (drop_pages: a
     whole epoch read first, then the measured one, the page cache dropped before its third
-    quarter)."""
+    quarter; epochs: that many read in a row, each order handed over with the next, the
+    row's figures over all of them and its quarters the last one's)."""
     n = packed.n
     rng = np.random.default_rng(1)
     order, nxt = rng.permutation(n), rng.permutation(n)
     first = 1 if drop_pages else 0  # (the measured epoch's number)
-    paths = [os.path.join(mnt, packed.path(i)) for i in order.tolist()]
     with running_mount(dst, mnt, "--cache-size", cache, *options, env=env, timeout=300) as (proc, _), \
             mp.get_context("fork").Pool(readers) as pool:
         t = time.perf_counter()
@@ -69,31 +94,38 @@ def epoch(dst: str, mnt: str, packed, readers: int, cache: str, env: dict, label
             warm_paths = [os.path.join(mnt, packed.path(i)) for i in warm.tolist()]
             pool.map(read_files, [warm_paths[i::readers] for i in range(readers)], chunksize=1)
         s0 = client.mount_stats(mnt)  # (the read-ahead starts with the order)
-        client.send_order(mnt, orderfmt.encode(order, epoch=first, next_follows=True) + orderfmt.encode(nxt, epoch=first + 1))
-        quarters, t0 = [], time.perf_counter()
-        for q in range(4):
-            part = paths[q * n // 4:(q + 1) * n // 4]
-            if drop_pages and q == 2:
-                drop_caches(1)
-            before, tq = client.mount_stats(mnt), time.perf_counter()
-            got = sum(pool.map(read_files, [part[i::readers] for i in range(readers)], chunksize=1))
+        each = []
+        for e in range(first, first + epochs):
+            if e > first:
+                order, nxt = nxt, rng.permutation(n)
+            before = client.mount_stats(mnt)
+            client.send_order(mnt, orderfmt.encode(order, epoch=e, next_follows=True) + orderfmt.encode(nxt, epoch=e + 1))
+            te = time.perf_counter()
+            t0 = te if e == first else t0
+            quarters = quarters_of(mnt, pool, packed, order, readers, drop_pages)
             after = client.mount_stats(mnt)
-            assert got == int(packed.sizes[order[q * n // 4:(q + 1) * n // 4]].sum()), "bytes lost"
-            quarters.append({"cpu_us_per_sample": round(1e6 * (after["cpu_s"] - before["cpu_s"]) / len(part), 1),
-                             "samples_per_s": round(len(part) / (time.perf_counter() - tq)),
-                             "misses": after["misses"] - before["misses"]})
+            each.append({"samples_per_s": round(n / (time.perf_counter() - te)),
+                         "daemon_cpu_us_per_sample": round(1e6 * (after["cpu_s"] - before["cpu_s"]) / n, 1),
+                         "misses": after["misses"] - before["misses"],
+                         "backend_samples": after["backend_samples"] - before["backend_samples"],
+                         "rss_mb": round(status(proc.pid, "VmRSS") / 1e6, 1),
+                         "rss_peak_mb": round(status(proc.pid, "VmHWM") / 1e6, 1)})
         seconds = time.perf_counter() - t0
         s1 = client.mount_stats(mnt)
         peak = status(proc.pid, "VmHWM")
-    return {"bench": "bench_scale_drop" if drop_pages else "bench_scale",
-            "regime": "scale_drop" if drop_pages else "scale", "version": label, "samples": n, "listed": listed, "list_s": round(list_s, 1),
-            "readers": readers, "cache_budget": s1["cache_budget"], "samples_per_s": round(n / seconds),
-            "daemon_cpu_us_per_sample": round(1e6 * (s1["cpu_s"] - s0["cpu_s"]) / n, 1),
-            "quarters": quarters, "backend_samples": s1["backend_samples"] - s0["backend_samples"],
-            "misses": s1["misses"] - s0["misses"], "kernel_drops": s1["kernel_drops"],
-            "rss_fresh_mb": round(fresh / 1e6, 1),
-            "rss_peak_mb": round(peak / 1e6, 1), "order_mb": round((s1.get("order_bytes") or 0) / 1e6, 1),
-            "budget_mb": round(s1["cache_budget"] / 1e6, 1)}
+    bench, regime = (("bench_scale_drop", "scale_drop") if drop_pages else
+                     ("bench_scale_epochs", "scale_epochs") if epochs > 1 else ("bench_scale", "scale"))
+    row = {"bench": bench, "regime": regime, "version": label, "samples": n, "listed": listed, "list_s": round(list_s, 1),
+           "readers": readers, "cache_budget": s1["cache_budget"], "samples_per_s": round(epochs * n / seconds),
+           "daemon_cpu_us_per_sample": round(1e6 * (s1["cpu_s"] - s0["cpu_s"]) / (epochs * n), 1),
+           "quarters": quarters, "backend_samples": s1["backend_samples"] - s0["backend_samples"],
+           "misses": s1["misses"] - s0["misses"], "kernel_drops": s1["kernel_drops"],
+           "rss_fresh_mb": round(fresh / 1e6, 1),
+           "rss_peak_mb": round(peak / 1e6, 1), "order_mb": round((s1.get("order_bytes") or 0) / 1e6, 1),
+           "budget_mb": round(s1["cache_budget"] / 1e6, 1)}
+    if epochs > 1:
+        row["epochs"] = each
+    return row
 
 
 def main() -> None:
@@ -107,8 +139,11 @@ def main() -> None:
     p.add_argument("--against", metavar="REF", help="also run REF's fusefs, alternating by round")
     p.add_argument("--drop-pages", action="store_true",
                    help="drop the page cache halfway (root): the misses until the daemon notices")
+    p.add_argument("--epochs", type=int, default=1, help="epochs read in a row on one mount (default 1)")
     JsonLines.argument(p, "bench_scale")
     a = p.parse_args()
+    if a.epochs < 1 or (a.epochs > 1 and a.drop_pages):
+        raise SystemExit("bench_scale.py: --epochs takes a count of at least 1, and not with --drop-pages")
     if a.drop_pages and os.geteuid() != 0:
         raise SystemExit("bench_scale.py: --drop-pages writes /proc/sys/vm/drop_caches: run it as root")
     n = a.samples or (200_000 if a.quick else 1_281_000)
@@ -118,7 +153,8 @@ def main() -> None:
     with side_by_side(a.against) as versions:
         for i in range(a.rounds):  # (REF first in even rounds, last in odd ones)
             for label, env in (list(versions.items()) if i % 2 == 0 else list(versions.items())[::-1]):
-                row = epoch(dst, mnt, packed, a.readers, a.cache_size, env, label, drop_pages=a.drop_pages)
+                row = epoch(dst, mnt, packed, a.readers, a.cache_size, env, label, drop_pages=a.drop_pages,
+                            epochs=a.epochs)
                 print(json.dumps(row), flush=True)
                 results.write(**row)
 

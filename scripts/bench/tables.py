@@ -5,7 +5,8 @@ docs differ from what it would write, and say which table).
 
 Tables: mount (bench_mount: index, pack, random reads), order (bench_order: the settings
 on the GlusterFS test bed), clients (bench_clients: fio and tar), faults (faults.py), soak
-(soak.py), memory (bench_memory.py), hammer (bench_hammer.py), commit (bench_commit.py), scale (bench_scale.py), scale-drop (bench_scale.py --drop-pages), uring (bench_uring.py: the minimal raw-protocol daemon over /dev/fuse and
+(soak.py), memory (bench_memory.py), hammer (bench_hammer.py), commit (bench_commit.py), scale (bench_scale.py), scale-drop (bench_scale.py --drop-pages), scale-epochs
+(bench_scale.py --epochs), uring (bench_uring.py: the minimal raw-protocol daemon over /dev/fuse and
 over io_uring), each from the benchmark's last run (its rows share `started`); gpu-node
 (bench_node on the GPU node: loose files, fusefs and the minimal C daemon by loader and
 workers), gpu-hybrid (bench_hybrid's epoch rows, by model, mode and seed), gpu-swap
@@ -361,6 +362,24 @@ def scale_drop(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def scale_epochs(rows: list[dict]) -> str:
+    """bench_scale.py --epochs N: a row per version and epoch."""
+    run = last_run(rows, "bench_scale_epochs")
+    if not run:
+        return not_measured("bench_scale")
+    out = ["| fusefs | samples | epoch | samples/s | daemon CPU us a sample | misses | fetched "
+           "| RSS at its end | peak RSS so far against fresh + orders + budget | commit, date |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in run:
+        floor = r["rss_fresh_mb"] + r["order_mb"] + r["budget_mb"]
+        for i, e in enumerate(r["epochs"]):
+            out.append(f"| {r['version']} | {r['samples']:,} | {i + 1} | {e['samples_per_s']:,} "
+                       f"| {e['daemon_cpu_us_per_sample']:.0f} | {e['misses']:,} | {e['backend_samples']:,} "
+                       f"| {e['rss_mb']:,.0f} MB | {e['rss_peak_mb']:,.0f} MB against {floor:,.0f} "
+                       f"({100 * (e['rss_peak_mb'] / floor - 1):+.1f}%) | {where(r)} |")
+    return "\n".join(out)
+
+
 def uring(rows: list[dict]) -> str:
     run = last_run(rows, "bench_uring")
     if not run:
@@ -452,7 +471,8 @@ def unbiased(rows: list[dict]) -> str:
 
 
 TABLES = {"mount": (mount, "bench_mount.jsonl"), "unbiased": (unbiased, "bench_unbiased.jsonl"), "memory": (memory, "bench_memory.jsonl"), "hammer": (hammer, "bench_hammer.jsonl"),
-          "commit": (commit, "bench_commit.jsonl"), "scale": (scale, "bench_scale.jsonl"), "scale-drop": (scale_drop, "bench_scale.jsonl"), "uring": (uring, "bench_uring.jsonl"), "order": (order, "bench_order.jsonl"),
+          "commit": (commit, "bench_commit.jsonl"), "scale": (scale, "bench_scale.jsonl"), "scale-drop": (scale_drop, "bench_scale.jsonl"),
+          "scale-epochs": (scale_epochs, "bench_scale.jsonl"), "uring": (uring, "bench_uring.jsonl"), "order": (order, "bench_order.jsonl"),
           "clients": (clients, "bench_clients.jsonl"), "faults": (faults, "faults.jsonl"),
           "soak": (soak, "soak.jsonl"), "gpu-node": (gpu_node, "gpu-node.jsonl"), "gpu-hybrid": (gpu_hybrid, "gpu-node.jsonl"),
           "gpu-swap": (gpu_swap, "gpu-node.jsonl"), "gpu-importance": (gpu_importance, "gpu-node.jsonl"),
