@@ -97,14 +97,16 @@ class SampleCache:
 
     def rekey_all(self, keys_of) -> None:
         """Every key changed (a new order, new pins): keys_of(sids array) -> their keys."""
+        self._heap = []  # (its items go first, so the new ones take their memory)
         sids = np.fromiter(self._entries, dtype=np.int64, count=len(self._entries))
         keys = keys_of(sids).tolist() if len(sids) else []
-        self._key = dict(zip(sids.tolist(), keys))
+        self._key.update(zip(sids.tolist(), keys))  # (in place: one table, not two at once)
         self._rebuild_heap()
 
     def _rebuild_heap(self) -> None:
         """The eviction heap from the current keys (pinned entries are never in it)."""
         pins = self.pin_set
+        self._heap = []  # the stale items go before the new ones are made
         self._heap = [(-k, next(self._seq), s) for s, k in self._key.items() if s not in pins]
         heapq.heapify(self._heap)
 

@@ -444,6 +444,7 @@ class LocalTier:
         """The eviction heap from the held samples and their priorities now (O(n): once per
         order, in the writer thread). Under _mutex."""
         held = np.flatnonzero(self.held)
+        self._heap = []  # the stale items go before the new ones are made
         self._heap = list(zip(self.priority[held].tolist(), range(len(held)), held.tolist()))
         heapq.heapify(self._heap)
         self._seq = itertools.count(len(held))
