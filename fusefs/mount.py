@@ -113,6 +113,7 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
     a dead mount left at mnt is cleared first. A mount point that holds files is refused
     unless nonempty. Call it before starting any thread: it blocks the stop signals for the
     daemon's every thread (Stops). Closes store when it returns."""
+    tune_malloc()  # (first: a thread that allocates before it gets an arena of its own)
     stops = Stops()
     with contextlib.ExitStack() as stack:
         stack.callback(store.close)
@@ -125,7 +126,6 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
         if not nonempty and os.listdir(mnt):
             raise MountError(f"{mnt}: the mount point is not empty (its files would be hidden; "
                              "-o nonempty mounts over them)")
-        tune_malloc()
         local = None
         if config.local.dir is not None:
             try:
