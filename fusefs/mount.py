@@ -113,7 +113,7 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
     a dead mount left at mnt is cleared first. A mount point that holds files is refused
     unless nonempty. Call it before starting any thread: it blocks the stop signals for the
     daemon's every thread (Stops). Closes store when it returns."""
-    tune_malloc()  # (first: a thread that allocates before it gets an arena of its own)
+    tune_malloc()  # (first: a thread that allocated before it would get an arena of its own)
     stops = Stops()
     with contextlib.ExitStack() as stack:
         stack.callback(store.close)
