@@ -194,8 +194,7 @@ def test_the_daemons_heap_grows_in_few_steps():
 
 
 _ARENAS = """
-import ctypes, os, re, sys, tempfile, threading
-from fusefs import mount
+import ctypes, os, re, sys, threading
 from fusefs.mount import MountError, serve
 
 class Store:
