@@ -460,9 +460,14 @@ def test_bench_hotpath_runs_every_regime_and_paces_the_paced_one(tmp_path):
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench", "bench_hotpath.py"),
                         "--files", "300", "--scale", "5000", "--rounds", "1", "--pace", "600",
-                        "--out", str(out)], capture_output=True, text=True, timeout=600)
+                        "--out", str(out), "--results", str(tmp_path / "results.jsonl")],
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {row["regime"]: row for row in json.load(open(out / "bench_hotpath.json"))["rows"]}
+    # --results: a line per row the table shows (the scale row's too), each under this benchmark
+    lines = [json.loads(x) for x in open(tmp_path / "results.jsonl")]
+    assert sorted(x["regime"] for x in lines) == sorted(set(rows) - {"loose_cold", "loose_warm"})
+    assert all(x["bench"] == "bench_hotpath" and x["commit"] and x["machine"] for x in lines)
     assert set(rows) == {"loose_cold", "loose_warm", "chunks_cold", "chunks", "kernel", "kernel_os",
                          "kernel_paced", "daemon", "handlers", "small_fill", "small_kernel",
                          "small_dropped", "minimal_read", "minimal_kernel", "minimal_paced",
