@@ -29,7 +29,7 @@ WHEELS="trio outcome sniffio setuptools"
 part() {
     local name=$1 limit=$2 t0 rc left
     shift 2
-    [[ " ${PARTS:-pages swap hybrid importance node_raw node_decode} " == *" $name "* ]] || return 0
+    [[ " ${PARTS:-pages hotpath swap hybrid importance node_raw node_decode} " == *" $name "* ]] || return 0
     t0=$(date +%s)
     left=$(( ${DEADLINE:-$(( t0 + limit ))} - t0 - 5 ))
     (( left < limit )) && limit=$left
@@ -89,6 +89,9 @@ check)
     #   pages       page_cost.py: a fetched sample's read into fresh memory and into memory
     #               present, the floor under the fetched regimes (compare with the VM's table
     #               in HOTPATH.md; at most PAGES_LIMIT seconds, 30)
+    #   hotpath     bench_hotpath --quick --no-peer: the daemon's CPU per sample in each regime
+    #               and the scale epoch of 200,000 tiny samples, on 16 cores (HOTPATH_ROUNDS
+    #               rounds, 1; at most HOTPATH_LIMIT seconds, 150)
     #   swap        bench_swap: ResNet-50 and a transformer stack, budgets 0.6 and 0.8, GPU
     #               memory capped just above the no-swap peak; no swap, checkpointing, the
     #               learned plan (it needs no mount, so it runs even if the setup fails)
@@ -132,6 +135,8 @@ check)
     fi
     seeds=${SEEDS:-3}
     part pages "${PAGES_LIMIT:-30}" $PY scripts/bench/page_cost.py --results "$OUT/figures.jsonl"
+    part hotpath "${HOTPATH_LIMIT:-150}" $PY scripts/bench/bench_hotpath.py --quick --no-peer \
+        --rounds "${HOTPATH_ROUNDS:-1}" --out $work/hotpath --results "$OUT/figures.jsonl"
     part swap "$l_swap" $swap
     part hybrid "$l_hybrid" $PY scripts/bench/bench_hybrid.py --python $PY --models ${HYBRID_MODELS:-small,resnet18} \
         --modes accel,hybrid --seeds $seeds --epochs "${HYBRID_EPOCHS:-10}" --workers 4 --out $work/hybrid \
