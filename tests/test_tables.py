@@ -37,3 +37,21 @@ def test_hotpaths_table_comes_from_bench_hotpaths_results():
     assert changed == ["hotpath"]
     assert new == doc
     assert "| `kernel_paced` |" in new[start:new.index("<!-- end generated -->", start)]
+
+
+def test_the_nodes_hotpath_table_sets_each_version_beside_the_first():
+    """gpu-hotpath: a row per regime, each version's median and rounds, a later version's
+    ratio to the first round by round, from the last run only."""
+    def row(regime, version, cpu, started="2026-11-28T00:00:00+00:00", **extra):
+        return {"bench": "bench_hotpath", "regime": regime, "version": version, "commit": "abc1234",
+                "date": "2026-11-28T00:01:00+00:00", "started": started, "daemon_cpu_us_per_sample": cpu[1],
+                "cpu_us_per_sample_all_rounds": cpu, "samples_per_s": 1000.0, **extra}
+    rows = [row("kernel", "abc1234", [9.0, 9.0, 9.0], started="2026-11-27T00:00:00+00:00"),
+            row("kernel", "abc1234", [20.0, 22.0, 24.0]),
+            row("kernel", "abc1234 --fast-threads=4", [40.0, 44.0, 36.0], cpu_ratio_by_round=[2.0, 2.0, 1.5]),
+            row("handlers", "abc1234", [5.0, 5.0, 5.0])]
+    lines = tables.gpu_hotpath(rows).splitlines()
+    assert "`abc1234 --fast-threads=4`" in lines[0] and len(lines) == 4
+    assert lines[2].startswith("| `kernel` | 22.0 (20.0 / 22.0 / 24.0) | 44.0 (40.0 / 44.0 / 36.0) | 2.00 / 2.00 / 1.50 |")
+    assert lines[3].startswith("| `handlers` | 5.0 (5.0 / 5.0 / 5.0) | - | - |")
+    assert tables.gpu_hotpath([]).startswith("(not measured yet")

@@ -11,7 +11,8 @@ over io_uring), each from the benchmark's last run (its rows share `started`); g
 (bench_node on the GPU node: loose files, fusefs and the minimal C daemon by loader and
 workers), gpu-hybrid (bench_hybrid's epoch rows, by model, mode and seed), gpu-swap
 (bench_swap's rows, and the exit status of each swap part that ended without them) and
-gpu-importance (bench_unbiased --local on the node); in HOTPATH.md, hotpath
+gpu-importance (bench_unbiased --local on the node), gpu-pages, gpu-hotpath and gpu-scale-epochs
+(page_cost.py, bench_hotpath.py by version and bench_scale.py --epochs on the node); in HOTPATH.md, hotpath
 (bench_hotpath.py --results: fusefs, --no-fast-path and the minimal daemons, by regime) and
 wake (wake_cost.py: an idle loop's wake, trio's and a bare epoll loop's) and pages
 (page_cost.py: a sample's read into fresh memory and into memory present).
@@ -412,6 +413,32 @@ def wake(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def gpu_hotpath(rows: list[dict]) -> str:
+    """bench_hotpath on the node: by regime, each version's median round and its rounds, and
+    a version's CPU per sample against the first's round by round (run side by side)."""
+    run = last_run(rows, "bench_hotpath")
+    if not run:
+        return not_measured("bench_hotpath")
+    versions = list(dict.fromkeys(r.get("version", r["commit"]) for r in run))
+    by = {(r["regime"], r.get("version", r["commit"])): r for r in run}
+    head = " | ".join(f"`{v}`: us a sample (rounds)" + (f" | against `{versions[0]}`" if i else "")
+                      for i, v in enumerate(versions))
+    out = [f"| regime | {head} | samples/s | commit, date |",
+           "| --- |" + " --- |" * (2 * len(versions) - 1) + " --- | --- |"]
+    for regime in dict.fromkeys(r["regime"] for r in run):
+        cells, rates = [], []
+        for i, v in enumerate(versions):
+            r = by.get((regime, v))
+            cells.append(f"{r['daemon_cpu_us_per_sample']:.1f} ({slashed(r['cpu_us_per_sample_all_rounds'], '{:.1f}')})"
+                         if r else "-")
+            if i:
+                cells.append(slashed(r["cpu_ratio_by_round"], "{:.2f}") if r and "cpu_ratio_by_round" in r else "-")
+            rates.append(f"{r['samples_per_s']:,.0f}" if r and "samples_per_s" in r else "-")
+        first = by[(regime, versions[0])] if (regime, versions[0]) in by else next(r for r in run if r["regime"] == regime)
+        out.append(f"| `{regime}` | {' | '.join(cells)} | {' / '.join(rates)} | {where(first)} |")
+    return "\n".join(out)
+
+
 def pages(rows: list[dict]) -> str:
     """A sample's read into fresh memory against memory already present (page_cost.py)."""
     run = last_run(rows, "page_cost")
@@ -476,6 +503,8 @@ TABLES = {"mount": (mount, "bench_mount.jsonl"), "unbiased": (unbiased, "bench_u
           "clients": (clients, "bench_clients.jsonl"), "faults": (faults, "faults.jsonl"),
           "soak": (soak, "soak.jsonl"), "gpu-node": (gpu_node, "gpu-node.jsonl"), "gpu-hybrid": (gpu_hybrid, "gpu-node.jsonl"),
           "gpu-swap": (gpu_swap, "gpu-node.jsonl"), "gpu-importance": (gpu_importance, "gpu-node.jsonl"),
+          "gpu-pages": (pages, "gpu-node.jsonl"), "gpu-hotpath": (gpu_hotpath, "gpu-node.jsonl"),
+          "gpu-scale-epochs": (scale_epochs, "gpu-node.jsonl"),
           "hotpath": (hotpath, "bench_hotpath.jsonl", HOTPATH),
           "wake": (wake, "wake_cost.jsonl", HOTPATH), "pages": (pages, "page_cost.jsonl", HOTPATH)}
 
