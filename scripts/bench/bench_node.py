@@ -19,6 +19,9 @@ cache (not counted), from:
            is one per 16 cores; each fusefs row records its fast_threads)
   fusefs_python  the same with `--no-fast-path`: opens and releases answered on the
            daemon's Python loop (fusefs before e755446)
+  fusefs_shuffle  fusefs as above, read with torch's shuffle (RandomSampler) instead of
+           HintedSampler: no order handed over, so the mount's cost without the order's
+           (the sampler's hand-over in each epoch, the daemon's plan and its uses)
   minimal  scripts/bench/minimal_daemon.py over the source folder: every file in RAM,
            keep_cache, no order or cache logic: what a pyfuse3 daemon costs at least
   minimal_c  the same daemon in C on libfuse3 (scripts/bench/minimal_c_daemon.c, compiled
@@ -33,7 +36,8 @@ the chunks in the counted epochs (none when its cache holds the set). Issue 17's
 16-core node: fusefs >= 0.9x loose for raw bytes and >= 0.95x decoded.
 
 usage: .venv/bin/python scripts/bench/bench_node.py [--files 20000] [--workers 4,8,16]
-           [--loaders raw,decode] [--systems loose,fusefs,fusefs_n1,fusefs_python,minimal,minimal_c] [--epochs 2]
+           [--loaders raw,decode] [--systems loose,fusefs,fusefs_n1,fusefs_python,fusefs_shuffle,minimal,minimal_c]
+           [--epochs 2]
            [--python /usr/bin/python3] [--out out/bench_node]
 On the GPU node (docs/TESTING.md, "The GPU node"): python3 scripts/bench/bench_node.py --python python3
 """
@@ -52,7 +56,7 @@ from fusefs.pack import pack
 from testkit.synth import make_imagefolder
 from testkit.mounts import running_mount
 
-SYSTEMS = ("loose", "fusefs", "fusefs_n1", "fusefs_python", "minimal", "minimal_c")
+SYSTEMS = ("loose", "fusefs", "fusefs_n1", "fusefs_python", "fusefs_shuffle", "minimal", "minimal_c")
 
 
 def read(python: str, root: str, loader: str, workers: int, epochs: int, seed: int,
@@ -110,6 +114,7 @@ def measure(python: str, root: str, loader: str, workers: int, epochs: int, hint
                                       if v - before["requests"].get(k, 0) >= n / 100}
     if "backend_samples" in after:
         row["fetched_samples"] = after["backend_samples"] - before["backend_samples"]
+        row["orders_accepted"] = after["orders_accepted"] - before["orders_accepted"]
     return row
 
 
@@ -117,10 +122,13 @@ def run_system(system: str, a, src: str, packed: str, loader: str, workers: int)
     mnt = os.path.join(a.out, "mnt")
     if system == "loose":
         return measure(a.python, src, loader, workers, a.epochs, False, None)
-    if system in ("fusefs", "fusefs_n1", "fusefs_python"):
-        extra = {"fusefs": (), "fusefs_n1": ("--fast-threads", "1"), "fusefs_python": ("--no-fast-path",)}[system]
+    if system.startswith("fusefs"):
+        extra = {"fusefs": (), "fusefs_n1": ("--fast-threads", "1"), "fusefs_python": ("--no-fast-path",),
+                 "fusefs_shuffle": ()}[system]
+        hinted = system != "fusefs_shuffle"
         with running_mount(packed, mnt, "--cache-size", "120%", *extra) as (proc, _):
-            row = measure(a.python, mnt, loader, workers, a.epochs, True, ".fusefs/stats")
+            row = measure(a.python, mnt, loader, workers, a.epochs, hinted, ".fusefs/stats")
+        row["hinted"] = hinted
         if system != "fusefs_python":
             row["fast_threads"] = 1 if system == "fusefs_n1" else default_fast_threads()
         return row
@@ -135,7 +143,8 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     groups = sorted({(r["loader"], r["workers"]) for r in rows}, key=lambda g: (g[0] != "raw", g[1]))
-    colors = {"loose": "#808080", "fusefs": "#4878a8", "fusefs_n1": "#2c4c70", "fusefs_python": "#98b8d8", "minimal": "#e0a040",
+    colors = {"loose": "#808080", "fusefs": "#4878a8", "fusefs_n1": "#2c4c70", "fusefs_python": "#98b8d8",
+              "fusefs_shuffle": "#a06090", "minimal": "#e0a040",
               "minimal_c": "#60a060"}
     width = 0.8 / len(SYSTEMS)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
@@ -216,7 +225,7 @@ def main() -> int:
                 if "requests_per_sample" in row:
                     extra += f" ({sum(row['requests_per_sample'].values()):.2f} requests"
                     extra += f", {row['fetched_samples']} fetched)" if "fetched_samples" in row else ")"
-                print(f"{loader:<6} {w:>2} workers  {system:<9} samples/s {rates}{extra}; loader CPU "
+                print(f"{loader:<6} {w:>2} workers  {system:<14} samples/s {rates}{extra}; loader CPU "
                       f"{row['loader_cpu_us_per_sample']:.0f} us/sample; cores "
                       f"{100 * row['machine_busy']:.0f}% busy", flush=True)
     with open(os.path.join(a.out, "bench_node.json"), "w") as f:

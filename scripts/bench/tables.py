@@ -175,12 +175,13 @@ def where(r: dict) -> str:
 def gpu_node(rows: list[dict]) -> str:
     """Per loader and worker count, the last call that measured loose files there, and that
     call's other systems (ratios are within one call, side by side): fusefs with its default
-    fast-path threads and with one (fusefs_n1, "-" where the call did not run it)."""
+    fast-path threads, with one (fusefs_n1) and read without an order (fusefs_shuffle), "-"
+    where the call did not run it."""
     node = [r for r in rows if r.get("bench") == "bench_node"]
     out = ["| loader | workers | loose files, samples/s | fusefs (threads) | fusefs, 1 thread "
-           "| minimal C daemon | fusefs / loose, per counted epoch "
-           "| daemon CPU per sample: fusefs / 1 thread / minimal C | commit, date |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "| fusefs, no order | minimal C daemon | fusefs / loose, per counted epoch "
+           "| daemon CPU per sample: fusefs / 1 thread / no order / minimal C | commit, date |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for loader in ("raw", "decode"):
         for w in sorted({r["workers"] for r in node if r["loader"] == loader}):
             runs = [r["run"] for r in node if (r["loader"], r["workers"], r["system"]) == (loader, w, "loose")]
@@ -197,11 +198,12 @@ def gpu_node(rows: list[dict]) -> str:
                 return f"{mean(r['samples_per_s']):,.0f} ({r['ratio_to_loose']:.2f}x{threads})"
 
             cpu = " / ".join(f"{got[s]['daemon_cpu_us_per_sample']:.0f} us" if s in got else "-"
-                             for s in ("fusefs", "fusefs_n1", "minimal_c"))
+                             for s in ("fusefs", "fusefs_n1", "fusefs_shuffle", "minimal_c"))
             epochs = got.get("fusefs", {}).get("ratio_epochs")
             spread = slashed(epochs, "{:.2f}") if epochs else "-"
             out.append(f"| {loader} | {w} | {mean(got['loose']['samples_per_s']):,.0f} | {cell('fusefs')} "
-                       f"| {cell('fusefs_n1')} | {cell('minimal_c')} | {spread} | {cpu} | {where(got['loose'])} |")
+                       f"| {cell('fusefs_n1')} | {cell('fusefs_shuffle')} | {cell('minimal_c')} | {spread} | {cpu} "
+                       f"| {where(got['loose'])} |")
     return "\n".join(out)
 
 
