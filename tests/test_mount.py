@@ -398,16 +398,22 @@ def test_a_killed_owner_leaves_no_mount(tricky, tmp_path):
         stop_mount(mnt)
 
 
+def run_bench(tmp_path, script: str, *args: str) -> tuple:
+    """scripts/bench/SCRIPT end to end with args, its --out and --results under tmp_path:
+    (the out folder, the JSON lines it appended)."""
+    out, results = tmp_path / "out", tmp_path / "results.jsonl"
+    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench", script), *args,
+                        "--out", str(out), "--results", str(results)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out, [json.loads(line) for line in open(results)]
+
+
 def test_bench_commit_times_every_ranks_commit_and_the_getattrs_meanwhile(tmp_path):
     """scripts/bench/bench_commit.py end to end at a tiny scale (testkit.synth.make_packed's
     set): one row with a commit time per rank, getattrs timed while they ran, and the orders
     held within the order budget; no mount left behind."""
-    out, results = tmp_path / "out", tmp_path / "results.jsonl"
-    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench", "bench_commit.py"),
-                        "--samples", "20000", "--ranks", "3", "--rounds", "1", "--out", str(out),
-                        "--results", str(results)], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in open(results)]
+    out, rows = run_bench(tmp_path, "bench_commit.py", "--samples", "20000", "--ranks", "3", "--rounds", "1")
     assert len(rows) == 1 and rows[0]["bench"] == "bench_commit" and len(rows[0]["commit_s"]) == 3
     assert rows[0]["order_entries"] == 2 * 20000  # (every sample in this epoch and the next)
     assert 0 < rows[0]["order_bytes"] <= rows[0]["order_budget"]
@@ -420,12 +426,7 @@ def test_bench_scale_drop_pages_finds_the_kernel_dropped_everything_in_a_hundred
     is dropped halfway; the daemon distrusts its pushes (kernel_drops) after about a tenth
     of kernel_view.DROP_WINDOW misses, not a tenth of the 5,000 samples opened before the
     drop, and every byte read is right (the benchmark checks each quarter's)."""
-    out, results = tmp_path / "out", tmp_path / "results.jsonl"
-    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench", "bench_scale.py"),
-                        "--drop-pages", "--samples", "10000", "--cache-size", "6MiB", "--out", str(out),
-                        "--results", str(results)], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in open(results)]
+    out, rows = run_bench(tmp_path, "bench_scale.py", "--drop-pages", "--samples", "10000", "--cache-size", "6MiB")
     assert len(rows) == 1 and rows[0]["bench"] == "bench_scale_drop", rows
     row = rows[0]
     assert row["kernel_drops"] and 0 < row["quarters"][2]["misses"] <= 2 * DROP_SHARE * DROP_WINDOW, row
@@ -437,12 +438,7 @@ def test_bench_scale_epochs_reads_epochs_in_a_row_on_one_mount(tmp_path):
     cache of a fifth of them): three epochs on one mount, every byte right (the benchmark
     checks each quarter's); the first fetches every sample once, the next ones almost none
     (the kernel holds what was pushed), and each epoch reports the daemon's memory."""
-    out, results = tmp_path / "out", tmp_path / "results.jsonl"
-    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench", "bench_scale.py"),
-                        "--epochs", "3", "--samples", "10000", "--cache-size", "6MiB", "--out", str(out),
-                        "--results", str(results)], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in open(results)]
+    out, rows = run_bench(tmp_path, "bench_scale.py", "--epochs", "3", "--samples", "10000", "--cache-size", "6MiB")
     assert len(rows) == 1 and rows[0]["bench"] == "bench_scale_epochs", rows
     epochs = rows[0]["epochs"]
     assert len(epochs) == 3 and epochs[0]["backend_samples"] == 10000, epochs
@@ -457,15 +453,10 @@ def test_bench_hotpath_runs_every_regime_and_paces_the_paced_one(tmp_path):
     scale: a row per regime with the daemon's CPU and requests per sample; a sample the
     kernel holds costs open, ioctl and release; the minimal daemons in pyfuse3 and in C
     answer the same requests; the paced readers keep to --pace; no mount left behind."""
-    out = tmp_path / "out"
-    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench", "bench_hotpath.py"),
-                        "--files", "300", "--scale", "5000", "--rounds", "1", "--pace", "600",
-                        "--out", str(out), "--results", str(tmp_path / "results.jsonl")],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    out, lines = run_bench(tmp_path, "bench_hotpath.py", "--files", "300", "--scale", "5000", "--rounds", "1",
+                           "--pace", "600")
     rows = {row["regime"]: row for row in json.load(open(out / "bench_hotpath.json"))["rows"]}
     # --results: a line per row the table shows (the scale row's too), each under this benchmark
-    lines = [json.loads(x) for x in open(tmp_path / "results.jsonl")]
     assert sorted(x["regime"] for x in lines) == sorted(set(rows) - {"loose_cold", "loose_warm"})
     assert all(x["bench"] == "bench_hotpath" and x["commit"] and x["machine"] for x in lines)
     assert set(rows) == {"loose_cold", "loose_warm", "chunks_cold", "chunks", "kernel", "kernel_os",
