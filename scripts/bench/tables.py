@@ -436,7 +436,7 @@ def gpu_hotpath(rows: list[dict]) -> str:
             if i:
                 cells.append(slashed(r["cpu_ratio_by_round"], "{:.2f}") if r and "cpu_ratio_by_round" in r else "-")
             rates.append(f"{r['samples_per_s']:,.0f}" if r and "samples_per_s" in r else "-")
-        first = by[(regime, versions[0])] if (regime, versions[0]) in by else next(r for r in run if r["regime"] == regime)
+        first = next(r for r in run if r["regime"] == regime)
         out.append(f"| `{regime}` | {' | '.join(cells)} | {' / '.join(rates)} | {where(first)} |")
     return "\n".join(out)
 
