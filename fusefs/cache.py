@@ -95,6 +95,19 @@ class SampleCache:
             if sid not in self.pin_set:
                 self._push(sid, key)
 
+    def rekey_many(self, pairs) -> None:
+        """rekey() of each (sid, key) in pairs, given flat: [sid, key, sid, key, ...]."""
+        entries, current, pins, heap, seq = self._entries, self._key, self.pin_set, self._heap, self._seq
+        push = heapq.heappush
+        it = iter(pairs)
+        for sid, key in zip(it, it):
+            if sid in entries and current[sid] != key:
+                current[sid] = key
+                if sid not in pins:
+                    push(heap, (-key, next(seq), sid))
+        if len(heap) > 2 * len(entries) + 1024:
+            self._rebuild_heap()
+
     def rekey_all(self, keys_of) -> None:
         """Every key changed (a new order, new pins): keys_of(sids array) -> their keys."""
         self._heap = []  # (its items go first, so the new ones take their memory)

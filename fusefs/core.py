@@ -255,12 +255,18 @@ class Core:
         set, a read's sample with READ set (and READ_END where it reached the sample's end),
         a forgotten sample with FORGOTTEN set."""
         stats, kernel_view, handles = self.stats, self.kernel_view, self.handles
+        used = []  # released samples whose uses are yet to be counted (_use_many)
         for e in events:
             if e >= RELEASED:
                 if e & READ:
+                    if used:  # (whether the orders still need it depends on the uses before)
+                        self._use_many(used)
+                        used = []
                     self._forgot(e & SID_MASK)
                 else:
-                    self.release(e - RELEASED)
+                    stats.releases += 1
+                    handles.released(e - RELEASED)
+                    used.append(e & SID_MASK)
             elif e >= READ:
                 self.stats.reads += 1
                 self.reads.answered(e & SID_MASK, bool(e & READ_END), bool(e & READ_LOST))
@@ -268,6 +274,8 @@ class Core:
                 stats.opens += 1
                 kernel_view.opened(e & SID_MASK)
                 handles.opened(e)  # (one sequence of handles)
+        if used:
+            self._use_many(used)
 
     def _sid_of_fh(self, fh: int) -> int | None:
         return fh & SID_MASK if fh < FH_BASE else None
@@ -349,6 +357,24 @@ class Core:
             for s in done:
                 if self.policy.next_use(s) is None:
                     self.local.lower(s)
+
+    def _use_many(self, sids: list[int]) -> None:
+        """use() of each of sids in turn. Under one order and without a local tier, in one
+        pass (Plan.use_many, SampleCache.rekey_many): one call chain a batch of the fast
+        path's releases, not one a sample."""
+        plan = self.policy.single
+        if plan is None or self.local is not None:
+            for sid in sids:
+                self.use(sid)
+            return
+        pairs = plan.use_many(sids)
+        if not pairs:
+            return
+        self.cache.rekey_many(pairs)
+        if plan.passed:
+            self._passed(plan.passed)
+        size = self.index.size_v
+        self.prefetcher.used(sum(size[s] for s in pairs[::2]))
 
     def _passed(self, passed: list[int]) -> None:
         """Samples whose occurrence a plan's cursor passed without their readers' uses

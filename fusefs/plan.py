@@ -158,6 +158,35 @@ class Plan:
             finished += self._advance()
         return finished
 
+    def use_many(self, sids) -> list:
+        """use() of each of sids in turn, for the batched path of a single plan
+        (core.Core.answered): the samples whose use was counted, each followed by where it is
+        needed next after that use (position_of), [sid, position, sid, position, ...]; a
+        sample this order no longer needs is left out. The samples whose last use was
+        completed are not returned (only the local tier asks for them, per sample); the
+        cursor's passed samples go to `passed`, as use() leaves them."""
+        uses_v, total_v, by_sample, first = self._uses_v, self._total_v, self._by_sample_v, self._first_v
+        consumed, next_first, n = self.consumed_v, self._next_first_v, len(self.ids)
+        out = []
+        for sid in sids:
+            uses, total = uses_v[sid], total_v[sid]
+            if uses >= total:
+                continue
+            at = first[sid] + uses
+            pos = by_sample[at]
+            consumed[pos] = True
+            uses_v[sid] = uses = uses + 1
+            if uses < total:
+                out += (sid, by_sample[at + 1])
+            else:
+                nxt = next_first[sid]
+                out += (sid, n + nxt if nxt >= 0 else INF)
+            if pos >= self.frontier:
+                self.frontier = pos + 1
+            if pos == self.cursor or self.cursor < self.frontier - self.skip_window:
+                self._advance()
+        return out
+
     def _mark(self, sid: int, pos: int) -> list[int]:
         self.consumed_v[pos] = True
         uses = self._uses_v[sid] = self._uses_v[sid] + 1

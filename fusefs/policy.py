@@ -44,6 +44,16 @@ class Policy:
         """Put rank's plan in force (in place of its last one)."""
         self.plans[rank] = plan
 
+    @property
+    def single(self) -> Plan | None:
+        """The one plan in force, where there is exactly one (its positions are then the
+        keys themselves: `clock`), else None."""
+        plans = self.plans
+        if len(plans) != 1:
+            return None
+        for plan in plans.values():
+            return plan
+
     # ---- next uses -------------------------------------------------------------------
     def key(self, sid: int) -> float:
         return self._nearest(sid, after_use=False)

@@ -180,6 +180,60 @@ def test_opens_and_releases_answered_on_the_fast_path_count_as_the_loops_do(tric
     assert fast.open(fast.file_base + 2, os.O_RDONLY).fh >> SID_BITS == serial + 1  # serials go on
 
 
+def test_a_batch_of_releases_on_the_fast_path_counts_its_uses_as_releasing_one_by_one(three_nodes):
+    """The fast path's releases under one order are counted a batch at a time (Plan.use_many,
+    SampleCache.rekey_many): after every batch the plan's cursor, uses and skipped
+    occurrences, the cache's keys and what it would evict first, the read-ahead's count of
+    bytes used and what the kernel view makes of forgets are as releasing each sample
+    through the core makes them, with repeats in the order, occurrences the readers skip
+    (the cursor passes them), uses past the order's end into the next one, a pinned entry,
+    and forgets of samples just released among the releases."""
+    import numpy as np
+    from fusefs import order as orderfmt
+    from fusefs.handles import FORGOTTEN, RELEASED, SID_BITS
+    dst, _ = three_nodes
+    looped, fast = _core(dst, cache_bytes=64 << 20), _core(dst, cache_bytes=64 << 20)
+    rng = np.random.default_rng(3)
+    n = looped.index.n_files
+    order = rng.permutation(np.concatenate([np.arange(n), rng.choice(n, 60)])).tolist()
+    nxt = rng.permutation(n).tolist()
+    skipped = set(rng.choice(len(order), 25, replace=False).tolist())
+    reads = [s for i, s in enumerate(order) if i not in skipped]
+    reads = [reads[i + d] for i in range(0, len(reads) // 4 * 4, 4) for d in (1, 0, 3, 2)] \
+        + reads[len(reads) // 4 * 4:]  # (workers interleave)
+    reads += order[:30]  # (past the order's end: the next epoch's first uses, and some not needed)
+    for core in (looped, fast):
+        core.set_order(0, orderfmt.encode(order, epoch=1, next_follows=True) + orderfmt.encode(nxt, epoch=2))
+        core.plans[0].skip_window = 16
+        core.cache.pin_set = {order[0]}
+        core.kernel_view.held[:] = True  # (a forget of a sample still needed is a drop)
+        for s in range(n):
+            core.cache.put(s, b"x" * 100, key=core.policy.key(s))
+
+    def state(core):
+        plan, cache = core.plans[0], core.cache
+        return (plan.cursor, plan.frontier, plan.skipped, plan.uses.tobytes(), plan.consumed.tobytes(),
+                dict(cache._key), sorted((k, s) for k, _, s in cache._heap if cache._key.get(s) == -k),
+                core.prefetcher.plan._used, core.kernel_view._recent, core.stats.releases,
+                core.stats.kernel_forgotten)
+
+    batch, serial = [], 0
+    for i, sid in enumerate(reads):
+        looped.release(looped.open(looped.file_base + sid, os.O_RDONLY).fh)
+        serial += 1
+        batch += [(serial << SID_BITS) | sid, (serial << SID_BITS) | sid | RELEASED]
+        if i % 7 == 3:  # (its last use, for a sample the order has once: no drop)
+            looped.forget([looped.file_base + sid])
+            batch.append(FORGOTTEN | sid)
+        if len(batch) >= 100 or i == len(reads) - 1:
+            fast.answered(batch)
+            batch = []
+            assert state(fast) == state(looped), i
+    a = looped.plans[0]
+    assert a.skipped > 0 and a.cursor == len(order) and looped.stats.kernel_forgotten > 0
+    assert 0 < looped.kernel_view._recent < looped.stats.kernel_forgotten  # (some forgets were drops)
+
+
 def test_reads_answered_on_the_fast_path_count_as_the_loops_do(tricky):
     """The fast path's thread answers reads of cached samples from the bytes the cache holds
     for it (Core's hold: the cache's mirror) and hands them over as events (the sample with READ set,
