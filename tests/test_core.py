@@ -180,14 +180,17 @@ def test_opens_and_releases_answered_on_the_fast_path_count_as_the_loops_do(tric
     assert fast.open(fast.file_base + 2, os.O_RDONLY).fh >> SID_BITS == serial + 1  # serials go on
 
 
-def test_a_batch_of_releases_on_the_fast_path_counts_its_uses_as_releasing_one_by_one(three_nodes):
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_batch_of_releases_on_the_fast_path_counts_its_uses_as_releasing_one_by_one(three_nodes, ranks):
     """The fast path's releases under one order are counted a batch at a time (Plan.use_many,
     SampleCache.rekey_many): after every batch the plan's cursor, uses and skipped
     occurrences, the cache's keys and what it would evict first, the read-ahead's count of
     bytes used and what the kernel view makes of forgets are as releasing each sample
     through the core makes them, with repeats in the order, occurrences the readers skip
     (the cursor passes them), uses past the order's end into the next one, a pinned entry,
-    and forgets of samples just released among the releases."""
+    and forgets of samples just released among the releases. With two ranks' orders (the
+    second a few samples of the set, read by no one) each release takes the per-sample path,
+    to the same end."""
     import numpy as np
     from fusefs import order as orderfmt
     from fusefs.handles import FORGOTTEN, RELEASED, SID_BITS
@@ -204,6 +207,8 @@ def test_a_batch_of_releases_on_the_fast_path_counts_its_uses_as_releasing_one_b
     reads += order[:30]  # (past the order's end: the next epoch's first uses, and some not needed)
     for core in (looped, fast):
         core.set_order(0, orderfmt.encode(order, epoch=1, next_follows=True) + orderfmt.encode(nxt, epoch=2))
+        if ranks == 2:
+            core.set_order(1, orderfmt.encode(order[::-1][:40], epoch=1))
         core.plans[0].skip_window = 16
         core.cache.pin_set = {order[0]}
         core.kernel_view.held[:] = True  # (a forget of a sample still needed is a drop)
@@ -213,6 +218,7 @@ def test_a_batch_of_releases_on_the_fast_path_counts_its_uses_as_releasing_one_b
     def state(core):
         plan, cache = core.plans[0], core.cache
         return (plan.cursor, plan.frontier, plan.skipped, plan.uses.tobytes(), plan.consumed.tobytes(),
+                [p.uses.tobytes() for p in core.plans.values()],
                 dict(cache._key), sorted((k, s) for k, _, s in cache._heap if cache._key.get(s) == -k),
                 core.prefetcher.plan._used, core.kernel_view._recent, core.stats.releases,
                 core.stats.kernel_forgotten)
