@@ -475,6 +475,8 @@ def test_bench_hotpath_runs_every_regime_and_paces_the_paced_one(tmp_path):
         assert row["samples"] == 300 and row["samples_per_s"] > 0, name
         if not name.startswith("loose"):
             assert row["daemon_cpu_us_per_sample"] > 0 and row["requests"]["open"] >= 0.99, name
+    for name in ("chunks_cold", "chunks", "small_fill"):  # (the machine's CPU: readers' too)
+        assert rows[name]["machine_cpu_us_per_sample"] > 0, name
     for name in ("kernel", "kernel_paced"):
         assert {"open", "ioctl", "release"} <= set(rows[name]["requests"])
         assert rows[name]["backend_samples"] == 0

@@ -198,13 +198,15 @@ class CpuMeter:
     by pid (the storage's client and servers, a daemon), this process's children that ended
     and were waited for within the stretch (the readers it ran), and how busy the machine's
     cores were (`busy`: the share of all cores' time not idle or waiting for I/O). Use as a
-    context manager; `seconds` then holds each group's CPU seconds and `children`'s. A
-    group's process that ends within the stretch counts nothing (its figures are gone)."""
+    context manager; `seconds` then holds each group's CPU seconds and `children`'s, and
+    `machine_seconds` all cores' busy seconds (every process's and the kernel's). A group's
+    process that ends within the stretch counts nothing (its figures are gone)."""
 
     def __init__(self, **groups: list[int]):
         self.groups = groups
         self.seconds: dict[str, float] = {}
         self.busy = 0.0
+        self.machine_seconds = 0.0
 
     def _now(self) -> dict[tuple[str, int], float]:
         me = psutil.Process().cpu_times()
@@ -227,3 +229,4 @@ class CpuMeter:
         for (name, pid), t in end.items():
             self.seconds[name] += max(0.0, t - self._start[name, pid])
         self.busy = 1 - (idle - self._ticks[0]) / max(1e-9, total - self._ticks[1])
+        self.machine_seconds = max(0.0, (total - self._ticks[1]) - (idle - self._ticks[0]))
