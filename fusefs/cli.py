@@ -505,8 +505,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "0: give up after --retries, about 1.5 s, like NFS soft); reads from "
                         "the other nodes go on meanwhile")
     s.add_argument("--kernel-cache", action=argparse.BooleanOptionalAction, default=DEFAULTS.kernel_cache,
-                   help="push samples into the kernel page cache as they are fetched "
-                        "(notify_store), so their reads never reach the daemon (default on)")
+                   help="let the kernel page cache hold every fetched sample (read through "
+                        "the fast path from the cache, or pushed as it arrives: notify_store), "
+                        "so its later reads never reach the daemon (default on)")
     s.add_argument("--fast-path", action=argparse.BooleanOptionalAction, default=DEFAULTS.fast_path.enabled,
                    help="answer the dataset files' lookup, open, ioctl, release, forget and the "
                         "reads of cached samples on a thread in C, outside the Python loop "

@@ -123,7 +123,7 @@ class MountConfig:
     static_bytes: int = 0             # of it, kept for the highest importance across epochs
     readahead: int | None = None      # bytes ahead of the readers (None: the core's default)
     order_bytes: int | None = None    # what every rank's orders may hold (None: orders.default_budget)
-    kernel_cache: bool = True         # push fetched samples into the kernel page cache
+    kernel_cache: bool = True         # the kernel page cache holds fetched samples (kernel_view.py)
     control_gid: int | None = None    # a group that may set orders too
     fetch: FetchConfig = FetchConfig()
     files: FilesConfig = FilesConfig()

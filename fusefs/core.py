@@ -142,7 +142,7 @@ class Core:
         self.kernel_view = KernelView(index.n_files, self.stats, kernel, ino_base=self.file_base)
         self.reads = Reads(index, store, self.cache, self.policy, self.fetcher, self.stats,
                            self.kernel_view, local=local, readahead=config.readahead,
-                           on_idle=idle)
+                           on_idle=idle, cache_answered=hold is not None)
         self.prefetcher = self.reads.prefetcher
         budget = config.order_bytes if config.order_bytes is not None else \
             default_budget(config.cache_bytes, index.n_files)

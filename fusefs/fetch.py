@@ -238,7 +238,7 @@ class Batch:
         pushed into the kernel (the loop answers their readers meanwhile from `pushing`)."""
         push, unpushed = self.push, self.unpushed
         todo = [] if push is None else [(sid, r) for sid, r in got.items()
-                                        if sid != unpushed and not isinstance(r, Exception)]
+                                        if sid not in unpushed and not isinstance(r, Exception)]
         pushing = self.fetcher.pushing
         pushing.update(todo)  # (before the loop can learn that they arrived)
         self.inbox.post(self.arrived, (got, local, nreads, nbytes))
@@ -352,15 +352,17 @@ class Fetcher:
         return new
 
     async def fetch(self, sids: list[int], deliver, claimed: dict[int, Pending] | None = None,
-                    push=None, unpushed: int | None = None) -> None:
+                    push=None, unpushed=(), waited: bool = False) -> None:
         """Fetch sids (one node) in one batch; deliver([(sid, bytes | Exception)]) for each,
         each sample as soon as its read is done, those of a group of reads together (the
         read of a sample asked for earlier in sids is made earlier). `claimed`: sids already
         claimed (the others are claimed now; any someone else fetches are left out).
         `push([(sid, bytes)])`: called in the worker thread with the samples of each group of
         reads, after the event loop has been handed them (the kernel page cache push,
-        KernelView.push), or None. `unpushed`: a sample not to push (one a reader missed: its
-        own reads are under way and bring its pages)."""
+        KernelView.push), or None. `unpushed`: samples not to push (a set: one a reader
+        missed, whose own reads are under way and bring its pages; those the caller keeps
+        where its readers' reads are answered). `waited`: a reader waits for the first
+        sample of sids (its read is a group of its own)."""
         pendings = dict(claimed or {})
         pendings.update(self.claim(sids))  # (those in claimed are in flight already)
         if not pendings:
@@ -378,7 +380,7 @@ class Fetcher:
                 t0 = trio.current_time()
                 try:
                     results, local = await trio.to_thread.run_sync(
-                        self._read, todo, batch.on_read, unpushed is not None, limiter=limiter)
+                        self._read, todo, batch.on_read, waited, limiter=limiter)
                 except Exception as e:  # a bug, not a backend error (read_batch returns those)
                     log.exception("fetch of %d samples from node %s failed", len(todo), node.name)
                     results, local = {s: OSError(errno.EIO, f"internal error: {e}")

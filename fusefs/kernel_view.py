@@ -2,14 +2,15 @@
 owner of that fact.
 
 A fetched sample's bytes are pushed into the kernel page cache (`push`, from the fetch's
-worker threads); a read the daemon answers to a sample's end leaves its pages there too
+worker threads), unless the daemon's cache keeps them for the fast path to answer its reads
+from; a read the daemon answers to a sample's end leaves its pages there
 (`read_through`: keep_cache). The kernel tells the daemon only when it forgets an inode
 (`forgot`); it drops pages without telling, under memory pressure or reclaiming cold pages
 proactively, and a read that reaches the daemon for a sample taken as held shows that it
-did (`lost`). When that happens to many of the pushed samples opened lately (a forget of a
+did (`lost`). When that happens to many of the held samples opened lately (a forget of a
 sample the orders still need counts too: the kernel reclaims inodes with their pages),
-every flag is cleared and only what is pushed from then on is taken as held (`drops`, until
-the next order). Lately, not since the order: a kernel that drops everything late in a long
+every flag is cleared and only what is pushed or read through from then on is taken as held
+(`drops`, until the next order). Lately, not since the order: a kernel that drops everything late in a long
 epoch is found out after about as many misses as early in a short one. The flags are one
 byte per sample (`flags`), which the fast path's threads read as they answer reads
 (READ_LOST: fastpath.py).

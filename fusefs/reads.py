@@ -7,9 +7,10 @@ as a task of `Reads.nursery` (Core.run opens it), in a batch on one node
 (fetch.Fetcher: worker threads, retries, per-node bounds). As each sample arrives,
 `deliver` keeps it where the orders need it before something cached (cache.py, by
 policy.py's keys), offers it to the local tier, and the worker thread pushes it into the
-kernel page cache (kernel_view.KernelView.push), after the event loop has it. A sample the
-kernel holds is neither pushed again nor read ahead; a read that reaches the daemon for one
-shows that the kernel dropped its pages (`lost`).
+kernel page cache (kernel_view.KernelView.push), after the event loop has it, unless the
+cache keeps it for the fast path, whose answers to its reads leave its pages there. A sample
+the kernel holds is neither pushed again nor read ahead; a read that reaches the daemon for
+one shows that the kernel dropped its pages (`lost`).
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ KEYS_AT_ONCE = 16
 
 class Reads:
     def __init__(self, index, store, cache, policy, fetcher, stats, kernel_view, *, local=None,
-                 readahead: int | None = None, on_idle=None):
+                 readahead: int | None = None, on_idle=None, cache_answered: bool = False):
         """index: sizes, chunks and paths (for log lines); store: chunk paths (for log
         lines); cache, policy: where bytes are kept and by what rule; fetcher: batches,
         in-flight fetches; stats: the daemon's counters; kernel_view: what the kernel page
@@ -52,7 +53,11 @@ class Reads:
         the local tier or None. The read-ahead (prefetch.Prefetcher, `readahead` bytes
         ahead of the readers; None: its default; on_idle: told when it has covered its
         orders, or no longer) is made here: it runs its batches through fetch_batch, and a
-        miss takes along the samples it has queued."""
+        miss takes along the samples it has queued. cache_answered: the reads of the cache's
+        samples are answered outside the loop (the fast path), so a fetched sample the cache
+        keeps is not pushed into the kernel page cache: its readers' reads leave its pages
+        there (KernelView.read_through), one copy fewer than a push."""
+        self.cache_answered = cache_answered
         self.index, self.store, self.cache, self.policy = index, store, cache, policy
         self.fetcher, self.stats, self.local = fetcher, stats, local
         self.kernel_view = kernel_view
@@ -179,8 +184,14 @@ class Reads:
             self.deliver_many(items, keep)
 
         view = self.kernel_view
+        unpushed = set()
+        if view.pushes:
+            if self.cache_answered:  # (reserved: the cache keeps it as it arrives)
+                unpushed = {s for s in sids if cache.holds_reservation(s)}
+            if keep is not None:
+                unpushed.add(keep)
         await self.fetcher.fetch(sids, deliver, claimed, push=view.push if view.pushes else None,
-                                 unpushed=keep)
+                                 unpushed=unpushed, waited=keep is not None)
         return results
 
     def deliver_many(self, items, missed: int | None = None) -> None:

@@ -152,6 +152,53 @@ def test_a_read_during_a_push_is_answered_from_the_pushed_bytes(tricky):
     assert s["misses"] == 0 and s["backend_samples"] == 0
 
 
+class _Kernel:
+    """A kernel page cache that stores every push (fs.KernelCache's interface)."""
+
+    def __init__(self):
+        self.pushed = []
+
+    def push(self, items):
+        self.pushed += [ino for ino, _ in items]
+        return [0] * len(items)
+
+
+@pytest.mark.parametrize("answered", [True, False], ids=["fast-path", "no-fast-path"])
+def test_what_the_read_ahead_keeps_for_the_fast_path_is_read_through_not_pushed(three_nodes, answered):
+    """Where the cache's samples are answered outside the loop (the fast path: `hold`), a
+    sample the read-ahead fetches (its room reserved, so the cache keeps it) is not pushed
+    into the kernel page cache: the fast path's answers to its reads leave its pages there.
+    Any other fetched sample is pushed (a scan's companions), as every one is without the
+    fast path; a sample a reader missed is not (its own reads bring its pages)."""
+    from fusefs import order as orderfmt
+    from conftest import settled
+    dst, files = three_nodes
+    kernel = _Kernel()
+    core = _core(dst, kernel=kernel, hold=(lambda sid, data: None) if answered else None,
+                 cache_bytes=64 << 20)
+    ix = core.index
+    first, second = 0, 1
+    assert ix.chunk[first] == ix.chunk[second]
+    companions = [s for s in range(second + 1, min(second + core.fetcher.batch, ix.n_files))
+                  if ix.chunk[s] == ix.chunk[second]]
+    assert companions
+    planned = [s for s in range(ix.n_files) if s not in (first, second, *companions)]
+
+    async def go():
+        async with serving(core):
+            await read_sample(core, first)   # a miss, then a scan's next sample: a miss that
+            await read_sample(core, second)  # takes the rest of the chunk along
+            await settled(core)
+            core.set_order(0, orderfmt.encode(planned, epoch=0))
+            await settled(core)
+    trio.run(go)
+    assert set(planned) | set(companions) <= set(core.cache._entries)  # (all kept)
+    pushed = [ino - core.file_base for ino in kernel.pushed]
+    assert first not in pushed and second not in pushed  # (missed)
+    assert sorted(pushed) == sorted(companions if answered else companions + planned)
+    assert core.statistics()["pushed"] == len(pushed)
+
+
 def test_opens_and_releases_answered_on_the_fast_path_count_as_the_loops_do(tricky):
     """The fast path's thread answers opens and releases in C and hands them over as events
     (handles, a release's with RELEASED set, fastpath.py): applied in order, they leave the

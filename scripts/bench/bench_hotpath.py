@@ -7,7 +7,8 @@ taking every 4th position (as DataLoader workers do). The regimes, each one epoc
 fresh order:
 
   chunks_cold  fresh daemon, page cache dropped: every sample is fetched from the local
-           chunk files on disk (read, checksummed, pushed to the kernel, delivered)
+           chunk files on disk (read, checksummed, delivered; its reads answered from the
+           cache by the fast path, or with --no-fast-path it is pushed to the kernel)
   chunks   as chunks_cold with the chunk files in the page cache (a fresh daemon): the
            daemon's own cost of a fetched sample, without the disk's
   kernel   the next epoch: the kernel page cache holds every sample
