@@ -73,6 +73,19 @@ def make_core(dst, *, local=None, kernel=None, **config):
     return Core(ix, ChunkStore(dst, ix), MountConfig.of(**config), local=local, kernel=kernel)
 
 
+class Kernel:
+    """A kernel page cache (fs.KernelCache's interface) that answers each push with the errno
+    given for its inode (0: stored), remembering the inodes pushed."""
+
+    def __init__(self, errs=None):
+        self.errs = errs or {}
+        self.pushed = []
+
+    def push(self, items):
+        self.pushed += [ino for ino, _ in items]
+        return [self.errs.get(ino, 0) for ino, _ in items]
+
+
 @contextlib.asynccontextmanager
 async def serving(core):
     """Run the core's tasks (read-ahead, fetches) around the block, as a mount does."""

@@ -5,17 +5,7 @@ import errno
 from fusefs.core import Stats
 from fusefs.kernel_view import DROP_SHARE, DROP_WINDOW, MIN_DROPS, KernelView
 
-
-class Kernel:
-    """A kernel page cache that answers each push with the errno given for its inode."""
-
-    def __init__(self, errs=None):
-        self.errs = errs or {}
-        self.pushed = []
-
-    def push(self, items):
-        self.pushed += [ino for ino, _ in items]
-        return [self.errs.get(ino, 0) for ino, _ in items]
+from conftest import Kernel
 
 
 def held_view(n: int, opened: int = 0):
