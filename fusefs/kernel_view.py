@@ -10,10 +10,10 @@ proactively, and a read that reaches the daemon for a sample taken as held shows
 did (`lost`). When that happens to many of the held samples opened lately (a forget of a
 sample the orders still need counts too: the kernel reclaims inodes with their pages),
 every flag is cleared and only what is pushed or read through from then on is taken as held
-(`drops`, until the next order). Lately, not since the order: a kernel that drops everything late in a long
-epoch is found out after about as many misses as early in a short one. The flags are one
-byte per sample (`flags`), which the fast path's threads read as they answer reads
-(READ_LOST: fastpath.py).
+(`drops`, until the next order). Lately, not since the order: a kernel that drops
+everything late in a long epoch is found out after about as many misses as early in a short
+one. The flags are one byte per sample (`flags`), which the fast path's threads read as they
+answer reads (READ_LOST: fastpath.py).
 """
 from __future__ import annotations
 

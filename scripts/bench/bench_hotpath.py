@@ -43,7 +43,8 @@ thread and the other (fetch) threads, user and system, their voluntary context s
 and the daemon's minor page faults per sample, FUSE requests per sample by type, and
 the whole machine's CPU per sample (fusefs rows: all cores' busy time over the epoch, the
 readers' and the kernel's included: a cost moved from the daemon to its readers shows
-there).
+there; the kernel samples it at its ticks, so it reads low, even below the daemon's own,
+where the cores idle between short bursts: kernel_paced).
 
 usage: .venv/bin/python scripts/bench/bench_hotpath.py [--quick] [--files N] [--scale N] [--readers 4] [--out DIR]
        (--quick: 2,000 files and 200,000 tiny ones, a few minutes; run it before every commit
