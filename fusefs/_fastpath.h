@@ -33,8 +33,10 @@
  * A read of a dataset handle is answered here when the sample's bytes are held: fusefs
  * mirrors its cache into a table (fusefs_fast_hold: sample -> a bytes object, to which the
  * table holds a reference). The thread reads such an object's bytes without the GIL (a
- * bytes object's size and contents never change) while it holds `held_lock`, and an
- * object leaves the table under that lock before its reference is dropped. The read is
+ * bytes object's size and contents never change): it takes the object from the table under
+ * `held_lock` and marks it as the one it copies from (`copying`) before it lets go of the
+ * lock, and an object leaves the table under that lock; its reference is dropped once no
+ * thread copies from it (a hold never waits for a reply, with the GIL held). The read is
  * an event too: the sample with the `read` bit set, `read_end` when it reached the
  * sample's end (the kernel then holds every page of it), and `read_lost` when fusefs
  * took the kernel to hold the sample's pages at the time of the read (its flags, one byte
@@ -68,8 +70,8 @@
  * on their own fd, and a request a thread hands to the loop is noted with its fd
  * (fusefs_route), which the loop's replies are written to through libfuse's custom I/O
  * (fusefs_fast_io: the session's writev looks the reply's request up). The threads share
- * the events (under `lock`), the held table (a rwlock: the threads read it together, a
- * hold or a drop waits for the replies in progress), the handles' serial and the counts
+ * the events (under `lock`), the held table (a rwlock, held only to take or change an
+ * entry, never while a reply is copied), the handles' serial and the counts
  * (atomic). An open's or a read's event is queued before its reply, so that the release
  * that may follow at once on another thread comes after it.
  *
@@ -81,6 +83,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,10 +169,16 @@ static struct {
     /* requests answered here, and the bytes of the reads (atomic) */
     unsigned long long opens, releases, ioctls, reads, read_bytes;
     /* sample -> a bytes object holding its bytes, or NULL (n_files of them), under held_lock
-     * (the threads read-lock it while they reply from a held object) */
+     * (the threads read-lock it to take an object; a hold write-locks it to change one) */
     PyObject **held;
     pthread_rwlock_t held_lock;
     int held_lock_ready;
+    /* per thread, the held object its reply is copied from, or NULL (atomic; set under
+     * held_lock's read lock): an object a hold takes out of the table is released only once
+     * no thread copies from it (until then it waits in `dropped`, under the GIL) */
+    PyObject *copying[FUSEFS_MAX_THREADS];
+    PyObject **dropped;
+    size_t dropped_n, dropped_cap;
     /* sample -> nonzero while fusefs takes the kernel to hold its pages (fusefs's array;
      * read without a lock: a byte, and a stale value is what a read racing a push sees) */
     const unsigned char *kernel_flags;
@@ -548,6 +557,9 @@ static int fusefs_answer(const char *data, size_t len) {
             pthread_rwlock_unlock(&fusefs_fast.held_lock);
             return 0;
         }
+        /* (before the unlock: a hold that takes o out of the table then sees it copied) */
+        __atomic_store_n(&fusefs_fast.copying[fusefs_tno], o, __ATOMIC_RELAXED);
+        pthread_rwlock_unlock(&fusefs_fast.held_lock);
         uint64_t n = (uint64_t) PyBytes_GET_SIZE(o);
         uint64_t off = in->offset < n ? in->offset : n;
         uint64_t k = n - off < in->size ? n - off : in->size;
@@ -557,7 +569,7 @@ static int fusefs_answer(const char *data, size_t len) {
                      | (in->offset < n && in->offset + in->size >= n ? fusefs_fast.ev_read_end : 0),
                      lost ? FUSEFS_EV_NOW : FUSEFS_EV_IDLE);
         fusefs_reply(h->unique, 0, PyBytes_AS_STRING(o) + off, (size_t) k);
-        pthread_rwlock_unlock(&fusefs_fast.held_lock);
+        __atomic_store_n(&fusefs_fast.copying[fusefs_tno], NULL, __ATOMIC_RELEASE);
         __atomic_add_fetch(&fusefs_fast.reads, 1, __ATOMIC_RELAXED);
         __atomic_add_fetch(&fusefs_fast.read_bytes, k, __ATOMIC_RELAXED);
         return 1;
@@ -965,9 +977,33 @@ static int fusefs_fast_thread_counts(unsigned long long *out) {
     return fusefs_fast.nthreads;
 }
 
+/* Whether a thread copies a reply from o now. */
+static int fusefs_copying(PyObject *o) {
+    for (int i = 0; i < FUSEFS_MAX_THREADS; i++)
+        if (__atomic_load_n(&fusefs_fast.copying[i], __ATOMIC_ACQUIRE) == o)
+            return 1;
+    return 0;
+}
+
+/* (with the GIL) Release the objects taken out of the table that no thread copies from
+ * any longer. */
+static void fusefs_release_dropped(void) {
+    size_t kept = 0;
+    for (size_t i = 0; i < fusefs_fast.dropped_n; i++) {
+        PyObject *o = fusefs_fast.dropped[i];
+        if (fusefs_copying(o))
+            fusefs_fast.dropped[kept++] = o;
+        else
+            Py_DECREF(o);
+    }
+    fusefs_fast.dropped_n = kept;
+}
+
 /* (with the GIL) Hold o, a bytes object, as sample sid's bytes (NULL: hold none); the
- * table takes a reference to o and drops the one to the object it held before. Does
- * nothing while the thread has no table (not started, or after fusefs_fast_free_held). */
+ * table takes a reference to o and drops the one to the object it held before: at once,
+ * or, while a thread copies a reply from that object, at a later hold once none does (a
+ * hold never waits for a reply: its caller holds the GIL). Does nothing while the thread
+ * has no table (not started, or after fusefs_fast_free_held). */
 static void fusefs_fast_hold(uint64_t sid, PyObject *o) {
     PyObject *old;
     if (fusefs_fast.held == NULL || sid >= fusefs_fast.n_files)
@@ -979,7 +1015,27 @@ static void fusefs_fast_hold(uint64_t sid, PyObject *o) {
     old = fusefs_fast.held[sid];
     fusefs_fast.held[sid] = o;
     pthread_rwlock_unlock(&fusefs_fast.held_lock);
-    Py_XDECREF(old);  /* (after the lock: the thread no longer reads it) */
+    if (fusefs_fast.dropped_n)
+        fusefs_release_dropped();
+    if (old == NULL)
+        return;
+    if (!fusefs_copying(old)) {  /* (after the lock: a thread that took old marked it) */
+        Py_DECREF(old);
+        return;
+    }
+    if (fusefs_fast.dropped_n == fusefs_fast.dropped_cap) {
+        size_t cap = fusefs_fast.dropped_cap ? 2 * fusefs_fast.dropped_cap : FUSEFS_MAX_THREADS;
+        PyObject **more = (PyObject **) realloc(fusefs_fast.dropped, cap * sizeof *more);
+        if (more == NULL) {  /* (no room to keep it: wait for the copy, as the lock did) */
+            while (fusefs_copying(old))
+                sched_yield();
+            Py_DECREF(old);
+            return;
+        }
+        fusefs_fast.dropped = more;
+        fusefs_fast.dropped_cap = cap;
+    }
+    fusefs_fast.dropped[fusefs_fast.dropped_n++] = old;
 }
 
 /* (with the GIL, before the thread starts) The kernel flags, n bytes, one per sample: the
@@ -1029,6 +1085,11 @@ static void fusefs_fast_drop_table(void) {
     for (uint64_t i = 0; i < fusefs_fast.n_files; i++)
         Py_XDECREF(held[i]);
     free(held);
+    memset(fusefs_fast.copying, 0, sizeof fusefs_fast.copying);
+    fusefs_release_dropped();  /* (no thread runs: every one) */
+    free(fusefs_fast.dropped);
+    fusefs_fast.dropped = NULL;
+    fusefs_fast.dropped_n = fusefs_fast.dropped_cap = 0;
 }
 
 /* (with the GIL, after fusefs_fast_join) Drop the table, forget the kernel flags and the

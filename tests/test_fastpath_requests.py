@@ -10,6 +10,8 @@ import errno
 import fcntl
 import os
 import struct
+import subprocess
+import sys
 import time
 
 import pytest
@@ -286,3 +288,51 @@ def test_a_held_samples_opens_and_releases_wait_longer_while_nothing_is_fetched(
         pyfuse3.fast_path_idle(True)
         use(r, held)
         assert pyfuse3.fast_path_pending() == (2, 1, True)     # fetching: the read-ahead needs them soon
+
+
+_HOLD_DURING_A_REPLY = """
+import os, select, struct, sys, threading
+from fusefs import pyfuse3
+from fusefs.control import FH_BASE
+from fusefs.core import WRITE_FLAGS
+from fusefs.handles import EVENT_BITS, SERIAL_WRAP, SID_BITS
+
+FILE_BASE, SID, OTHER = 100, 1, 2
+r, w = os.pipe()
+os.set_blocking(r, False)
+pyfuse3.fast_path_configure(w, FILE_BASE, 4, FH_BASE, SID_BITS, 0, SERIAL_WRAP, WRITE_FLAGS, EVENT_BITS)
+data = os.urandom(200_000)  # (a reply many times the pipe's room: its write waits for the reader)
+base = sys.getrefcount(data)
+pyfuse3.fast_path_hold(SID, data)
+body = struct.pack("<QQIIQII", SID, 0, 1 << 20, 0, 0, 0, 0)  # fuse_read_in: its handle, 1 MiB at 0
+req = struct.pack("<IIQQIIII", 40 + len(body), 15, 7, FILE_BASE + SID, 0, 0, 0, 0) + body
+answer = threading.Thread(target=pyfuse3.fast_path_answer, args=(req,))
+answer.start()
+select.select([r], [], [], 60)  # the reply's first bytes: its copy from data is under way
+pyfuse3.fast_path_hold(SID, None)  # (a hold that waited for the copy would wait for ever here)
+during = sys.getrefcount(data) - base
+out, want = bytearray(), 16 + len(data)  # (the reply: its header, then data)
+while len(out) < want:
+    select.select([r], [], [], 60)
+    try:
+        out += os.read(r, want - len(out))
+    except BlockingIOError:
+        pass
+answer.join()
+pyfuse3.fast_path_hold(OTHER, None)  # (the next hold lets go of what no copy uses)
+print(during, sys.getrefcount(data) - base, bytes(out[16:]) == data, len(out))
+pyfuse3._fusefs_free()
+"""
+
+
+def test_a_hold_never_waits_for_a_reply_and_keeps_its_bytes_until_the_copy_ends():
+    """The loop changes the held table (fast_path_hold, with the GIL) while a thread copies a
+    reply from a held object: the hold returns at once, and the object it took out of the
+    table stays alive until the copy is done; the next hold lets go of it. Here the reply
+    goes into a pipe that no one reads until the hold has returned (in a process of its own:
+    a hold that waited for the copy would wait there for ever, and the timeout ends it)."""
+    r = subprocess.run([sys.executable, "-c", _HOLD_DURING_A_REPLY], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    during, after, same, n = r.stdout.split()
+    assert (int(during), int(after), same, int(n)) == (1, 0, "True", 16 + 200_000), r.stdout

@@ -1200,3 +1200,6 @@ LAZY_EVENTS = True
 
 # fusefs: the fast path's idle read-ahead: fast_path_idle, fast_path_pending's deadlines
 IDLE_READAHEAD = True
+
+# fusefs: fast_path_answer lets go of the GIL while it answers, as the thread does
+ANSWER_NOGIL = True

@@ -301,9 +301,13 @@ def fast_path_configure(fd, file_base, n_files, fh_base, sid_bits, serial, seria
 def fast_path_answer(request):
     """Tests: answer request (the bytes of a FUSE request) as the thread would, after
     fast_path_configure: True, or False where it would go to the loop (nothing written);
-    fast_path_events() then has its event. Not while the thread runs (RuntimeError)."""
+    fast_path_events() then has its event. Not while the thread runs (RuntimeError). It lets
+    go of the GIL while it answers, as the thread does (one caller at a time)."""
     cdef const char *data = request
-    cdef int r = fusefs_fast_answer_one(data, len(request))
+    cdef size_t n = len(request)
+    cdef int r
+    with nogil:
+        r = fusefs_fast_answer_one(data, n)
     if r < 0:
         raise RuntimeError('fast_path_answer: the thread runs, or the fast path is not configured')
     return bool(r)
