@@ -420,6 +420,19 @@ def test_bench_commit_times_every_ranks_commit_and_the_getattrs_meanwhile(tmp_pa
     assert not is_mounted(out / "mnt-20000")
 
 
+def test_bench_ranks_reads_every_ranks_share_through_one_mount(tmp_path):
+    """scripts/bench/bench_ranks.py end to end at a tiny scale: one row per cache size, every
+    sample fetched at least once and every file read (two ranks, two readers each), its
+    daemon's CPU and reads counted; no mount left behind."""
+    out, rows = run_bench(tmp_path, "bench_ranks.py", "--files", "200", "--rounds", "1",
+                          "--cache-size", "10%")
+    assert [(r["bench"], r["ranks"], r["cache_size"]) for r in rows] == [("bench_ranks", 2, "10%")]
+    r = rows[0]
+    assert r["backend_samples"] >= 200 and r["requests"]["open"] >= 1.0  # (requests: a sample's)
+    assert r["daemon_cpu_us_per_sample"] > 0 and 0 <= r["misses"] <= r["backend_samples"]
+    assert not is_mounted(out / "mnt-200")
+
+
 def test_bench_scale_drop_pages_finds_the_kernel_dropped_everything_in_a_hundred_misses(tmp_path):
     """scripts/bench/bench_scale.py --drop-pages end to end at a small scale (10,000 samples, a
     cache of a fifth of them): an epoch read first, then the measured one, whose page cache

@@ -333,6 +333,24 @@ def commit(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def ranks(rows: list[dict]) -> str:
+    run = last_run(rows, "bench_ranks")
+    if not run:
+        return not_measured("bench_ranks")
+    out = ["| fusefs | cache | daemon CPU us a sample (rounds) | samples/s (rounds) | samples fetched "
+           "(rounds) | misses (rounds) | reads that waited (rounds) | commit, date |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    sizes = list(dict.fromkeys(r["cache_size"] for r in run))  # (in the order run)
+    for r in sorted(run, key=lambda r: sizes.index(r["cache_size"])):
+        out.append(f"| {r['version']} | {r['cache_size']} | {r['daemon_cpu_us_per_sample']:.0f} "
+                   f"({slashed(r['cpu_us_per_sample_all_rounds'])}) | "
+                   f"{slashed(r['samples_per_s_all_rounds'])} | {slashed(r['backend_samples_all_rounds'])} | "
+                   f"{slashed(r['misses_all_rounds'])} | {slashed(r['read_waits_all_rounds'])} | {where(r)} |")
+    r = run[0]
+    out.append(f"\n{r['files']:,} files, {r['ranks']} ranks, two readers each; the median round of each.")
+    return "\n".join(out)
+
+
 def scale(rows: list[dict]) -> str:
     run = last_run(rows, "bench_scale")
     if not run:
@@ -501,7 +519,7 @@ def unbiased(rows: list[dict]) -> str:
 
 TABLES = {"mount": (mount, "bench_mount.jsonl"), "unbiased": (unbiased, "bench_unbiased.jsonl"), "memory": (memory, "bench_memory.jsonl"), "hammer": (hammer, "bench_hammer.jsonl"),
           "commit": (commit, "bench_commit.jsonl"), "scale": (scale, "bench_scale.jsonl"), "scale-drop": (scale_drop, "bench_scale.jsonl"),
-          "scale-epochs": (scale_epochs, "bench_scale.jsonl"), "uring": (uring, "bench_uring.jsonl"), "order": (order, "bench_order.jsonl"),
+          "scale-epochs": (scale_epochs, "bench_scale.jsonl"), "uring": (uring, "bench_uring.jsonl"), "order": (order, "bench_order.jsonl"), "ranks": (ranks, "bench_ranks.jsonl"),
           "clients": (clients, "bench_clients.jsonl"), "faults": (faults, "faults.jsonl"),
           "soak": (soak, "soak.jsonl"), "gpu-node": (gpu_node, "gpu-node.jsonl"), "gpu-hybrid": (gpu_hybrid, "gpu-node.jsonl"),
           "gpu-swap": (gpu_swap, "gpu-node.jsonl"), "gpu-importance": (gpu_importance, "gpu-node.jsonl"),
