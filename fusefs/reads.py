@@ -183,15 +183,15 @@ class Reads:
                 results[s] = r
             self.deliver_many(items, keep)
 
-        view = self.kernel_view
+        push = self.kernel_view.push if self.kernel_view.pushes else None
         unpushed = set()
-        if view.pushes:
+        if push is not None:
             if self.cache_answered:  # (reserved: the cache keeps it as it arrives)
                 unpushed = {s for s in sids if cache.holds_reservation(s)}
             if keep is not None:
                 unpushed.add(keep)
-        await self.fetcher.fetch(sids, deliver, claimed, push=view.push if view.pushes else None,
-                                 unpushed=unpushed, waited=keep is not None)
+        await self.fetcher.fetch(sids, deliver, claimed, push=push, unpushed=unpushed,
+                                 waited=keep is not None)
         return results
 
     def deliver_many(self, items, missed: int | None = None) -> None:
