@@ -120,6 +120,35 @@ def test_corrupt_sample_is_eio_and_the_rest_is_served(tricky, tmp_path, caplog):
     assert line and str(chunk_path) in line[0] and "dog/img 004.jpg" in line[0]
 
 
+def test_a_fetch_whose_worker_thread_fails_is_logged_and_tried_again(tricky, caplog):
+    """A bug in a batch's blocking call (not a backend error: those come back as results)
+    comes back from its worker thread to the loop (fetch.in_thread): one log line with its
+    traceback, and the batch is tried again as after a failed read, so its reader gets the
+    sample."""
+    src, dst, files = tricky
+    core = _core(dst)
+    store, calls = core.store, []
+    read_batch = store.read_batch
+
+    def failing_once(*args, **kw):
+        calls.append(args[0])
+        if len(calls) == 1:
+            raise RuntimeError("a bug in the reads")
+        return read_batch(*args, **kw)
+
+    store.read_batch = failing_once
+    sid = resolve(core.index, "dog/img 005.jpg")[1]
+
+    async def go():
+        async with serving(core):
+            assert await read_sample(core, sid) == files["dog/img 005.jpg"]
+    trio.run(go)
+    assert calls == [[sid], [sid]]
+    bug = [r for r in caplog.records if "fetch of 1 samples from node" in r.getMessage()]
+    assert len(bug) == 1 and "a bug in the reads" in str(bug[0].exc_info[1])
+    assert core.statistics()["backend_retries"] == 1
+
+
 def test_concurrent_readers_of_one_sample_share_one_fetch(tricky):
     core = _core(tricky[1])
     sid = resolve(core.index, "cat/img 004.jpg")[1]
