@@ -416,7 +416,8 @@ class Core:
             cached = [s in self.cache for s in window.tolist()]
             plans[str(rank)] = {"epoch": plan.epoch, "length": len(plan), "cursor": plan.cursor,
                                 "next_length": len(plan.next_ids),
-                                "skipped": plan.skipped, "ahead_ready": sum(cached),
+                                "skipped": plan.skipped, "late_uses": plan.late,
+                                "skip_window": plan.skip_window, "ahead_ready": sum(cached),
                                 "ahead_planned": len(window),
                                 # samples from the cursor on that are all ready, in a row
                                 "ready_in_a_row": cached.index(False) if False in cached else len(cached),

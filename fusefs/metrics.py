@@ -120,7 +120,9 @@ def families(s: dict):
                    "length": ("fusefs_plan_length", "Samples in the rank's order"),
                    "epoch": ("fusefs_plan_epoch", "The epoch of the rank's order"),
                    "ahead_ready": ("fusefs_plan_ahead_ready", "Samples ahead of the cursor cached now"),
-                   "ahead_planned": ("fusefs_plan_ahead_planned", "Samples ahead of the cursor the read-ahead covers")}
+                   "ahead_planned": ("fusefs_plan_ahead_planned", "Samples ahead of the cursor the read-ahead covers"),
+                   "skip_window": ("fusefs_plan_skip_window",
+                                   "Positions behind the furthest read before an unread one counts as skipped")}
     for key, (name, doc) in plan_gauges.items():
         fam = GaugeMetricFamily(name, doc, labels=["rank"])
         for rank, plan in s["plans"].items():

@@ -10,7 +10,11 @@ first occurrence not yet used; occurrences more than `skip_window` positions beh
 furthest use are taken as skipped (so a skipped sample cannot hold the cursor back). The
 samples so passed wait in `passed` until the caller takes them: their next use moved on
 without a use of theirs, and the cache's key for them must move on too (a reader's late
-use of a passed occurrence counts for nothing).
+use of a passed occurrence counts for nothing). A late use says that the readers lag each
+other by more than the window, not that they skip: the window grows to twice that lag (up
+to MAX_SKIP_WINDOW), so readers that keep it stop having their samples passed, keyed as
+needed next epoch and evicted before they read them (ImageNet's count with 4 readers
+drifting apart refetched a third of its samples).
 
 With the next epoch's order (Order.next), a sample's next use may lie beyond this order's
 end: `distance` counts positions from the cursor through the rest of this order into the
@@ -24,14 +28,16 @@ import numpy as np
 from .order import Order
 
 INF = float("inf")
+SKIP_WINDOW = 4096  # positions behind the furthest use before an occurrence counts as skipped
+MAX_SKIP_WINDOW = 1 << 16  # what late uses may widen it to
 
 
 class Plan:
     """Memory: Plan.cost(...) bytes, for n_files samples and orders of n and m entries: 25
-    bytes an entry of this order, 16 of the next, 16 a sample of the dataset (positions are
+    bytes an entry of this order, 16 of the next, 17 a sample of the dataset (positions are
     int32: an order has at most order.entry_limit entries)."""
 
-    def __init__(self, order: Order, sizes: np.ndarray, skip_window: int = 4096):
+    def __init__(self, order: Order, sizes: np.ndarray, skip_window: int = SKIP_WINDOW):
         n_files = len(sizes)
         self.ids = np.ascontiguousarray(order.ids, dtype=np.int64)
         self.epoch = order.epoch
@@ -47,7 +53,9 @@ class Plan:
         self.cursor = 0
         self.frontier = 0  # one past the furthest position used
         self.skipped = 0
+        self.late = 0  # uses of occurrences passed as skipped (each doubled the window)
         self.passed: list[int] = []  # samples whose occurrence the cursor passed unused (Core.use)
+        self.was_passed = np.zeros(n_files, dtype=bool)  # its last occurrence passed, no use since
         nxt = order.next
         self.next_ids = (np.zeros(0, np.int64) if nxt is None
                          else np.ascontiguousarray(nxt.ids, dtype=np.int64))
@@ -65,6 +73,7 @@ class Plan:
         self._uses_v, self._total_v = memoryview(self.uses), memoryview(self.total)
         self._by_sample_v, self._first_v = memoryview(self._by_sample), memoryview(self._first)
         self._next_first_v, self._cum_v = memoryview(self.next_first), memoryview(self._cum)
+        self._was_passed_v = memoryview(self.was_passed)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -75,12 +84,12 @@ class Plan:
         of m (what `nbytes` is once built): ids, by sample, consumed, cumulative sizes; the
         next order's ids and cumulative sizes; per sample its first position, occurrences,
         uses and first position in the next order."""
-        return (8 + 4 + 1) * n + 8 * m + 8 * (n + m + 1) + 4 * (n_files + 1) + 12 * n_files
+        return (8 + 4 + 1) * n + 8 * m + 8 * (n + m + 1) + 4 * (n_files + 1) + 13 * n_files
 
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (self.ids, self._by_sample, self.consumed, self._cum, self.next_ids,
-                                      self._first, self.total, self.uses, self.next_first))
+                                      self._first, self.total, self.uses, self.next_first, self.was_passed))
 
     @property
     def done(self) -> bool:
@@ -146,6 +155,8 @@ class Plan:
         per reader's close: what next_position and _mark do, inline."""
         uses, total = self._uses_v[sid], self._total_v[sid]
         if uses >= total:
+            if self._was_passed_v[sid]:
+                self._late_use(sid)
             return None
         pos = self._by_sample_v[self._first_v[sid] + uses]
         self.consumed_v[pos] = True
@@ -171,6 +182,8 @@ class Plan:
         for sid in sids:
             uses, total = uses_v[sid], total_v[sid]
             if uses >= total:
+                if self._was_passed_v[sid]:
+                    self._late_use(sid)
                 continue
             at = first[sid] + uses
             pos = by_sample[at]
@@ -204,8 +217,18 @@ class Plan:
                     finished += self._mark(sid, self.cursor)
                     self.skipped += 1
                     self.passed.append(sid)
+                    if self._uses_v[sid] >= self._total_v[sid]:  # (its last: a later use is late)
+                        self._was_passed_v[sid] = True
             self.cursor += 1
         return finished
+
+    def _late_use(self, sid: int) -> None:
+        """A reader used sid after the cursor passed its last occurrence as skipped: the
+        readers lag each other by more than the window, which grows to twice that lag."""
+        self._was_passed_v[sid] = False
+        self.late += 1
+        lag = self.frontier - self._by_sample_v[self._first_v[sid] + self._total_v[sid] - 1]
+        self.skip_window = min(MAX_SKIP_WINDOW, max(self.skip_window, 2 * lag))
 
     def window(self, budget: int, max_scan: int = 65536) -> np.ndarray:
         """Sample ids of the not-yet-used occurrences from the cursor on, in order, whose

@@ -45,6 +45,7 @@ def test_metrics_file_and_http_agree_with_the_stats(tricky, tmp_path):
         assert scraped[("fusefs_backend_node_up", frozenset({("node", "local")}))] == 1
         assert scraped[("fusefs_plan_epoch", frozenset({("rank", "0")}))] == 4
         assert scraped[("fusefs_plan_length", frozenset({("rank", "0")}))] == 3
+        assert scraped[("fusefs_plan_skip_window", frozenset({("rank", "0")}))] == stats["plans"]["0"]["skip_window"] > 0
         assert ("fusefs_read_wait_seconds_count", frozenset()) in scraped
         # histograms (cumulative buckets from 10 us to 30 s), uptime, memory, version, mount
         requests = scraped[("fusefs_backend_request_seconds_count", frozenset())]

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusefs import order
-from fusefs.plan import Plan
+from fusefs.plan import MAX_SKIP_WINDOW, Plan
 
 
 def test_round_trip_with_and_without_importance():
@@ -83,6 +83,41 @@ def test_readers_that_skip_do_not_hold_the_cursor_back():
         done += p.use(sid)
     assert p.done and p.skipped == 30
     assert sorted(done) == list(range(n))
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_readers_that_lag_each_other_widen_the_skip_window_until_nothing_is_passed(batched):
+    """Two readers of one order, each taking every other position, one 30 positions behind
+    the other, with a skip window of 10: the leader's uses pass the laggard's occurrences
+    as skipped, and a late use of one widens the window to twice the lag it shows, after
+    which nothing more is passed. A sample passed and never read does not widen it, nor
+    does a second read of one read before; and the window stops at its cap."""
+    n, lag = 400, 30
+    p = Plan(order.Order(np.arange(n)), np.ones(n), skip_window=10)
+    use = (lambda s: p.use_many([s])) if batched else p.use
+    for i in range(0, n + lag, 2):
+        if i < n:
+            use(i)            # the leader: even positions
+        if i >= lag:
+            use(i - lag + 1)  # the laggard: odd ones, 30 behind
+    assert p.done and 2 * lag <= p.skip_window <= 2 * (lag + 2)
+    assert 0 < p.late == p.skipped <= lag // 2  # (each occurrence passed was read, late)
+    late = p.late
+    use(1)                       # a second read: not late
+    assert p.late == late
+
+    q = Plan(order.Order(np.arange(n)), np.ones(n), skip_window=10)
+    use = (lambda s: q.use_many([s])) if batched else q.use
+    for sid in range(20, n):     # samples 0..19 are never read: passed, window kept
+        use(sid)
+    assert q.skipped == 20 and q.late == 0 and q.skip_window == 10
+
+    r = Plan(order.Order(np.arange(n)), np.ones(n), skip_window=4)
+    r.frontier = MAX_SKIP_WINDOW  # (as if the leader were that far on: a lag past the cap)
+    r.was_passed[1] = True
+    r.uses[1] = 1
+    r.use(1)
+    assert r.late == 1 and r.skip_window == MAX_SKIP_WINDOW
 
 
 def test_an_order_with_the_next_epochs_parses_whole_and_not_cut_after_its_first():

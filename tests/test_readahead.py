@@ -610,6 +610,40 @@ def test_a_large_group_of_fetched_samples_is_kept_as_each_alone_would_be(three_n
     assert a._key[missed] == cores[0].policy.key_after_use(missed) != cores[0].policy.key(missed)
 
 
+def test_readers_that_lag_each_other_past_the_skip_window_widen_it_and_stop_missing(three_nodes):
+    """Two readers of one order (with the next epoch's), one on the even positions, the
+    other on the odd ones 40 positions behind, with a skip window of 8 and a cache of a
+    quarter of the set: the leader's uses pass the laggard's occurrences as skipped, which
+    keys them as needed next epoch. The laggard's first late use widens the window past
+    the lag, so the samples passed before are the only ones the cache may let go of before
+    their read (here 15 misses, 16 late uses); with the window fixed at 8, 145
+    occurrences were passed, the full cache let go of their samples, and 96 reads missed."""
+    dst, _ = three_nodes
+    probe = make_core(dst)
+    n, lag = probe.index.n_files, 40
+    ids = np.random.default_rng(3).permutation(n).tolist()
+    core = make_core(dst, cache_bytes=int(probe.index.total_bytes * 0.25), batch=8)
+
+    async def go():
+        async with serving(core):
+            core.set_order(0, orderfmt.encode(ids, epoch=0, next_follows=True) + orderfmt.encode(ids[::-1], epoch=1))
+            plan = core.plans[0]
+            plan.skip_window = 8
+            for i in range(0, n + lag, 2):
+                for pos in (i, i - lag + 1):  # (the leader, then the laggard)
+                    if 0 <= pos < n:
+                        await settled(core)
+                        await read_whole(core, ids[pos])
+            return plan
+
+    plan = trio.run(go)
+    s = core.statistics()
+    assert s["evictions"] > 0 and s["cache_peak"] <= s["cache_budget"]
+    assert plan.skip_window >= 2 * lag and 0 < plan.late <= lag // 2, (plan.skip_window, plan.late)
+    # (a read that found its sample gone: one of those passed before the window widened)
+    assert s["misses"] <= plan.late and s["read_waits"] == 0, s
+
+
 def test_samples_the_cursor_passes_unused_are_keyed_by_their_next_use(three_nodes):
     """Readers far apart (further than the plan's skip window): the cursor passes the
     occurrences the slow reader has not used yet and counts them as skipped. Their cached
