@@ -53,7 +53,7 @@ class Plan:
         self.cursor = 0
         self.frontier = 0  # one past the furthest position used
         self.skipped = 0
-        self.late = 0  # uses of occurrences passed as skipped (each doubled the window)
+        self.late = 0  # uses of occurrences passed as skipped (each widened the window)
         self.passed: list[int] = []  # samples whose occurrence the cursor passed unused (Core.use)
         self.was_passed = np.zeros(n_files, dtype=bool)  # its last occurrence passed, no use since
         nxt = order.next
