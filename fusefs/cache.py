@@ -198,6 +198,38 @@ class SampleCache:
         self.peak = max(self.peak, self.used + self.reserved)
         return True
 
+    def put_many(self, items, keys, start: int = 0) -> int:
+        """put() of each (sid, data) of items[start:], needed at keys[i], in order, until one
+        is not kept: returns its index (len(items): every one kept). A fetched group's
+        samples, without a call each."""
+        entries, current, pins, heap, seq, mirror = (self._entries, self._key, self.pin_set,
+                                                     self._heap, self._seq, self._mirror)
+        overhead, push = self.overhead, heapq.heappush
+        kept = len(items)
+        for i in range(start, len(items)):
+            sid, data = items[i]
+            key = keys[i]
+            if sid in entries:
+                self.drop(sid)
+            need = len(data) + overhead
+            if need > self.budget - self.used - self.reserved and not self._make_room(need, key):
+                kept = i
+                break
+            entries[sid] = data
+            current[sid] = key
+            if mirror is not None:
+                mirror(sid, data)
+            if sid in pins:
+                self.pinned_bytes += need
+            else:
+                push(heap, (-key, next(seq), sid))
+            self.used += need
+            if self.used + self.reserved > self.peak:
+                self.peak = self.used + self.reserved
+        if len(heap) > 2 * len(entries) + 1024:
+            self._rebuild_heap()
+        return kept
+
     def _push(self, sid: int, key: float) -> None:
         """sid's item on the eviction heap; its earlier ones stay, stale (lazy deletion),
         until the heap holds as many stale items as entries: then it is rebuilt (amortized

@@ -166,8 +166,8 @@ class Reads:
         await pending.wait()
         return pending.error or pending.data
 
-    async def fetch_batch(self, sids: list[int], keep: int | None = None, claimed=None) -> dict:
-        """Fetch sids (one node) as one batch; return what arrived for each. A sample's
+    async def fetch_batch(self, sids: list[int], keep: int | None = None, claimed=None) -> None:
+        """Fetch sids (one node) as one batch, each sample delivered as it arrives. A sample's
         reservation in the cache (the read-ahead's) is settled as it arrives, or at once for
         one someone else is already fetching. `keep`: the sample a reader missed (see
         deliver). `claimed`: the fetcher's claim on sids, made by the caller (Fetcher.fetch)."""
@@ -175,12 +175,11 @@ class Reads:
         for sid in sids:
             if sid in inflight and not (claimed and sid in claimed):
                 cache.settle(sid)
-        results = {}
 
         def deliver(items):
-            for s, r in items:
-                cache.settle(s)
-                results[s] = r
+            settle = cache.settle
+            for s, _ in items:
+                settle(s)
             self.deliver_many(items, keep)
 
         push = self.kernel_view.push if self.kernel_view.pushes else None
@@ -192,23 +191,38 @@ class Reads:
                 unpushed.add(keep)
         await self.fetcher.fetch(sids, deliver, claimed, push=push, unpushed=unpushed,
                                  waited=keep is not None)
-        return results
 
     def deliver_many(self, items, missed: int | None = None) -> None:
-        """deliver() of each (sid, result) of a group of reads; `missed`: the sample of a
-        reader who missed it. The keys of a large group come from one numpy pass over the
-        plans (Policy.keys), not a Python call each."""
-        if len(items) < KEYS_AT_ONCE:
-            for sid, r in items:
-                self.deliver(sid, r, missed=sid == missed)
-            return
-        ok = [sid for sid, r in items if not isinstance(r, Exception)]
-        keys = dict(zip(ok, self.policy.keys(np.array(ok, dtype=np.int64)).tolist()))
-        for sid, r in items:
-            if sid == missed or sid not in keys:
+        """deliver() of each (sid, result) of a group of reads (the fetched ones kept in
+        the group's order); `missed`: the sample of a reader who missed it. The keys of a large group come from one numpy pass
+        over the plans (Policy.keys), not a Python call each, and the cache keeps the
+        group's samples in one call (SampleCache.put_many)."""
+        ok = []
+        for item in items:
+            sid, r = item
+            if sid == missed or isinstance(r, Exception):
                 self.deliver(sid, r, missed=sid == missed)
             else:
-                self._keep(sid, r, keys[sid])
+                ok.append(item)
+        if not ok:
+            return
+        if len(ok) < KEYS_AT_ONCE:
+            key = self.policy.key
+            keys = [key(sid) for sid, _ in ok]
+        else:
+            keys = self.policy.keys(np.array([sid for sid, _ in ok], dtype=np.int64)).tolist()
+        if self.local is not None:  # (each offered to the local tier first)
+            for (sid, r), key in zip(ok, keys):
+                self._keep(sid, r, key)
+            return
+        cache, at = self.cache, 0
+        while at < len(ok):
+            at = cache.put_many(ok, keys, at)
+            if at < len(ok):  # (as _keep: room taken back from the read-ahead)
+                sid, r = ok[at]
+                if keys[at] != float("inf") and self.prefetcher.yield_room(cache.cost(len(r)), keys[at]):
+                    cache.put(sid, r, keys[at])
+                at += 1
 
     def deliver(self, sid: int, result, missed: bool = False) -> None:
         """A fetch finished: keep the bytes if the orders need them before something cached

@@ -165,6 +165,44 @@ def test_evictions_take_the_furthest_key_first_through_heap_rebuilds():
     assert len(rebuilds) >= 3 and c.evictions > 1000
 
 
+def test_a_group_put_at_once_keeps_what_puts_one_by_one_keep_up_to_the_first_refused():
+    """SampleCache.put_many (a fetched group's samples, in one call) leaves the cache, its
+    mirror, its counters and its eviction order as put() of each in turn does, and stops at
+    the first sample put() would refuse (room only from entries needed sooner): its index,
+    the samples after it untouched, for the caller to go on from there."""
+    rng = np.random.default_rng(11)
+    stops = []
+    for trial in range(200):
+        held = [{}, {}]
+        caches = [SampleCache(4_000, static=500, entry_overhead=16,
+                              mirror=lambda sid, data, h=h: h.__setitem__(sid, data) if data is not None
+                              else h.pop(sid)) for h in held]
+        for c in caches:
+            c.set_pins(np.array([3]), np.array([1.0]), np.full(40, 400))
+        for _ in range(int(rng.integers(0, 12))):  # (some cached already, some reserved)
+            sid, data, key = int(rng.integers(40)), bytes(int(rng.integers(1, 500))), float(rng.integers(100))
+            for c in caches:
+                c.put(sid, data, key)
+        for sid in rng.choice(40, 3, replace=False).tolist():
+            size, key = int(rng.integers(1, 300)), float(rng.integers(100))
+            for c in caches:
+                c.reserve(100 + sid, size, key)
+        items = [(int(s), bytes(int(rng.integers(1, 700)))) for s in rng.choice(40, 8, replace=False)]
+        keys = [float(rng.integers(100)) if rng.random() < 0.9 else math.inf for _ in items]
+        one, many = caches
+        stop = next((i for i, (sid, data) in enumerate(items) if not one.put(sid, data, keys[i])),
+                    len(items))
+        assert many.put_many(items, keys) == stop
+        stops.append(stop)
+        for c in caches:
+            c.put(999, b"z" * 300, 50.0)  # (what goes next: the same eviction order)
+        assert one._entries == many._entries and one._key == many._key and held[0] == held[1]
+        assert one.counters() == many.counters()
+        if stop < len(items) - 1:  # (the rest, from where it stopped)
+            assert many.put_many(items, keys, stop + 1) >= stop + 1
+    assert 0 < stops.count(8) < len(stops)  # (some groups kept whole, some refused in part)
+
+
 def test_a_new_orders_rekey_and_a_heap_rebuild_hold_one_eviction_heap_at_a_time():
     """A new order re-keys every entry (rekey_all) and the eviction heap is rebuilt past two
     items an entry: both let go of the old heap's items before making the new ones, so the
