@@ -473,6 +473,24 @@ def pages(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def fetch_loop(rows: list[dict]) -> str:
+    """The loop's CPU per fetched sample in-process, and its tasks' shares (fetch_cost.py)."""
+    run = last_run(rows, "fetch_cost")
+    if not run:
+        return not_measured("fetch_cost")
+    kinds = ("deliveries", "read-ahead", "fetches", "events", "loop reads", "scheduler")
+    out = ["| cache | loop CPU us a sample (passes) | reads on the loop | "
+           + " | ".join(kinds) + " | samples | commit, date |",
+           "| --- | --- | --- | " + " | ".join("---" for _ in kinds) + " | --- | --- |"]
+    for r in run:
+        shares = r["task_shares"]
+        out.append(f"| {r['cache_share']:.0%} of the set | {r['loop_cpu_us_per_sample']:.1f} "
+                   f"({slashed(r['passes_us_per_sample'], '{:.1f}')}) | {slashed(r['loop_reads'])} | "
+                   + " | ".join(f"{shares[k] + (shares['other'] if k == 'scheduler' else 0):.0%}" for k in kinds)
+                   + f" | {r['sample_bytes'] >> 10} KB x {r['samples']:,} | {where(r)} |")
+    return "\n".join(out)
+
+
 def hotpath(rows: list[dict]) -> str:
     """Daemon CPU us per sample by regime (the median round): fusefs (loop / other threads),
     the same with --no-fast-path, and the minimal daemons' nearest epochs."""
@@ -526,7 +544,8 @@ TABLES = {"mount": (mount, "bench_mount.jsonl"), "unbiased": (unbiased, "bench_u
           "gpu-pages": (pages, "gpu-node.jsonl"), "gpu-hotpath": (gpu_hotpath, "gpu-node.jsonl"),
           "gpu-scale-epochs": (scale_epochs, "gpu-node.jsonl"),
           "hotpath": (hotpath, "bench_hotpath.jsonl", HOTPATH),
-          "wake": (wake, "wake_cost.jsonl", HOTPATH), "pages": (pages, "page_cost.jsonl", HOTPATH)}
+          "wake": (wake, "wake_cost.jsonl", HOTPATH), "pages": (pages, "page_cost.jsonl", HOTPATH),
+          "fetch-loop": (fetch_loop, "fetch_cost.jsonl", HOTPATH)}
 
 
 def render(doc: str, path: str = DOC) -> tuple[str, list[str]]:

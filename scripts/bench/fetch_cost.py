@@ -1,0 +1,234 @@
+"""The event loop's own CPU per fetched sample: fusefs's core in-process, read as through the
+fast path, with no kernel, no /dev/fuse and no pyfuse3 request loop.
+
+Under an order nearly every sample is fetched once per epoch, and what the loop's Python
+spends on a fetched sample (the read-ahead's walk, the batch's claim and delivery, the
+cache's reservation, keeping and eviction, the readers' uses) is the part of its cost that
+the kernel's copies do not set (docs/HOTPATH.md, "Where a fetched sample's time goes"). In
+bench_hotpath.py's fetched regimes it drowns in this VM's kernel costs and noise; here it is
+measured alone, as handlers_cost.py measures a cached sample's handlers.
+
+A fresh core (a cache of --cache of the set, each share given in turn) reads one epoch along a random order written
+as HintedSampler writes it. --readers threads stand for the readers and the fast path's
+thread: each takes every --readers-th position, opens its sample (an open event with the
+next handle, as the C thread gives it), reads it from the bytes the cache holds for the fast
+path (a read event: READ | READ_END, and a crc32 of the bytes, without the GIL, for the
+copy) or, when it holds none, through the core's read (on the loop, the events before it
+applied first, as fs.Operations does), and releases it (a release event). The events reach
+the loop as the fast path hands them over: from fastpath.BATCH of them, or fastpath.DELAY_US
+after the first. The figure is the loop thread's CPU (CLOCK_THREAD_CPUTIME_ID) from the
+order's commit to the last release applied, per sample; the fetches' worker threads and the
+readers are not in it. Prints one JSON line (and appends it to --results): the median of
+--passes passes (each a fresh core and order) and every pass's figure, with the fetched
+samples and the reads that reached the loop; and the share of the loop's CPU each of its
+tasks took in one more pass (trio's Instrument around every task step, which adds a clock
+read each side: shares, not us), the rest being trio's scheduler and its waits for I/O:
+
+  deliveries   the worker threads' groups handed over (fetch.Inbox: Batch.arrived, the
+               cache's put_many) and the fetches' ends
+  read-ahead   Prefetcher.run: the plan's walk with its reservations (and evictions), the
+               batches started and their claims
+  fetches      each batch's task: its hand-off to a worker thread and its results
+  events       the fast path's opens, reads and releases applied (Core.answered: the uses)
+  loop reads   reads of samples not yet held, answered on the loop (Core.read)
+
+usage: .venv/bin/python scripts/bench/fetch_cost.py PACKED [--cache 0.1 1.2] [--passes 5] [--readers 4]
+       (PACKED: e.g. out/bench_hotpath/packed-2000, which bench_hotpath.py --quick makes: 2,000
+       files of ~110 KB; its chunk files are read into the page cache first)
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import threading
+import time
+import zlib
+
+import numpy as np
+import trio
+
+from common import JsonLines
+
+from fusefs import fastpath
+from fusefs import order as orderfmt
+from fusefs.config import MountConfig
+from fusefs.core import Core
+from fusefs.handles import READ, READ_END, RELEASED, SID_BITS, SERIAL_WRAP
+from fusefs.index import INDEX_NAME, Index
+from fusefs.store import ChunkStore
+
+
+class FastPathStandIn:
+    """The fast path's table and events, kept in Python: the cache's mirror (hold) and
+    the events the reader threads make, handed to Core.answered on the loop."""
+
+    def __init__(self):
+        self.held: dict[int, bytes] = {}
+        self.lock = threading.Lock()
+        self.events: list[int] = []
+        self.first = 0.0      # when the first event waiting now was made
+        self.serial = 0
+        self.token = None
+        self.wake = None      # trio.Event the loop waits on (set from a reader thread)
+        self.waking = False
+
+    def hold(self, sid: int, data) -> None:
+        if data is None:
+            self.held.pop(sid, None)
+        else:
+            self.held[sid] = data
+
+    def event(self, e: int) -> None:  # (a reader thread)
+        with self.lock:
+            if not self.events:
+                self.first = time.monotonic()
+            self.events.append(e)
+            due = len(self.events) >= fastpath.BATCH and not self.waking
+            if due:
+                self.waking = True
+        if due:
+            self.token.run_sync_soon(self.wake.set)
+
+    def open(self, sid: int) -> int:  # (a reader thread)
+        with self.lock:
+            self.serial = (self.serial + 1) % SERIAL_WRAP
+            fh = (self.serial << SID_BITS) | sid
+        self.event(fh)
+        return fh
+
+    def take(self) -> list[int]:
+        with self.lock:
+            ev, self.events, self.waking = self.events, [], False
+        return ev
+
+
+# the loop's tasks by what they do (a task's name: its function's qualified name)
+TASKS = (("deliveries", "run_sync_soon"), ("read-ahead", "Prefetcher.run"),
+         ("fetches", "_run_batch"), ("fetches", "fetch_batch"), ("events", "events"),
+         ("loop reads", "loop_read"))
+
+
+class TaskCpu(trio.abc.Instrument):
+    """The loop thread's CPU seconds by kind of task (TASKS; "other" for the rest)."""
+
+    def __init__(self):
+        self.seconds = collections.Counter()
+        self._t = 0.0
+
+    def before_task_step(self, task) -> None:
+        self._t = time.thread_time()
+
+    def after_task_step(self, task) -> None:
+        kind = next((k for k, part in TASKS if part in task.name), "other")
+        self.seconds[kind] += time.thread_time() - self._t
+
+
+async def one_pass(index: Index, store: ChunkStore, cache_bytes: int, order: np.ndarray,
+                   readers: int) -> dict:
+    fp = FastPathStandIn()
+    core = Core(index, store, MountConfig(cache_bytes=cache_bytes), hold=fp.hold)
+    fp.serial = core.handles.serial
+    fp.token, fp.wake = trio.lowlevel.current_trio_token(), trio.Event()
+    done = trio.Event()
+    sizes = index.size
+    loop_reads = 0
+
+    def catch_up():
+        ev = fp.take()
+        if ev:
+            core.answered(ev)
+
+    async def loop_read(fh: int, size: int) -> bytes:
+        nonlocal loop_reads
+        loop_reads += 1
+        catch_up()
+        return await core.read(fh, 0, size)
+
+    def reader(k: int) -> None:
+        for sid in order[k::readers].tolist():
+            fh = fp.open(sid)
+            data = fp.held.get(sid)
+            if data is not None:
+                zlib.crc32(data)
+                fp.event(READ | READ_END | sid)
+            else:
+                data = trio.from_thread.run(loop_read, fh, int(sizes[sid]), trio_token=fp.token)
+                zlib.crc32(data)
+            fp.event(RELEASED | fh)
+
+    async def events():
+        while True:
+            with trio.move_on_after(fastpath.DELAY_US / 1e6):
+                await fp.wake.wait()
+            fp.wake = trio.Event()
+            catch_up()
+            if done.is_set() and not fp.events:
+                return
+
+    async with trio.open_nursery() as outer:
+        await outer.start(core.run)
+        t0 = time.thread_time()
+        await core.commit_order(0, orderfmt.encode(order, epoch=0))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(events)
+
+            async def readers_done():
+                async with trio.open_nursery() as threads:
+                    for k in range(readers):
+                        threads.start_soon(trio.to_thread.run_sync, reader, k)
+                done.set()
+                fp.wake.set()
+            nursery.start_soon(readers_done)
+        cpu = time.thread_time() - t0
+        outer.cancel_scope.cancel()
+    s = core.statistics()
+    return {"cpu_s": cpu, "fetched": s["backend_samples"], "loop_reads": loop_reads,
+            "releases": s["releases"]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("packed")
+    p.add_argument("--cache", type=float, nargs="+", default=[0.1, 1.2],
+                   help="the cache's budget, a share of the set, one run each (0.1 1.2: as small_fill's and chunks')")
+    p.add_argument("--passes", type=int, default=5)
+    p.add_argument("--readers", type=int, default=4)
+    JsonLines.argument(p, "fetch_cost")
+    a = p.parse_args()
+    index = Index.load(os.path.join(a.packed, INDEX_NAME))
+    store = ChunkStore(a.packed, index)
+    for chunk in index.chunks:  # (the chunks' reads are the page cache's: the loop's cost alone)
+        with open(os.path.join(a.packed, chunk.path), "rb") as f:
+            while f.read(16 << 20):
+                pass
+    results = JsonLines(a.results)
+    rng = np.random.default_rng(0)
+    n = index.n_files
+    for share in a.cache:
+        budget = int(index.total_bytes * share)
+        runs = [trio.run(one_pass, index, store, budget, rng.permutation(n), a.readers)
+                for _ in range(a.passes)]
+        tasks = TaskCpu()
+        traced = trio.run(one_pass, index, store, budget, rng.permutation(n), a.readers,
+                          instruments=[tasks])
+        for r in runs + [traced]:
+            assert r["releases"] == n, r
+        us = [round(1e6 * r["cpu_s"] / n, 1) for r in runs]
+        shares = {k: round(tasks.seconds[k] / traced["cpu_s"], 3)
+                  for k in ("deliveries", "read-ahead", "fetches", "events", "loop reads", "other")}
+        shares["scheduler"] = round(1 - sum(shares.values()), 3)
+        row = {"bench": "fetch_cost", "cache_share": share, "samples": n,
+               "sample_bytes": int(index.total_bytes // max(1, n)),
+               "loop_cpu_us_per_sample": statistics.median(us), "passes_us_per_sample": us,
+               "fetched": [r["fetched"] for r in runs], "loop_reads": [r["loop_reads"] for r in runs],
+               "task_shares": shares}
+        print(json.dumps(row), flush=True)
+        results.write(**row)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
