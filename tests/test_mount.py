@@ -473,7 +473,7 @@ def test_bench_hotpath_runs_every_regime_and_paces_the_paced_one(tmp_path):
     assert sorted(x["regime"] for x in lines) == sorted(set(rows) - {"loose_cold", "loose_warm"})
     assert all(x["bench"] == "bench_hotpath" and x["commit"] and x["machine"] for x in lines)
     assert set(rows) == {"loose_cold", "loose_warm", "chunks_cold", "chunks", "kernel", "kernel_os",
-                         "kernel_paced", "daemon", "handlers", "small_fill", "small_kernel",
+                         "kernel_paced", "daemon", "handlers", "fetch_loop", "small_fill", "small_kernel",
                          "small_dropped", "minimal_read", "minimal_kernel", "minimal_paced",
                          "minimal_c_read", "minimal_c_kernel", "minimal_c_paced", "scale"}
     # the epoch at scale (here 5,000 tiny samples): every sample fetched once, the peak RSS known
@@ -484,6 +484,10 @@ def test_bench_hotpath_runs_every_regime_and_paces_the_paced_one(tmp_path):
     handlers = rows.pop("handlers")
     assert handlers["samples"] == 300 and len(handlers["passes_us_per_sample"]) == 3
     assert 0 < handlers["daemon_cpu_us_per_sample"] < rows["kernel"]["daemon_cpu_us_per_sample"]
+    # the loop's own CPU per fetched sample, in-process (fetch_cost.py): every sample read
+    loop = rows.pop("fetch_loop")
+    assert loop["samples"] == 300 and len(loop["passes_us_per_sample"]) == 3, loop
+    assert loop["daemon_cpu_us_per_sample"] > 0 and 0.99 < sum(loop["task_shares"].values()) < 1.01, loop
     for name, row in rows.items():
         assert row["samples"] == 300 and row["samples_per_s"] > 0, name
         if not name.startswith("loose"):

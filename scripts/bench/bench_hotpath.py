@@ -21,6 +21,11 @@ fresh order:
            every sample
   handlers fusefs's own share of `kernel`: its open and release handlers called in-process
            (scripts/bench/handlers_cost.py: no kernel, no pyfuse3 loop), a steady figure
+  fetch_loop  the event loop's own CPU per fetched sample, in-process with a cache of a tenth
+           of the set (scripts/bench/fetch_cost.py --cache 0.1: the core read along an order
+           by threads standing in for the readers and the fast path), apart from the
+           kernel's copies that set the fetched regimes' figures on this VM (a version whose
+           fusefs the script cannot drive, an old REF, has no such row)
   small_*  a fresh daemon with a cache of a tenth of the set (as in training): small_fill
            (first epoch, the chunk files on disk as in chunks_cold), small_kernel (the
            next: the kernel page cache still holds what was pushed), small_dropped (the
@@ -268,6 +273,9 @@ def fusefs_round(dst, mnt, pool, rels, orders, a, env=None, options=()) -> dict:
                 warm_chunks(dst)
             epoch(name, proc, orders[number], number)
     out["handlers"] = handlers_row(dst, env)
+    loop = fetch_loop_row(dst, env)
+    if loop is not None:
+        out["fetch_loop"] = loop
     return out
 
 
@@ -278,6 +286,24 @@ def handlers_row(dst: str, env=None) -> dict:
     r = subprocess.run([sys.executable, script, dst], env=env, capture_output=True, text=True,
                        check=True)
     return json.loads(r.stdout)
+
+
+def fetch_loop_row(dst: str, env=None) -> dict | None:
+    """The loop's CPU per fetched sample, in-process (scripts/bench/fetch_cost.py, a cache of
+    a tenth of the set, 3 passes), with the fusefs of env's PYTHONPATH; None where that
+    fusefs is too old for the script."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fetch_cost.py")
+    env = {k: v for k, v in (env or os.environ).items() if k != "PYTHONSAFEPATH"}  # (it imports common)
+    r = subprocess.run([sys.executable, script, dst, "--cache", "0.1", "--passes", "3", "--results", "-"],
+                       env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"fetch_loop: fetch_cost.py failed with this version: {r.stderr.strip().splitlines()[-1:]}",
+              file=sys.stderr)
+        return None
+    f = json.loads(r.stdout)
+    return {"regime": "fetch_loop", "samples": f["samples"], "daemon_cpu_us_per_sample": f["loop_cpu_us_per_sample"],
+            "passes_us_per_sample": f["passes_us_per_sample"], "loop_reads": f["loop_reads"],
+            "task_shares": f["task_shares"]}
 
 
 def warm_chunks(dst: str) -> None:
@@ -388,7 +414,7 @@ def run(a, n, src, dst, mnt, versions, emit) -> None:
                 r["machine_cpu_us_per_sample_all_rounds"] = [x["machine_cpu_us_per_sample"] for x in rs]
             if len(versions) > 1:
                 r["version"] = version
-                if version != names[0]:
+                if version != names[0] and (name, names[0]) in trials:
                     ref = [x["daemon_cpu_us_per_sample"] for x in trials[(name, names[0])]]
                     r["cpu_ratio_by_round"] = [round(x / y, 3) for x, y in zip(cpu, ref)]
                     r["ratio_to"] = names[0]

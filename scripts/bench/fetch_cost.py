@@ -196,7 +196,7 @@ def main() -> int:
                    help="the cache's budget, a share of the set, one run each (0.1 1.2: as small_fill's and chunks')")
     p.add_argument("--passes", type=int, default=5)
     p.add_argument("--readers", type=int, default=4)
-    JsonLines.argument(p, "fetch_cost")
+    JsonLines.argument(p, "fetch_cost")  # (--results -: print only, as bench_hotpath.py's guard does)
     a = p.parse_args()
     index = Index.load(os.path.join(a.packed, INDEX_NAME))
     store = ChunkStore(a.packed, index)
@@ -204,7 +204,7 @@ def main() -> int:
         with open(os.path.join(a.packed, chunk.path), "rb") as f:
             while f.read(16 << 20):
                 pass
-    results = JsonLines(a.results)
+    results = JsonLines(a.results) if a.results != "-" else None
     rng = np.random.default_rng(0)
     n = index.n_files
     for share in a.cache:
@@ -226,7 +226,8 @@ def main() -> int:
                "fetched": [r["fetched"] for r in runs], "loop_reads": [r["loop_reads"] for r in runs],
                "task_shares": shares}
         print(json.dumps(row), flush=True)
-        results.write(**row)
+        if results is not None:
+            results.write(**row)
     return 0
 
 
