@@ -182,26 +182,13 @@ class SampleCache:
     def put(self, sid: int, data: bytes, key: float = math.inf) -> bool:
         """Keep data if room can be made by evicting entries needed later than key (its
         next use, math.inf: none planned). Returns whether it was kept."""
-        self.drop(sid)
-        need = len(data) + self.overhead
-        if not self._make_room(need, key):
-            return False
-        self._entries[sid] = data
-        self._key[sid] = key
-        if self._mirror is not None:
-            self._mirror(sid, data)
-        if sid in self.pin_set:
-            self.pinned_bytes += need
-        else:
-            self._push(sid, key)
-        self.used += need
-        self.peak = max(self.peak, self.used + self.reserved)
-        return True
+        return self.put_many(((sid, data),), (key,)) == 1
 
     def put_many(self, items, keys, start: int = 0) -> int:
         """put() of each (sid, data) of items[start:], needed at keys[i], in order, until one
         is not kept: returns its index (len(items): every one kept). A fetched group's
-        samples, without a call each."""
+        samples, without a call each. (A sample cached already is dropped first, kept or
+        not.)"""
         entries, current, pins, heap, seq, mirror = (self._entries, self._key, self.pin_set,
                                                      self._heap, self._seq, self._mirror)
         overhead, push = self.overhead, heapq.heappush

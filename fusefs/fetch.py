@@ -242,20 +242,12 @@ class Batch:
         stats.bytes += nbytes
         if local:
             self.from_local.update(got)
-        # (as _settle of each sample that arrived, without a call each)
-        pendings, inflight, from_local, settled = self.pendings, self.fetcher.inflight, self.from_local, []
+        pendings, settled = self.pendings, []
         for sid, r in got.items():
             if sid in pendings and not isinstance(r, Exception):
-                p = pendings.pop(sid)
-                p.data, p.done = r, True
-                if p._event is not None:
-                    p._event.set()
-                del inflight[sid]
+                self._settle(sid, r)
                 settled.append((sid, r))
         if settled:
-            if not local:  # (the local tier's samples are not the node's)
-                stats.samples += (sum(1 for sid, _ in settled if sid not in from_local)
-                                  if from_local else len(settled))
             try:  # (an error here would end trio's run; the readers have their bytes)
                 self.deliver(settled)
             except Exception:

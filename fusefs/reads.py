@@ -193,10 +193,10 @@ class Reads:
                                  waited=keep is not None)
 
     def deliver_many(self, items, missed: int | None = None) -> None:
-        """deliver() of each (sid, result) of a group of reads (the fetched ones kept in
-        the group's order); `missed`: the sample of a reader who missed it. The keys of a large group come from one numpy pass
-        over the plans (Policy.keys), not a Python call each, and the cache keeps the
-        group's samples in one call (SampleCache.put_many)."""
+        """deliver() of each (sid, result) of a group of reads (the fetched ones kept in the
+        group's order); `missed`: the sample of a reader who missed it. The keys of a large
+        group come from one numpy pass over the plans (Policy.keys), not a Python call each,
+        and the cache keeps the group's samples in one call (SampleCache.put_many)."""
         ok = []
         for item in items:
             sid, r = item
@@ -218,10 +218,8 @@ class Reads:
         cache, at = self.cache, 0
         while at < len(ok):
             at = cache.put_many(ok, keys, at)
-            if at < len(ok):  # (as _keep: room taken back from the read-ahead)
-                sid, r = ok[at]
-                if keys[at] != float("inf") and self.prefetcher.yield_room(cache.cost(len(r)), keys[at]):
-                    cache.put(sid, r, keys[at])
+            if at < len(ok):
+                self._keep_refused(*ok[at], keys[at])
                 at += 1
 
     def deliver(self, sid: int, result, missed: bool = False) -> None:
@@ -256,7 +254,12 @@ class Reads:
         if self.local is not None and sid not in self.local:  # (cheap test first)
             self.local.offer(sid, result, float(self.local.priority[sid])
                              if self.policy.keeps_after_use(sid) else -np.inf)
-        if not self.cache.put(sid, result, key) and key != float("inf"):
-            # the budget is reserved for read-ahead needed later: take some back
-            if self.prefetcher.yield_room(self.cache.cost(len(result)), key):
-                self.cache.put(sid, result, key)
+        if not self.cache.put(sid, result, key):
+            self._keep_refused(sid, result, key)
+
+    def _keep_refused(self, sid: int, result: bytes, key: float) -> None:
+        """A fetched sample the cache refused (room only from entries needed sooner): the
+        budget is reserved for read-ahead needed later than key, so some is taken back for
+        it."""
+        if key != float("inf") and self.prefetcher.yield_room(self.cache.cost(len(result)), key):
+            self.cache.put(sid, result, key)

@@ -167,9 +167,10 @@ def test_evictions_take_the_furthest_key_first_through_heap_rebuilds():
 
 def test_a_group_put_at_once_keeps_what_puts_one_by_one_keep_up_to_the_first_refused():
     """SampleCache.put_many (a fetched group's samples, in one call) leaves the cache, its
-    mirror, its counters and its eviction order as put() of each in turn does, and stops at
-    the first sample put() would refuse (room only from entries needed sooner): its index,
-    the samples after it untouched, for the caller to go on from there."""
+    mirror, its counters (the peak: the most held after any put) and its eviction order as
+    put() of each in turn does, and stops at the first sample put() would refuse (room only
+    from entries needed sooner): its index, the samples after it untouched, for the caller to
+    go on from there."""
     rng = np.random.default_rng(11)
     stops = []
     for trial in range(200):
@@ -190,8 +191,13 @@ def test_a_group_put_at_once_keeps_what_puts_one_by_one_keep_up_to_the_first_ref
         items = [(int(s), bytes(int(rng.integers(1, 700)))) for s in rng.choice(40, 8, replace=False)]
         keys = [float(rng.integers(100)) if rng.random() < 0.9 else math.inf for _ in items]
         one, many = caches
-        stop = next((i for i, (sid, data) in enumerate(items) if not one.put(sid, data, keys[i])),
-                    len(items))
+        peak, stop = one.peak, len(items)
+        for i, (sid, data) in enumerate(items):
+            if not one.put(sid, data, keys[i]):
+                stop = i
+                break
+            peak = max(peak, one.used + one.reserved)  # (the most held at once: after a put)
+        assert one.peak == peak
         assert many.put_many(items, keys) == stop
         stops.append(stop)
         for c in caches:
