@@ -84,7 +84,8 @@ import numpy as np
 import psutil
 
 from bench_scale import epoch as scale_epoch
-from common import REPO, CpuMeter, JsonLines, against, build_minimal_c, commit as common_commit, minimal_daemon, read_files
+from common import (REPO, CpuMeter, JsonLines, against, build_minimal_c, commit as common_commit,
+                    minimal_daemon, read_files, warm_chunks)
 
 from fusefs import client, order as orderfmt, protocol
 from fusefs.pack import pack
@@ -304,14 +305,6 @@ def fetch_loop_row(dst: str, env=None) -> dict | None:
     return {"regime": "fetch_loop", "samples": f["samples"], "daemon_cpu_us_per_sample": f["loop_cpu_us_per_sample"],
             "passes_us_per_sample": f["passes_us_per_sample"], "loop_reads": f["loop_reads"],
             "task_shares": f["task_shares"]}
-
-
-def warm_chunks(dst: str) -> None:
-    """Read the chunk files into the page cache."""
-    for name in sorted(os.listdir(os.path.join(dst, "chunks"))):
-        with open(os.path.join(dst, "chunks", name), "rb") as f:
-            while f.read(16 << 20):
-                pass
 
 
 def main() -> int:

@@ -107,6 +107,15 @@ def side_by_side(ref: str | None):
         yield {short: dict(os.environ, PYTHONPATH=worktree, PYTHONSAFEPATH="1"), **here}
 
 
+def warm_chunks(packed: str) -> None:
+    """Read a packed set's chunk files (wherever its index puts them) into the page cache."""
+    from fusefs.index import INDEX_NAME, Index
+    for chunk in Index.load(os.path.join(packed, INDEX_NAME)).chunks:
+        with open(os.path.join(packed, chunk.path), "rb") as f:
+            while f.read(16 << 20):
+                pass
+
+
 def read_files(paths: list[str]) -> int:
     """Read each file whole with Python's open(), as a DataLoader worker's loader does; the
     bytes read."""

@@ -15,8 +15,8 @@ next handle, as the C thread gives it), reads it from the bytes the cache holds 
 path (a read event: READ | READ_END, and a crc32 of the bytes, without the GIL, for the
 copy) or, when it holds none, through the core's read (on the loop, the events before it
 applied first, as fs.Operations does), and releases it (a release event). The events reach
-the loop as the fast path hands them over: from fastpath.BATCH of them, or fastpath.DELAY_US
-after the first. The figure is the loop thread's CPU (CLOCK_THREAD_CPUTIME_ID) from the
+the loop in batches, as the fast path hands them over: from fastpath.BATCH of them, and at
+the latest every fastpath.DELAY_US (the fast path: that long after the first). The figure is the loop thread's CPU (CLOCK_THREAD_CPUTIME_ID) from the
 order's commit to the last release applied, per sample; the fetches' worker threads and the
 readers are not in it. Prints one JSON line (and appends it to --results): the median of
 --passes passes (each a fresh core and order) and every pass's figure, with the fetched
@@ -50,7 +50,7 @@ import zlib
 import numpy as np
 import trio
 
-from common import JsonLines
+from common import JsonLines, warm_chunks
 
 from fusefs import fastpath
 from fusefs import order as orderfmt
@@ -69,7 +69,6 @@ class FastPathStandIn:
         self.held: dict[int, bytes] = {}
         self.lock = threading.Lock()
         self.events: list[int] = []
-        self.first = 0.0      # when the first event waiting now was made
         self.serial = 0
         self.token = None
         self.wake = None      # trio.Event the loop waits on (set from a reader thread)
@@ -83,8 +82,6 @@ class FastPathStandIn:
 
     def event(self, e: int) -> None:  # (a reader thread)
         with self.lock:
-            if not self.events:
-                self.first = time.monotonic()
             self.events.append(e)
             due = len(self.events) >= fastpath.BATCH and not self.waking
             if due:
@@ -200,10 +197,7 @@ def main() -> int:
     a = p.parse_args()
     index = Index.load(os.path.join(a.packed, INDEX_NAME))
     store = ChunkStore(a.packed, index)
-    for chunk in index.chunks:  # (the chunks' reads are the page cache's: the loop's cost alone)
-        with open(os.path.join(a.packed, chunk.path), "rb") as f:
-            while f.read(16 << 20):
-                pass
+    warm_chunks(a.packed)  # (the chunks' reads are the page cache's: the loop's cost alone)
     results = JsonLines(a.results) if a.results != "-" else None
     rng = np.random.default_rng(0)
     n = index.n_files
