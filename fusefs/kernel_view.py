@@ -21,6 +21,7 @@ import errno
 import logging
 import math
 import os
+import threading
 
 import numpy as np
 
@@ -42,6 +43,7 @@ class KernelView:
         kernel_dropped, kernel_forgotten, opens_pushed)."""
         self.kernel = kernel
         self.stats = stats
+        self._lock = threading.Lock()  # push() runs in several fetch threads at once
         self.ino_base = ino_base
         self.held = np.zeros(n_files, dtype=bool)  # pushed or read through, not forgotten since
         self.drops = False           # the kernel dropped many pushed pages under this order
@@ -76,25 +78,32 @@ class KernelView:
         """Hand fetched samples' bytes, [(sid, bytes)], to the kernel page cache (in the
         fetch's worker thread, after the event loop has them: a push waits for the locks of
         the file's pages, and a reader's read of that file holds one until the loop answers
-        it)."""
+        it). Several fetch threads push at once: what a push counts and sets is done under
+        one lock, once a batch (the kernel's copies are not)."""
         kernel = self.kernel
         if kernel is None:
             return
         held = self.held
         todo = [(sid, data) for sid, data in items if not held[sid]]
-        self.stats.push_skipped += len(items) - len(todo)
-        if not todo:
-            return
-        errs = kernel.push([(self.ino_base + sid, data) for sid, data in todo])
-        for (sid, _), err in zip(todo, errs):
-            if err == 0:
-                held[sid] = True
-                self.stats.pushed += 1
-            elif err != errno.ENOENT and self.kernel is not None:
-                # (ENOENT: the kernel does not know the inode yet; that sample is not held)
-                log.warning("the kernel refused a page cache push (%s): serving reads from "
-                            "the daemon", os.strerror(err))
+        skipped = len(items) - len(todo)
+        errs = kernel.push([(self.ino_base + sid, data) for sid, data in todo]) if todo else ()
+        refused = 0
+        with self._lock:
+            self.stats.push_skipped += skipped
+            for (sid, _), err in zip(todo, errs):
+                if err == 0:
+                    held[sid] = True
+                    self.stats.pushed += 1
+                elif err != errno.ENOENT:
+                    # (ENOENT: the kernel does not know the inode yet; that sample is not held)
+                    refused = err
+            if refused and self.kernel is not None:
                 self.kernel = None
+            else:
+                refused = 0
+        if refused:
+            log.warning("the kernel refused a page cache push (%s): serving reads from "
+                        "the daemon", os.strerror(refused))
 
     def read_through(self, sid: int) -> None:
         """The daemon answered the read that reached the end of sample sid: the kernel keeps

@@ -1,6 +1,8 @@
 """kernel_view.KernelView without a mount: what the daemon takes the kernel page cache to
 hold, from pushes, reads through, forgets and the drops reads show."""
 import errno
+import threading
+import time
 
 from fusefs.core import Stats
 from fusefs.kernel_view import DROP_SHARE, DROP_WINDOW, MIN_DROPS, KernelView
@@ -107,3 +109,38 @@ def test_the_kernel_dropping_everything_late_in_an_order_is_found_after_as_many_
         assert view.drops and not view.held.any()
         found.append(misses)
     assert max(found) <= 1.2 * DROP_SHARE * DROP_WINDOW, found
+
+
+def test_pushes_from_several_fetch_threads_at_once_lose_no_count():
+    """Fetch threads push at once (KernelView.push): every push and every skip is counted,
+    even when a thread is switched out between reading a count and writing it back (the
+    counts below give up the GIL as they are read: the worst interleaving)."""
+    threads, batches, size = 8, 50, 5
+    n = threads * batches * size
+
+    class Yielding(Stats):
+        def __getattribute__(self, name):
+            value = super().__getattribute__(name)
+            if name in ("pushed", "push_skipped"):
+                time.sleep(0)  # (between this read and its write back)
+            return value
+
+    stats = Yielding()
+    view = KernelView(2 * n, stats, Kernel())
+    view.held[n:] = True  # (the second half is held already: every push of it is skipped)
+    start = threading.Barrier(threads)
+
+    def pusher(t):
+        start.wait(timeout=60)
+        for b in range(batches):
+            first = (t * batches + b) * size
+            fresh = [(sid, b"x") for sid in range(first, first + size)]
+            view.push(fresh + [(n + sid, b"x") for sid, _ in fresh])
+
+    workers = [threading.Thread(target=pusher, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert (stats.pushed, stats.push_skipped) == (n, n)
+    assert view.held.all()
