@@ -45,8 +45,8 @@ if [ ! -f "$stamp" ] || [ -n "$stale" ] || ! .venv/bin/python -c 'import fusefs.
     touch "$stamp"
 fi
 # mount(8) runs `fusefs` for an fstab line of type fuse.fusefs (through mount.fuse3) with
-# the system's PATH: put the command there too
+# the system's PATH: put the command there too (saying so when another install's link was there)
 if [ "$(id -u)" = 0 ]; then
-    ln -sfn "$PWD/.venv/bin/fusefs" /usr/local/bin/fusefs
+    bash scripts/link_command.sh "$PWD/.venv/bin/fusefs" /usr/local/bin/fusefs
 fi
 echo "setup: ready (.venv/bin/fusefs)"
