@@ -330,19 +330,26 @@ def test_the_runtime_folder_is_the_environments_when_set(monkeypatch, tmp_path):
     assert os.path.dirname(runtime.default_log_path("/data/x")) == want
 
 
-def test_fusefs_modules_import_one_another_without_a_loop():
-    """The modules of fusefs/ (imports at any depth, lazy ones too) form no cycle: each can
-    be read knowing only the modules below it."""
+def _module_imports(folder, relative: bool) -> dict:
+    """module -> the modules of the same folder it imports (at any depth, lazy ones too):
+    relative imports (a package) or plain ones of a sibling's name (scripts that run with
+    their folder on sys.path)."""
     import ast
     import pathlib
-    root = pathlib.Path(__file__).parent.parent / "fusefs"
+    names = {p.stem for p in pathlib.Path(folder).glob("*.py")}
     graph = {}
-    for path in root.glob("*.py"):
+    for path in pathlib.Path(folder).glob("*.py"):
         deps = set()
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if isinstance(node, ast.ImportFrom) and (node.level == 1) == relative and (relative or node.module):
                 deps |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
-        graph[path.stem] = deps & {p.stem for p in root.glob("*.py")}
+            elif isinstance(node, ast.Import) and not relative:
+                deps |= {a.name.split(".")[0] for a in node.names}
+        graph[path.stem] = deps & names
+    return graph
+
+
+def _assert_no_cycle(graph: dict) -> None:
     state = {}
 
     def visit(m, stack):
@@ -355,6 +362,25 @@ def test_fusefs_modules_import_one_another_without_a_loop():
     for m in sorted(graph):
         if m not in state:
             visit(m, [])
+
+
+def test_fusefs_modules_import_one_another_without_a_loop():
+    """The modules of fusefs/ (imports at any depth, lazy ones too) form no cycle: each can
+    be read knowing only the modules below it."""
+    import pathlib
+    _assert_no_cycle(_module_imports(pathlib.Path(__file__).parent.parent / "fusefs", relative=True))
+
+
+def test_the_scripts_modules_import_one_another_without_a_loop():
+    """Nor do the scripts of one folder (workloads, benchmarks, the test kit), which import
+    their siblings by name: what two share lives in a module of its own."""
+    import pathlib
+    scripts = pathlib.Path(__file__).parent.parent / "scripts"
+    for folder in ("workloads", "bench", "testkit"):
+        graph = _module_imports(scripts / folder, relative=False)
+        assert graph, folder
+        _assert_no_cycle(graph)
+    assert "nets" in _module_imports(scripts / "workloads", relative=False)["train_hybrid"]
 
 
 def test_fusermount_that_does_not_end_is_killed_and_reported(monkeypatch, tmp_path):

@@ -16,19 +16,11 @@ import time
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
-from torchvision import datasets, models, transforms
-from train_importance import accuracy, small_cnn
+from torchvision import datasets, transforms
+from nets import accuracy, resnet18_cifar, small_cnn
 
 from trainer import HybridTrainer
 from trainer.accel.hybrid import default_cpu_threads
-
-
-def resnet18_cifar(classes: int) -> nn.Module:
-    """ResNet-18 with the CIFAR stem (3x3 conv, stride 1, no max-pool) for 32 px inputs."""
-    m = models.resnet18(num_classes=classes)
-    m.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
-    m.maxpool = nn.Identity()
-    return m
 
 
 def main():

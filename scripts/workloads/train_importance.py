@@ -43,15 +43,9 @@ from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
 from machine import cpu_times
+from nets import accuracy, resnet18_cifar, small_cnn
 from trainer import HintedSampler, ImportanceSampler, LossTracker, WithIndex
 from trainer.hints import find_mount, mount_stats
-
-
-def small_cnn(classes: int) -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 8 * 8, 64), nn.ReLU(), nn.Linear(64, classes))
 
 
 def evict(paths: list[str]) -> None:
@@ -76,19 +70,6 @@ def stats_of(root: str) -> dict:
         return mount_stats(find_mount(root))
     except FileNotFoundError:
         return {}
-
-
-@torch.no_grad()
-def accuracy(model, loader) -> float:
-    """Test accuracy of model (on its own device) over loader."""
-    dev = next(model.parameters()).device
-    model.eval()
-    right = total = 0
-    for x, y in loader:
-        right += int((model(x.to(dev)).argmax(1).cpu() == y).sum())
-        total += len(y)
-    model.train()
-    return right / max(total, 1)
 
 
 def train_step(model, opt, criterion, x, y, idx, tracker, weights=None):
@@ -137,7 +118,6 @@ def main():
     if a.model == "small":
         model = small_cnn(len(train.classes))
     else:
-        from train_hybrid import resnet18_cifar
         model = resnet18_cifar(len(train.classes))
     model = model.to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
