@@ -18,7 +18,7 @@ import errno
 import json
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from . import protocol
@@ -41,6 +41,7 @@ class ControlHooks:
     control_gid: int | None                    # the group that may set orders too, if any
     started: float                             # the daemon's start (the files' mtime)
     socket_path: str | None = None             # the control socket (`control` links to it)
+    owner: int = field(default_factory=os.geteuid)  # the daemon's user: the control files' owner
 
 
 class ControlFile:
@@ -169,21 +170,21 @@ class ControlNamespace:
     # ---- metadata ----------------------------------------------------------------------
     def dir_attr(self):
         return Attr(self.base, stat.S_IFDIR | 0o755, 0, int(self.hooks.started * 1e9),
-                    nlink=2, timeout=0.0)
+                    nlink=2, timeout=0.0, uid=self.hooks.owner)
 
     def _attr(self, slot: int):
         f = self.files[slot]
         if isinstance(f, ControlLink):
             return Attr(self.base + 1 + slot, stat.S_IFLNK | 0o777, len(os.fsencode(self.hooks.socket_path)),
-                        int(self.hooks.started * 1e9), timeout=0.0)
+                        int(self.hooks.started * 1e9), timeout=0.0, uid=self.hooks.owner)
         group = self.hooks.control_gid
-        mode = 0o400  # (the daemon's user)
+        mode = 0o400  # (the daemon's user, whom they show as their owner, whatever --uid says)
         if group is not None and f.private:
             mode |= 0o040  # (and the control group)
         if not f.private:
             mode |= 0o044
         return Attr(self.base + 1 + slot, stat.S_IFREG | mode, 0, int(self.hooks.started * 1e9),
-                    timeout=0.0, gid=group if f.private else None)
+                    timeout=0.0, gid=group if f.private else None, uid=self.hooks.owner)
 
     def _slot(self, ino: int) -> int:
         slot = ino - self.base - 1

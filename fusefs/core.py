@@ -126,12 +126,13 @@ class Core:
         self.store = store
         self.local = local
         self.control_gid = config.control_gid  # a group that may set orders too
+        self.owner = os.geteuid()  # the daemon's user: trusted, as root is
         self.stats = Stats()
         self.control = ControlNamespace(ControlHooks(
             statistics=self.statistics, ids_table=self.ids_table,
             chunk_table=lambda: index.chunk.astype("<u4").tobytes(),
             trusted=self.trusted, control_gid=config.control_gid, started=self.stats.started,
-            socket_path=control_socket), control_dir(index))
+            socket_path=control_socket, owner=self.owner), control_dir(index))
         self.namespace = Namespace(index, config.files, self.control)
         # (the namespace's, which the adapter and the hot path read)
         self.uid, self.gid = self.namespace.uid, self.namespace.gid
@@ -218,8 +219,9 @@ class Core:
 
     # ---- data ------------------------------------------------------------------------
     def trusted(self, uid: int | None) -> bool:
-        """Whether uid is root or the daemon's user (None: a request from within)."""
-        return uid is None or uid in (0, self.uid)
+        """Whether uid is root or the daemon's user, the user who mounted (None: a request
+        from within). The files' displayed owner (--uid, -o uid=) is display only."""
+        return uid is None or uid in (0, self.owner)
 
     def may_control(self, uid: int, gids: set[int]) -> bool:
         """Whether a process of user uid, in groups gids, may set orders: root, the user who

@@ -25,6 +25,7 @@ class Attr:
     nlink: int = 1
     timeout: float = DATA_TIMEOUT
     gid: int | None = None  # None: the mount's group
+    uid: int | None = None  # None: the mount's owner (--uid)
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ class Operations(pyfuse3.Operations):
         e.attr_timeout = a.timeout
         e.st_mode = a.mode
         e.st_nlink = a.nlink
-        e.st_uid = self.core.uid
+        e.st_uid = self.core.uid if a.uid is None else a.uid
         e.st_gid = self.core.gid if a.gid is None else a.gid
         e.st_rdev = 0
         e.st_size = a.size

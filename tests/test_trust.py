@@ -208,6 +208,26 @@ def test_only_root_the_daemons_user_and_the_control_group_may_set_orders(tricky)
 
 
 
+def test_the_files_displayed_owner_is_display_only(tricky):
+    """`--uid N` (`-o uid=N`) shows the dataset's files as N's; it does not make N trusted:
+    N may not set orders, gets the throttled statistics, and the private control files
+    (`ids`, the order files) stay the daemon's user's, whom they show as their owner."""
+    from fusefs.fs import Operations
+    from fusefs.namespace import ROOT as ROOT_INODE
+    _, dst, _ = tricky
+    core = make_core(dst, uid=OTHER)
+    assert not core.trusted(OTHER) and not core.may_control(OTHER, {OTHER})
+    assert core.trusted(os.geteuid()) and core.trusted(0)
+    ops = Operations(core)
+    ctl = trio.run(ops.lookup, ROOT_INODE, b".fusefs")
+    assert ctl.st_uid == os.geteuid()
+    names = [name for name, _, _ in core.readdir(ctl.st_ino, 0)]
+    assert {b"ids", b"stats", b"order"} <= set(names)
+    for name in names:
+        assert trio.run(ops.lookup, ctl.st_ino, name).st_uid == os.geteuid(), name
+    sample = next(name for name, _, _ in core.readdir(ROOT_INODE, 0) if name != b".fusefs")
+    assert trio.run(ops.lookup, ROOT_INODE, sample).st_uid == OTHER  # (what --uid is for)
+
 # ---- a short read is not corruption ------------------------------------------------------
 def test_a_truncated_then_restored_chunk_serves_again(tricky, tmp_path):
     import shutil
