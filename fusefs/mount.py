@@ -6,6 +6,7 @@ import ctypes
 import errno
 import logging
 import os
+import pwd
 import re
 import select
 import signal
@@ -119,13 +120,11 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
         stack.callback(store.close)
         if clear_dead_mount(mnt):
             log.warning("%s was a dead mount (its daemon had died): cleared it", mnt)
-        if not os.path.isdir(mnt):
-            raise MountError(f"{mnt}: mount point is not a folder")
-        if os.path.ismount(mnt):
-            raise MountError(f"{mnt}: something is already mounted there")
-        if not nonempty and os.listdir(mnt):
-            raise MountError(f"{mnt}: the mount point is not empty (its files would be hidden; "
-                             "-o nonempty mounts over them)")
+        point = open_mount_point(mnt, nonempty)
+        stack.callback(os.close, point)  # (after the unmount, which may name it)
+        # root mounts on the very folder checked (the kernel resolves the descriptor's link);
+        # a user's mount goes through fusermount3, which checks the folder itself
+        target = f"/proc/self/fd/{point}" if os.geteuid() == 0 else mnt
         local = None
         if config.local.dir is not None:
             try:
@@ -161,7 +160,7 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
             stack.callback(server.shutdown)
             log.info("metrics at http://%s:%d/metrics", config.metrics.address, server.server_port)
         try:
-            pyfuse3.init(ops, mnt, fuse_options(list(options), os.path.abspath(store.root)))
+            pyfuse3.init(ops, target, fuse_options(list(options), os.path.abspath(store.root)))
         except RuntimeError:  # (libfuse says why on stderr; this says what to do)
             raise MountError(f"FUSE refused to mount {mnt}: {why_fuse_refused(options)}") from None
         clean = []
@@ -183,6 +182,59 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
                  if fast else "answered by the daemon")
         trio.run(_main, core, loop, fast, stops, control)
         clean.append(True)
+
+
+def open_mount_point(mnt: str, nonempty: bool = False) -> int:
+    """A descriptor of the folder mnt names, to mount on (the mount is made on that very
+    folder: a name resolved again could have been swapped for a link meanwhile). Its last
+    component is opened without following a link; it must be a folder, empty unless
+    nonempty, with nothing mounted on it, and where a user other than the mounting one (or
+    root) may change the folder that holds it, it must be the mounting user's or root's:
+    otherwise MountError says why."""
+    path = os.path.abspath(mnt)
+    parent, name = os.path.dirname(path), os.path.basename(path) or "."
+    try:
+        pfd = os.open(parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise MountError(f"{mnt}: its folder {parent}: {e.strerror}") from None
+    try:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(path):
+                raise MountError(f"{mnt}: the mount point is a symbolic link (to "
+                                 f"{os.readlink(path)}); mount on the folder itself") from None
+            if e.errno in (errno.ENOTDIR, errno.ENOENT):
+                raise MountError(f"{mnt}: mount point is not a folder"
+                                 f"{' (there is nothing there)' if e.errno == errno.ENOENT else ''}") from None
+            raise MountError(f"{mnt}: {e.strerror}") from None
+        try:
+            st, pst = os.fstat(fd), os.fstat(pfd)
+            me = os.geteuid()
+            others_change_parent = pst.st_uid not in (0, me) or pst.st_mode & 0o022
+            if others_change_parent and st.st_uid not in (0, me):
+                raise MountError(
+                    f"{mnt}: the mount point belongs to user {_user_name(st.st_uid)} and its folder "
+                    f"{parent} may be changed by users other than {_user_name(me)}: mount on a "
+                    "folder of your own, or one in a folder only you can change")
+            if st.st_dev != pst.st_dev or st.st_ino == pst.st_ino:
+                raise MountError(f"{mnt}: something is already mounted there")
+            if not nonempty and os.listdir(fd):
+                raise MountError(f"{mnt}: the mount point is not empty (its files would be hidden; "
+                                 "-o nonempty mounts over them)")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+    finally:
+        os.close(pfd)
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} ({uid})"
+    except KeyError:
+        return str(uid)
 
 
 class Stops:

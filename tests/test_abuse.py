@@ -310,3 +310,30 @@ def test_a_symlink_another_user_plants_at_the_old_log_path_is_not_followed(attac
         stop_mount(mnt)
         os.unlink(planted)
     assert open(victim).read() == "root's file\n"
+
+
+# ---- the mount point ------------------------------------------------------------------------
+LINK_MOUNT_POINT = """
+import os, sys
+os.symlink(sys.argv[2], os.path.join(sys.argv[1], 'mp'))
+"""
+
+
+def test_a_mount_point_another_user_swaps_for_a_link_is_refused_not_followed(attacker, tricky,
+                                                                               shared_folder):
+    """The issue's attack: root mounts at a path inside a folder a user can write to, and the
+    user has made the mount point a link to root's own 0700 folder. The mount is refused,
+    saying so, and nothing is mounted over root's folder."""
+    from fusefs.mounts import is_mounted
+    from conftest import refused_mount
+    uid, gid, _ = attacker
+    victim = os.path.join(shared_folder, "emptyroot")
+    os.mkdir(victim, 0o700)
+    upar = os.path.join(shared_folder, "upar")
+    os.mkdir(upar)
+    os.chown(upar, uid, gid)
+    attack(attacker, LINK_MOUNT_POINT, upar, victim)
+    mp = os.path.join(upar, "mp")
+    r = refused_mount(tricky[1], mp, "-o", "allow_other", mnt=victim)
+    assert r.returncode != 0 and "symbolic link" in r.stderr, r.stderr
+    assert not is_mounted(victim) and not is_mounted(mp)

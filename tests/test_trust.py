@@ -383,3 +383,45 @@ def test_bytes_kept_for_open_handles_stay_within_their_cap(tricky):
     trio.run(go)
 
 
+
+
+# ---- the mount point and the mount table -------------------------------------------------
+def test_a_mount_point_that_is_a_link_or_another_users_folder_in_a_shared_folder_is_refused(tmp_path):
+    """Root mounts on the very folder it checked (mount.open_mount_point): a mount point
+    swapped for a link (to root's own 0700 folder, say) is refused, not followed, and so is
+    a folder another user owns in a folder that others than root may change (that user
+    could swap it at any moment); root's folder there, or any folder in root's own folder,
+    is taken."""
+    from fusefs.mount import MountError, open_mount_point
+    victim = tmp_path / "emptyroot"
+    victim.mkdir(mode=0o700)
+    shared = tmp_path / "upar"
+    shared.mkdir()
+    os.chown(shared, OTHER, OTHER)  # (a user's folder, as `chown someuser upar`)
+    (shared / "mp").symlink_to(victim)
+    with pytest.raises(MountError, match="symbolic link"):
+        os.close(open_mount_point(str(shared / "mp")))
+    os.remove(shared / "mp")
+    (shared / "mp").mkdir()
+    os.chown(shared / "mp", OTHER, OTHER)
+    with pytest.raises(MountError, match="belongs to user .* may be changed by users other than"):
+        os.close(open_mount_point(str(shared / "mp")))
+    os.chown(shared / "mp", os.geteuid(), os.getegid())
+    fd = open_mount_point(str(shared / "mp"))
+    try:
+        assert os.path.samestat(os.fstat(fd), os.stat(shared / "mp"))
+    finally:
+        os.close(fd)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    os.chown(mine, OTHER, OTHER)  # (another user's folder in a folder only root changes)
+    os.close(open_mount_point(str(mine)))
+    (tmp_path / "file").write_text("x")
+    for path, why in ((tmp_path / "file", "not a folder"), (tmp_path / "none", "nothing there")):
+        with pytest.raises(MountError, match=why):
+            open_mount_point(str(path))
+    (mine / "kept").write_text("x")
+    with pytest.raises(MountError, match="not empty"):
+        open_mount_point(str(mine))
+    os.close(open_mount_point(str(mine), nonempty=True))
+
