@@ -60,13 +60,17 @@ def open_dataset(dst: str, fetch: FetchConfig = DEFAULTS.fetch) -> tuple[Index, 
 # what -o may not turn on: a packed folder is data, whoever wrote it (a crafted index's modes
 # are masked to permission bits too: index.py)
 FORCED = {"suid": "nosuid", "dev": "nodev"}
+# what -o may not set: the mount table shows the packed folder as the source and fuse.fusefs
+# as the type, whatever the user says (the client finds mounts by that type: client.find_mount)
+KEPT = ("fsname", "subtype")
 
 
 def fuse_options(extra: list[str], source: str = "fusefs") -> set[str]:
     """The FUSE options: pyfuse3's defaults, read-only (`ro`: orders come over the control
     socket), nosuid and nodev whatever the user's say (a `suid` or `dev` among them is
     dropped, with a warning), the source (the packed folder: what findmnt and /proc/mounts
-    show, as sshfs and s3fs show what they mount) with the type fuse.fusefs, and the user's."""
+    show, as sshfs and s3fs show what they mount) with the type fuse.fusefs (a `fsname=` or
+    `subtype=` of the user's is dropped, with a warning), and the user's."""
     opts = set(pyfuse3.default_options)
     escaped = source.replace("\\", "\\\\").replace(",", "\\,")
     opts.update({"ro", f"fsname={escaped}", "subtype=fusefs", *FORCED.values()})
@@ -74,6 +78,10 @@ def fuse_options(extra: list[str], source: str = "fusefs") -> set[str]:
         for o in filter(None, item.split(",")):
             if o in FORCED:
                 log.warning("-o %s ignored: a fusefs mount is always %s", o, FORCED[o])
+                continue
+            if o.partition("=")[0] in KEPT:
+                log.warning("-o %s ignored: the mount table shows a fusefs mount as its packed "
+                            "folder, of type fuse.fusefs", o)
                 continue
             opts.add(o)
     return opts

@@ -425,3 +425,13 @@ def test_a_mount_point_that_is_a_link_or_another_users_folder_in_a_shared_folder
         open_mount_point(str(mine))
     os.close(open_mount_point(str(mine), nonempty=True))
 
+
+def test_the_mount_table_shows_the_packed_folder_and_fusefs_whatever_o_says(caplog):
+    """`-o fsname=/etc/passwd,subtype=ext4` do not change what findmnt shows: the source is
+    the packed folder and the type fuse.fusefs (client.find_mount finds mounts by it)."""
+    from fusefs.mount import fuse_options
+    opts = fuse_options(["fsname=/etc/passwd,subtype=ext4", "allow_other"], "/data/packed")
+    assert {o for o in opts if o.startswith(("fsname=", "subtype="))} == {"fsname=/data/packed",
+                                                                          "subtype=fusefs"}
+    assert "allow_other" in opts and {"ro", "nosuid", "nodev"} <= opts
+    assert sum("ignored" in r.message for r in caplog.records) == 2
