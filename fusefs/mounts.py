@@ -81,8 +81,7 @@ def why_fuse_refused(options, dev: str = "/dev/fuse", conf: str = "/etc/fuse.con
                 group = grp.getgrgid(st.st_gid).gr_name
             except KeyError:
                 group = str(st.st_gid)
-            how = (f"it is mode {stat.S_IMODE(st.st_mode):04o}, group {group}: an admin adds you to "
-                   f"group {group} or makes it 0666 (Debian's default)")
+            how = f"it is mode {stat.S_IMODE(st.st_mode):04o}, group {group}: " + _dev_fix(st, group)
         except OSError:
             how = "it is missing: load the fuse module (modprobe fuse) or, in a container, pass the device in"
         return f"this user may not open {dev}; {how}"
@@ -96,6 +95,17 @@ def why_fuse_refused(options, dev: str = "/dev/fuse", conf: str = "/etc/fuse.con
                     ": install the fuse3 package (Debian), which mounts FUSE filesystems for users")
     return (f"with -o {','.join(options) or '(none)'}: an option unknown to fusefs and to FUSE? "
             "(fusefs mount --help lists fusefs's own)")
+
+
+def _dev_fix(st, group: str) -> str:
+    """What an admin does so that users may open /dev/fuse, given its stat: what works
+    (joining a group gives nothing where the group may not read and write it, and joining
+    root's is no fix at all)."""
+    rule = ('or makes a group "fuse" that may (a udev rule: KERNEL=="fuse", GROUP="fuse", '
+            'MODE="0660") and adds you to it')
+    if st.st_mode & 0o060 == 0o060 and st.st_gid != 0:
+        return f"an admin adds you to group {group}, or makes it 0666 (Debian's default)"
+    return f"an admin makes it 0666 (Debian's default) {rule}"
 
 
 def _user_allow_other(conf: str) -> bool:

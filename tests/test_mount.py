@@ -528,6 +528,8 @@ def test_a_refused_mount_says_what_to_do_for_a_user_who_is_not_root(attacker, sh
             "print(w(['bogus'], dev='/dev/null', conf=sys.argv[3]))")
     no_dev, no_allow, other = attack(attacker, code, REPO, dev, conf).splitlines()
     assert f"may not open {dev}" in no_dev and "mode 0600" in no_dev and "group root" in no_dev, no_dev
+    # (at 0600 a group gives nothing, and group root is no fix anyway: 0666, or a fuse group)
+    assert "adds you to group root" not in no_dev and "0666" in no_dev and 'GROUP="fuse"' in no_dev, no_dev
     assert "user_allow_other" in no_allow and conf in no_allow, no_allow
     assert "bogus" in other or "fusermount3" in other, other
     with open(conf, "w") as f:
