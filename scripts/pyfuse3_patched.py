@@ -57,15 +57,36 @@ def marks() -> dict[str, str]:
     return out
 
 
-def sdist_sources(into: pathlib.Path) -> pathlib.Path:
-    """Download pyfuse3's sdist into `into` (its SHA-256 checked) and unpack it; the
-    unpacked tree (holding src/pyfuse3, Include and LICENSE)."""
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                    "--no-binary", ":all:", f"pyfuse3=={VERSION}", "-d", str(into)], check=True)
-    sdist = next(into.glob("pyfuse3-*.tar.gz"))
+# set-up's copy of the sdist (scripts/setup.sh: --fetch), which the script takes instead of
+# a download, so that the tests need no package index once set-up is done
+SDIST_COPY = HERE.parent / ".venv" / "sdist" / f"pyfuse3-{VERSION}.tar.gz"
+
+
+def _checked(sdist: pathlib.Path) -> pathlib.Path:
     digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
     if digest != SDIST_SHA256:
-        raise SystemExit(f"{sdist.name}: SHA-256 {digest}, not pyfuse3 {VERSION}'s {SDIST_SHA256}")
+        raise SystemExit(f"{sdist}: SHA-256 {digest}, not pyfuse3 {VERSION}'s {SDIST_SHA256}")
+    return sdist
+
+
+def fetch(into: pathlib.Path) -> pathlib.Path:
+    """Download pyfuse3's sdist into `into`, its SHA-256 checked: its path."""
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                    "--no-binary", ":all:", f"pyfuse3=={VERSION}", "-d", str(into)], check=True)
+    return _checked(next(into.glob("pyfuse3-*.tar.gz")))
+
+
+def sdist_sources(into: pathlib.Path, offline: bool = False) -> pathlib.Path:
+    """Unpack pyfuse3's sdist into `into`: set-up's copy (SDIST_COPY) if there is one, else
+    a download (refused if offline), its SHA-256 checked either way; the unpacked tree
+    (holding src/pyfuse3, Include and LICENSE)."""
+    if SDIST_COPY.is_file():
+        sdist = _checked(SDIST_COPY)
+    elif offline:
+        raise SystemExit(f"no copy of pyfuse3 {VERSION}'s sdist at {SDIST_COPY}: scripts/setup.sh "
+                         "fetches it (pyfuse3_patched.py --fetch)")
+    else:
+        sdist = fetch(into)
     with tarfile.open(sdist) as tar:
         if hasattr(tarfile, "data_filter"):  # (Python 3.11.4 and later)
             tar.extractall(into, filter="data")
@@ -85,12 +106,12 @@ def apply(patch: pathlib.Path, folder: pathlib.Path) -> None:
                          f"{r.stderr.strip()}")
 
 
-def write(dest: pathlib.Path, patches=None) -> None:
+def write(dest: pathlib.Path, patches=None, offline: bool = False) -> None:
     """Write the sdist's sources with the patches applied (default: the whole series) into
     dest, with pyfuse3's Cython declarations of libfuse (include/) and its licence; what was
     there goes."""
     with tempfile.TemporaryDirectory() as tmp:
-        tree = sdist_sources(pathlib.Path(tmp))
+        tree = sdist_sources(pathlib.Path(tmp), offline)
         work = pathlib.Path(tmp) / "work"
         work.mkdir()
         for name in VENDORED:
@@ -146,13 +167,24 @@ def main() -> None:
     p.add_argument("--record", metavar="NAME", help="record fusefs/pyfuse3's edits as the next patch")
     p.add_argument("--why", default="", help="with --record: what the patch changes and why")
     p.add_argument("--mark", help="with --record: the mark it sets on the module (pyfuse3.MARK)")
+    p.add_argument("--fetch", action="store_true",
+                   help=f"only keep a copy of the sdist at {SDIST_COPY} (set-up does), for the runs after")
+    p.add_argument("--offline", action="store_true",
+                   help="take set-up's copy of the sdist, never the package index")
     a = p.parse_args()
+    if a.fetch:
+        if not SDIST_COPY.is_file():
+            SDIST_COPY.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=SDIST_COPY.parent) as tmp:
+                os.replace(fetch(pathlib.Path(tmp)), SDIST_COPY)
+        print(f"pyfuse3 {VERSION}'s sdist: {_checked(SDIST_COPY)}")
+        return
     if a.record:
         if not a.mark:
             raise SystemExit("--record needs --mark")
         print(f"recorded {record(a.record, a.why, a.mark)}")
         return
-    write(pathlib.Path(a.into))
+    write(pathlib.Path(a.into), offline=a.offline)
     print(f"pyfuse3 {VERSION} with the patches {', '.join(marks())}: {a.into}")
 
 

@@ -295,9 +295,11 @@ def test_fast_path_tree_takes_only_arrays_it_can_read_within(tricky):
 
 def test_the_vendored_sources_are_what_the_script_writes_from_the_pinned_sdist(tmp_path):
     """fusefs/pyfuse3 is pyfuse3 3.5.0's sdist (SHA-256 checked) with the patches applied:
-    writing it anew changes nothing (an edit made there by hand, not in the script, fails)."""
-    subprocess.run([sys.executable, os.path.join(REPO, "scripts", "pyfuse3_patched.py"), "--into",
-                    str(tmp_path / "pyfuse3")], check=True, capture_output=True, timeout=300)
+    writing it anew changes nothing (an edit made there by hand, not in the script, fails).
+    From set-up's copy of the sdist: no package index once set-up is done."""
+    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "pyfuse3_patched.py"), "--offline",
+                        "--into", str(tmp_path / "pyfuse3")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
     vendored = os.path.join(REPO, "fusefs", "pyfuse3")
     written = sorted(str(f.relative_to(tmp_path / "pyfuse3")) for f in (tmp_path / "pyfuse3").rglob("*") if f.is_file())
     assert written == sorted(list(patched.VENDORED) + ["LICENSE"] + [
@@ -342,3 +344,17 @@ def test_an_edit_of_the_vendored_sources_is_recorded_as_the_next_patch(tmp_path,
     assert "\nEDITED = True\n" in (vendored / "__init__.pyx").read_text()
     with pytest.raises(SystemExit, match="nothing to record"):
         patched.record("again", "", "AGAIN")
+
+
+def test_the_sdist_copy_is_checked_by_its_hash_and_offline_never_downloads(tmp_path, monkeypatch):
+    """A copy that is not the pinned sdist is refused; with no copy, --offline refuses
+    instead of asking the package index."""
+    bad = tmp_path / "pyfuse3-3.5.0.tar.gz"
+    bad.write_bytes(b"not pyfuse3")
+    monkeypatch.setattr(patched, "SDIST_COPY", bad)
+    with pytest.raises(SystemExit, match="SHA-256"):
+        patched.sdist_sources(tmp_path / "x", offline=True)
+    monkeypatch.setattr(patched, "SDIST_COPY", tmp_path / "none.tar.gz")
+    monkeypatch.setattr(patched, "fetch", lambda into: pytest.fail("asked the package index"))
+    with pytest.raises(SystemExit, match="setup.sh"):
+        patched.sdist_sources(tmp_path / "x", offline=True)
