@@ -162,9 +162,15 @@ def own_pids() -> list[int]:
 
 def read_epoch(mnt: str, rels: list[str], digests: dict, readers: int = 4,
                halfway=None) -> dict:
-    """Set the order, read every sample once in it with reader threads; count outcomes."""
+    """Set the order, read every sample once in it with reader threads; count outcomes.
+    With halfway (a fault), the mount is told the order's first half only, and the second
+    half once halfway() has run, before any reader takes a sample of it: whatever the
+    machine's speed, the read-ahead cannot have fetched a sample of the second half before
+    the fault."""
     ids = mount_ids(mnt)
-    write_order(mnt, [ids[os.fsencode(r)] for r in rels])
+    order = [ids[os.fsencode(r)] for r in rels]
+    half = len(rels) // 2
+    write_order(mnt, order if halfway is None else order[:half])
     out = {"served": 0, "eio": 0, "other_errors": 0, "wrong": 0, "failed": []}
     times = {"before": [], "after_ok": [], "after_eio": []}  # read latencies around the fault
     phase = {"after": halfway is None}
@@ -172,13 +178,14 @@ def read_epoch(mnt: str, rels: list[str], digests: dict, readers: int = 4,
 
     def reader():
         while True:
-            with lock:
+            with lock:  # (held through the fault: no reader takes a sample past it before)
                 i = next(pos, None)
+                if i is not None and halfway is not None and i == half:
+                    halfway()
+                    write_order(mnt, order[half:])
+                    phase["after"] = True
             if i is None:
                 return
-            if halfway is not None and i == len(rels) // 2:
-                halfway()
-                phase["after"] = True
             after = phase["after"]
             t0 = time.perf_counter()
             try:
@@ -266,6 +273,7 @@ def scenario_brick_kill(packed, mnt, rels, digests, brick="b2") -> dict:
         os.kill(pid, signal.SIGKILL)
 
     try:  # (--io-timeout 0: a read of the dead brick fails after its retries)
+        drop_file_pages(packed)  # (chunk pages cached from an earlier read would be served without the brick)
         with running_mount(packed, mnt, "--cache-size", "10%", "--io-timeout", "0"):
             res = read_epoch(mnt, rels, digests, halfway=kill)
             gluster_up()  # restarts the killed brick
