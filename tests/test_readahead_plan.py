@@ -108,3 +108,20 @@ def test_the_plan_is_idle_once_it_has_covered_its_orders_and_not_before(three_no
     policy.plans.clear()  # no order at all: nothing to fetch
     plan.reset()
     assert plan.advance() is False and plan.idle
+
+
+def test_near_the_end_of_an_epoch_the_read_ahead_goes_on_into_the_next_epochs_order(three_nodes):
+    """An order that carries the next epoch's (HintedSampler's): the read-ahead does not stop
+    at the end of this epoch's order but walks the next one, in its order."""
+    dst, _ = three_nodes
+    ix, node, policy, cache, inflight, plan, _ = _plan(dst, budget_share=0.5)
+    order = np.random.default_rng(1).permutation(ix.n_files)
+    head, rest = order[:5], order[5:]
+    data = orderfmt.encode(head, epoch=0, next_follows=True) + orderfmt.encode(rest, epoch=1)
+    policy.set_order(0, orderfmt.parse(data, ix.n_files))
+    plan.reset()
+    plan.advance()
+    queued = [s for s in order.tolist() if s in plan.queued]
+    assert set(head.tolist()) <= set(queued)
+    from_next = [s for s in queued if s not in set(head.tolist())]
+    assert from_next and from_next == rest[:len(from_next)].tolist()  # the next order's head, in order

@@ -155,6 +155,39 @@ def test_cached_samples_are_readable_by_the_daemon_only(three_nodes, private):
     assert seen > 1  # (the lock and the samples)
 
 
+
+# ---- opening beneath a folder ------------------------------------------------------------
+def test_a_file_opened_beneath_a_folder_is_never_reached_through_a_link(tmp_path):
+    """beneath.open_file, with which every chunk, index and tree file is opened: a link as
+    the file itself, or as a folder on the way, is refused (ELOOP), not followed, whoever
+    made it (no second account needed: the link alone is the attack); a FIFO is refused
+    without blocking; the plain file opens."""
+    import errno
+    from fusefs import beneath
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "real").write_bytes(b"data")
+    (tmp_path / "secret").write_bytes(b"root's")
+    (tmp_path / "d" / "link").symlink_to(tmp_path / "secret")
+    (tmp_path / "linked_dir").symlink_to(tmp_path / "d")
+    os.mkfifo(tmp_path / "d" / "fifo")
+    top = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = beneath.open_file(top, "d/real")
+        assert os.read(fd, 10) == b"data"
+        os.close(fd)
+        for rel in ("d/link", "linked_dir/real", b"d/link"):
+            with pytest.raises(OSError) as e:
+                os.close(beneath.open_file(top, rel))
+            assert e.value.errno == errno.ELOOP, rel
+        with pytest.raises(beneath.NotRegular):
+            beneath.open_file(top, "d/fifo")
+        for rel in ("../secret", "/etc/passwd"):
+            with pytest.raises(ValueError):
+                beneath.open_file(top, rel)
+    finally:
+        os.close(top)
+
+
 # ---- control files ---------------------------------------------------------------------
 # Orders come over the control socket (the mount is read-only): an order larger than any valid
 # one is refused before a byte of it is read, and at most MAX_CONNECTIONS are served at once
@@ -354,6 +387,32 @@ def test_the_crafted_indexes_found_by_hand_are_refused(tricky, case):
 
     with pytest.raises(IndexFormatError):
         Index.from_bytes(craft_index(raw, edit_arrays, edit_meta))
+
+
+
+def test_a_sample_one_byte_past_its_chunks_data_is_refused_and_one_at_its_edges_is_not(tricky):
+    """The index's bounds at the byte: a chunk's last sample ending exactly at the chunk's
+    end and its first starting exactly at the data's start load; one byte further either way
+    (the last sample a byte longer or later, the first a byte earlier) is refused."""
+    from fusefs import chunk as chunkfmt
+    from fusefs.index import IndexFormatError
+    raw = open(os.path.join(tricky[1], INDEX_NAME), "rb").read()
+    ix = Index.from_bytes(raw)
+    ends = np.array([c.size for c in ix.chunks])[ix.chunk]
+    starts = np.array([chunkfmt.data_start(c.count) for c in ix.chunks])[ix.chunk]
+    last = int(np.flatnonzero(ix.offset + ix.size == ends)[0])   # (at its chunk's very end)
+    first = int(np.flatnonzero(ix.offset == starts)[0])          # (at its data's very start)
+
+    def crafted(key, sid, delta):
+        def edit(k, arr):
+            if k == key:
+                arr[sid] = int(arr[sid]) + delta
+        return craft_index(raw, edit)
+
+    Index.from_bytes(crafted("offset", last, 0))  # (as packed: the edges are inside)
+    for key, sid, delta in (("size", last, 1), ("offset", last, 1), ("offset", first, -1)):
+        with pytest.raises(IndexFormatError, match="outside its chunk"):
+            Index.from_bytes(crafted(key, sid, delta))
 
 
 # ---- memory ----------------------------------------------------------------------------------
