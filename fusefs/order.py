@@ -11,7 +11,7 @@ Binary, little-endian:
     16      8     epoch (u64)
     24      8     n, the number of entries (u64)
     32      4n    sample ids (u32), the mount's own ids, in the order they will be read
-    32+4n   4n    importance per entry (f32, finite), only with flag bit 0
+    32+4n   4n    importance per entry (f32, finite, not negative), only with flag bit 0
 
 A sample id is its line number (from 0) in `MNT/.fusefs/ids`, which lists every sample's
 relative path, NUL-terminated. An id may occur more than once (its bytes are then kept
@@ -56,9 +56,7 @@ class Order:
 
 
 def encode(ids, epoch: int = 0, importance=None, next_follows: bool = False) -> bytes:
-    ids = np.asarray(ids)
-    if ids.ndim != 1:
-        raise OrderError("ids must be one-dimensional")
+    ids = integer_ids(ids)
     if len(ids) and (ids.min() < 0 or ids.max() >= 2**32):
         raise OrderError("ids must lie in 0 .. 2**32-1")
     flags = FLAG_NEXT if next_follows else 0
@@ -69,9 +67,29 @@ def encode(ids, epoch: int = 0, importance=None, next_follows: bool = False) -> 
             raise OrderError(f"{len(imp)} importance values for {len(ids)} ids")
         if not np.all(np.isfinite(imp)):
             raise OrderError("importance values must be finite")
+        if len(imp) and float(imp.min()) < 0:
+            raise OrderError(f"importance values must not be negative (entry "
+                             f"{int(np.argmax(imp < 0))} is {float(imp.min()):g})")
         flags |= FLAG_IMPORTANCE
         body += imp.tobytes()
     return _HEAD.pack(MAGIC, VERSION, flags, int(epoch), len(ids)) + body
+
+
+def integer_ids(ids) -> np.ndarray:
+    """ids as a one-dimensional int64 array, or OrderError: a value that is not a whole
+    number (1.5, NaN, a string) is refused, never truncated to another sample's id."""
+    arr = np.asarray(ids)
+    if arr.ndim != 1:
+        raise OrderError("ids must be one-dimensional")
+    if arr.dtype.kind in "iu":
+        return arr.astype(np.int64)
+    if arr.dtype.kind == "f":  # (an empty list is one)
+        whole = np.isfinite(arr) & (arr == np.round(arr))
+        if whole.all():
+            return arr.astype(np.int64)
+        k = int(np.argmin(whole))
+        raise OrderError(f"sample ids must be whole numbers: entry {k} is {float(arr[k])!r}")
+    raise OrderError(f"sample ids must be integers, not {arr.dtype} values")
 
 
 def entry_limit(n_samples: int) -> int:
@@ -146,4 +164,7 @@ def _parse_one(data, n_samples: int, max_entries: int | None = None, last: bool 
         importance = np.frombuffer(data, dtype="<f4", count=n, offset=HEAD_SIZE + 4 * n)
         if not np.all(np.isfinite(importance)):
             raise OrderError("importance values must be finite")
+        if n and float(importance.min()) < 0:
+            raise OrderError(f"importance values must not be negative (entry "
+                             f"{int(np.argmax(importance < 0))} is {float(importance.min()):g})")
     return Order(ids.astype(np.int64), int(epoch), importance)

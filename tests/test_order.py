@@ -22,6 +22,8 @@ def test_round_trip_with_and_without_importance():
     (order.encode([0] * 100), "too large"),
     (order.encode([0])[:10], "truncated"),
     (order.encode([0], importance=[1.0])[:-4] + np.float32("nan").tobytes(), "finite"),
+    (order.encode([0, 1], importance=[1.0, 1.0])[:-4] + np.float32(-0.5).tobytes(),
+     "must not be negative .entry 1 is -0.5"),
 ])
 def test_bad_orders_are_refused_with_a_reason(data, why):
     with pytest.raises(order.OrderError, match=why):
@@ -39,10 +41,19 @@ def test_a_header_field_out_of_range_is_refused(field, value, why):
 @pytest.mark.parametrize("ids, importance, why", [
     ([[0, 1]], None, "one-dimensional"), ([-1], None, r"0 \.\. 2\*\*32-1"), ([2 ** 32], None, "2\\*\\*32"),
     ([0, 1], [1.0], "1 importance values for 2 ids"), ([0], [float("inf")], "finite"),
+    ([0, 1], [1.0, -2.0], "must not be negative"),
+    ([0, 1.5], None, "whole numbers: entry 1 is 1.5"), ([0.0, float("nan")], None, "whole numbers"),
+    (["0", "1"], None, "integers, not"), ([True, False], None, "integers, not bool"),
 ])
 def test_what_cannot_be_encoded_is_refused(ids, importance, why):
     with pytest.raises(order.OrderError, match=why):
         order.encode(ids, importance=importance)
+
+
+def test_whole_float_ids_are_taken_as_the_ids_they_are():
+    """(a float array of whole numbers, as some loaders keep indices, is taken exactly)"""
+    assert order.parse(order.encode(np.array([3.0, 0.0, 2.0])), 5).ids.tolist() == [3, 0, 2]
+    assert order.integer_ids([]).tolist() == []
 
 
 @given(st.binary(max_size=200))
