@@ -70,9 +70,13 @@ def mount_stats(mount: str) -> dict:
 
 
 def paths_to_ids(paths, mount: str | None = None) -> np.ndarray:
-    """Mount ids of absolute paths under a fusefs mount (KeyError names a stranger)."""
+    """Mount ids of paths under a fusefs mount (KeyError names a stranger): absolute, or
+    relative to the mount when it is given (else to the working directory)."""
+    if mount is not None:
+        mount = os.path.abspath(mount)
+        paths = [os.path.join(mount, os.fspath(p)) for p in paths]  # (an absolute path stays)
     paths = [os.path.abspath(os.fspath(p)) for p in paths]
-    mount = os.path.abspath(mount or find_mount(paths[0]))
+    mount = mount or os.path.abspath(find_mount(paths[0]))
     table = mount_ids(mount)
     out = np.empty(len(paths), dtype=np.int64)
     for k, p in enumerate(paths):
@@ -120,7 +124,8 @@ def write_order(mount: str, paths_or_ids, importance=None, epoch: int = 0, rank:
     """Hand the mount an epoch's read order for `rank` (over its control socket,
     `MNT/.fusefs/control`; `MNT/.fusefs/order.<rank>` then shows it).
 
-    paths_or_ids: absolute paths under the mount, or the mount's sample ids. A bad order is
+    paths_or_ids: paths under the mount (absolute, or relative to the mount), or the mount's
+    sample ids (whole numbers: a float that is not one is refused). A bad order is
     refused (OrderRefused, saying why; the previous one stays in force); a user who may not
     set orders gets PermissionError. next_ids (and next_importance): the next epoch's order,
     written with it (the cache then keeps what that epoch needs first across the boundary)."""
@@ -128,12 +133,11 @@ def write_order(mount: str, paths_or_ids, importance=None, epoch: int = 0, rank:
     if items and isinstance(items[0], (str, bytes, os.PathLike)):
         ids = paths_to_ids(items, mount)
     else:
-        ids = np.asarray(items, dtype=np.int64)
+        ids = orderfmt.integer_ids(items)
     data = orderfmt.encode(ids, epoch=epoch, importance=importance,
                            next_follows=next_ids is not None)
     if next_ids is not None:
-        data += orderfmt.encode(np.asarray(next_ids, dtype=np.int64), epoch=epoch + 1,
-                                importance=next_importance)
+        data += orderfmt.encode(next_ids, epoch=epoch + 1, importance=next_importance)
     send_order(mount, data, rank)
 
 

@@ -398,3 +398,18 @@ def test_fusermount_that_does_not_end_is_killed_and_reported(monkeypatch, tmp_pa
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     r = fusermount(str(tmp_path / "mnt"))
     assert r.returncode != 0 and "fusermount3" in r.stderr
+
+
+def test_paths_relative_to_the_mount_are_the_mounts_not_the_working_directorys(tmp_path, monkeypatch):
+    """client.paths_to_ids (write_order's): a relative path names a file of the mount, from
+    wherever the caller runs; an absolute one is taken as it is; a stranger is a KeyError."""
+    from fusefs import client
+    mnt = tmp_path / "mnt"
+    (mnt / ".fusefs").mkdir(parents=True)
+    (mnt / ".fusefs" / "ids").write_bytes(b"cat/a.jpg\0dog/b.jpg\0")
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "cat").mkdir(parents=True)
+    monkeypatch.chdir(elsewhere)  # (a cat/a.jpg here too: not the mount's)
+    assert client.paths_to_ids(["dog/b.jpg", "cat/a.jpg", mnt / "dog" / "b.jpg"], str(mnt)).tolist() == [1, 0, 1]
+    with pytest.raises(KeyError, match="not a file of the fusefs mount"):
+        client.paths_to_ids(["cat/none.jpg"], str(mnt))
