@@ -104,6 +104,24 @@ def size_limit(n_samples: int) -> int:
     return 2 * _size(FLAG_IMPORTANCE, entry_limit(n_samples))
 
 
+def entries(data) -> tuple[int, int] | None:
+    """(entries of the order, entries of the next epoch's) as the headers say, read without
+    parsing the arrays (what an order will cost is known before it costs anything), or None
+    where the headers do not add up to data's length (parse then says why)."""
+    if len(data) < HEAD_SIZE or _HEAD.unpack_from(data, 0)[0] != MAGIC:
+        return None
+    first = _record_size(data, 0)
+    if first > len(data):
+        return None
+    n = _HEAD.unpack_from(data, 0)[4]
+    if first == len(data):
+        return n, 0
+    if len(data) - first < HEAD_SIZE or _HEAD.unpack_from(data, first)[0] != MAGIC \
+            or _record_size(data, first) != len(data) - first:
+        return None
+    return n, _HEAD.unpack_from(data, first)[4]
+
+
 def parse(data: bytes, n_samples: int, max_entries: int | None = None) -> Order:
     """Parse and validate an order (and the next epoch's, if a second record follows) for
     a dataset of n_samples; OrderError says why not."""

@@ -80,22 +80,47 @@ class Orders:
         FsError(EINVAL, why). Reads the other ranks' plans (their immutable parts) and
         changes nothing: any thread."""
         n_files = self.index.n_files
+        others = self.room_taken(rank)
+        counts = orderfmt.entries(data)
+        if counts is not None:  # (refused on its headers alone: a refused order costs no parse)
+            self._check_cost(Plan.cost(n_files, *counts) + len(data), others)
         try:
             order = orderfmt.parse(data, n_files)
         except orderfmt.OrderError as e:
             raise FsError(errno.EINVAL, str(e)) from None
         nxt = 0 if order.next is None else len(order.next)
         cost = Plan.cost(n_files, len(order), nxt) + len(data)
-        others = sum(c for r, c in self.costs.items() if r != rank)
-        if others + cost > self.budget:
-            raise FsError(errno.EINVAL, f"the orders of all ranks would hold {_mib(others + cost)} (this one "
-                              f"{_mib(cost)}), more than the order budget of {_mib(self.budget)} "
-                              "(fusefs mount --order-memory)")
+        self._check_cost(cost, others)
         plan = Plan(order, self.index.size)
         plans = {**self.policy.plans, rank: plan}
         pins = self.policy.pin_candidates(plans) if self.cache.static else None
         priorities = self.policy.tier_priorities(plans) if self.local is not None else None
         return Prepared(rank, data, plan, cost, pins, priorities)
+
+    def room_taken(self, rank: int) -> int:
+        """What the orders in force of ranks other than rank hold (an order for rank
+        replaces rank's own)."""
+        return sum(c for r, c in self.costs.items() if r != rank)
+
+    def room(self, rank: int) -> int:
+        """The bytes an order for rank may take of the order budget now: what the control
+        socket lets a request for rank hold while it is read and prepared."""
+        return self.budget - self.room_taken(rank)
+
+    def _check_cost(self, cost: int, others: int) -> None:
+        if others + cost > self.budget:
+            raise FsError(errno.EINVAL, f"the orders of all ranks would hold {_mib(others + cost)} (this one "
+                              f"{_mib(cost)}), more than the order budget of {_mib(self.budget)} "
+                              "(fusefs mount --order-memory)")
+
+    def _prepare_or_why(self, rank: int, data: bytes) -> Prepared | str:
+        """prepare(), or why it refused: a reason, not the exception, comes back from the
+        worker thread (trio's idle worker keeps its last result, and an exception's
+        traceback would keep the refused order's bytes alive through prepare's frame)."""
+        try:
+            return self.prepare(rank, data)
+        except FsError as e:
+            return str(e)
 
     def install(self, p: Prepared) -> None:
         """Put a prepared order in force (the event loop)."""
@@ -136,11 +161,10 @@ class Orders:
         if self._lock is None:
             self._lock = trio.Lock()
         async with self._lock:
-            try:
-                prepared = await trio.to_thread.run_sync(self.prepare, rank, data)
-            except FsError as e:
-                self.refused(rank, str(e))
-                raise
+            prepared = await trio.to_thread.run_sync(self._prepare_or_why, rank, data)
+            if isinstance(prepared, str):
+                self.refused(rank, prepared)
+                raise FsError(errno.EINVAL, prepared)
             if before is not None:
                 before()
             self.install(prepared)

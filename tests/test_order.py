@@ -50,6 +50,13 @@ def test_what_cannot_be_encoded_is_refused(ids, importance, why):
         order.encode(ids, importance=importance)
 
 
+def test_the_entry_counts_come_from_the_headers_alone():
+    one, two = order.encode([0, 1, 2]), order.encode([0], next_follows=True) + order.encode([1, 2], importance=[1, 1])
+    assert order.entries(one) == (3, 0) and order.entries(two) == (1, 2)
+    for bad in (one[:-1], one + b"x", two[:-3], b"FUSEFSCK" + one[8:], b""):
+        assert order.entries(bad) is None  # (parse says why)
+
+
 def test_whole_float_ids_are_taken_as_the_ids_they_are():
     """(a float array of whole numbers, as some loaders keep indices, is taken exactly)"""
     assert order.parse(order.encode(np.array([3.0, 0.0, 2.0])), 5).ids.tolist() == [3, 0, 2]

@@ -261,6 +261,41 @@ def test_the_files_displayed_owner_is_display_only(tricky):
     sample = next(name for name, _, _ in core.readdir(ROOT_INODE, 0) if name != b".fusefs")
     assert trio.run(ops.lookup, ROOT_INODE, sample).st_uid == OTHER  # (what --uid is for)
 
+
+def test_an_order_past_the_budget_is_refused_on_its_headers_and_let_go_of_at_once(tricky, monkeypatch):
+    """What a refused order costs counts against the order memory: one past the budget is
+    refused from its headers' counts, before its arrays are parsed, and once refused
+    nothing holds its bytes (trio's idle worker thread keeps its last result: a traceback
+    there would keep the order alive through prepare's frame)."""
+    import errno
+    import gc
+    import weakref
+    from fusefs import orders as orders_mod
+    from fusefs.entries import FsError
+    core = make_core(tricky[1], cache_bytes=32 << 20, order_bytes=8 << 20)
+    parsed = []
+    real_parse = orders_mod.orderfmt.parse
+    monkeypatch.setattr(orders_mod.orderfmt, "parse", lambda *a: parsed.append(1) or real_parse(*a))
+
+    class Order(bytearray):  # (a bytearray that can be watched with a weak reference)
+        pass
+
+    async def main():
+        data = Order(orderfmt.encode(np.zeros(1 << 20, dtype=np.int64)))
+        gone = weakref.ref(data)
+        with pytest.raises(FsError) as e:
+            await core.orders.commit(1, data)
+        assert e.value.errno == errno.EINVAL and "order budget of 8.0 MiB" in str(e.value)
+        del data, e
+        gc.disable()  # (freed by its count alone, not by a collection)
+        try:
+            assert gone() is None
+        finally:
+            gc.enable()
+        core.orders.set(1, orderfmt.encode([0, 1]))  # (one within the budget is parsed)
+    trio.run(main)
+    assert parsed == [1] and core.statistics()["orders_refused"] == 1
+
 # ---- a short read is not corruption ------------------------------------------------------
 def test_a_truncated_then_restored_chunk_serves_again(tricky, tmp_path):
     import shutil
