@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import os
 import socket
 import stat
@@ -59,12 +60,15 @@ class ControlSocket:
 
     def __init__(self, path: str, commit: Callable[[int, bytes], Awaitable[None]],
                  may_control: Callable[[int, set[int]], bool], limit: int,
-                 trusted: Callable[[int], bool] = lambda uid: uid in (0, os.geteuid())):
+                 trusted: Callable[[int], bool] = lambda uid: uid in (0, os.geteuid()),
+                 room: Callable[[int], int] | None = None):
         self.path = path
         self.commit = commit
         self.may_control = may_control
         self.trusted = trusted
         self.limit = limit
+        self.room = room  # (None: the requests are bounded by their number and limit only)
+        self.receiving = 0  # bytes of the requests being read or committed (within room)
         self.active = 0
         self.counts = {"accepted": 0, "denied": 0, "busy": 0, "refused": 0, "too_large": 0,
                        "bad": 0, "timed_out": 0}
@@ -118,7 +122,7 @@ class ControlSocket:
                     refusal, counted = BAD_REQUEST, "bad"
                 if refusal is None:
                     self.active += 1
-                    nursery.start_soon(self._serve_one, conn)
+                    nursery.start_soon(self._serve_one, conn, self.trusted(uid))
                     continue
                 self.counts[counted] += 1
                 with conn, trio.move_on_after(1):  # (a line fits the empty buffer at once)
@@ -127,15 +131,17 @@ class ControlSocket:
                     except OSError:
                         pass
 
-    async def _serve_one(self, conn) -> None:
+    async def _serve_one(self, conn, trusted: bool = False) -> None:
+        held = [0]  # (what this request holds of `receiving`, given back at its end)
         try:
             with conn:
                 with trio.move_on_after(REQUEST_S) as scope:
-                    request = await self._request(conn)
+                    request = await self._request(conn, trusted, held)
                 if scope.cancelled_caught:  # (dropped: no answer)
                     self.counts["timed_out"] += 1
                     return
                 answer = request if isinstance(request, bytes) else await self._commit(*request)
+                del request  # (an order refused is let go of before its answer is sent)
                 with trio.move_on_after(ANSWER_S):
                     await _send(conn, answer + b"\n")
         except OSError:
@@ -144,9 +150,14 @@ class ControlSocket:
             log.exception("control socket: unexpected error")
         finally:
             self.active -= 1
+            self.receiving -= held[0]
 
-    async def _request(self, conn) -> tuple[int, bytes] | bytes:
-        """(rank, order) of the request, or the answer that refuses it."""
+    async def _request(self, conn, trusted: bool, held: list) -> tuple[int, bytes] | bytes:
+        """(rank, order) of the request, or the answer that refuses it. What the requests
+        being read and committed hold together stays within the room the order budget
+        leaves (room(rank)): a request past it is answered `busy` (its client asks again)
+        before a byte of it is read, unless it comes from root or the daemon's user; held[0]
+        is what this one holds."""
         header, rest = await _line(conn)
         try:
             verb, rank, size = header.split(b" ")
@@ -159,6 +170,11 @@ class ControlSocket:
         if size > self.limit:
             self.counts["too_large"] += 1
             return TOO_LARGE.encode()
+        if not trusted and self.room is not None and self.receiving + size > self.room(rank):
+            self.counts["busy"] += 1
+            return BUSY.encode()
+        self.receiving += size
+        held[0] = size
         data = await _exactly(conn, rest, size)
         if data is None:
             self.counts["bad"] += 1
@@ -210,15 +226,28 @@ async def _line(conn) -> tuple[bytes, bytes]:
     return (line if sep else b""), rest
 
 
-async def _exactly(conn, start: bytes, size: int) -> bytes | None:
-    """size bytes of the request, the first of them `start` (None: the client stopped short)."""
-    buf = bytearray(start)
-    while len(buf) < size:
-        got = await conn.recv(min(1 << 20, size - len(buf)))
-        if not got:
-            return None
-        buf += got
-    return bytes(buf[:size])
+# an order at least this large is read into memory of its own (an anonymous mapping), which
+# goes back to the system as soon as the order is let go of, whatever the heap keeps
+# (mount.tune_malloc has it keep freed pages)
+MAPPED_FROM = 1 << 20
+
+
+async def _exactly(conn, start: bytes, size: int):
+    """size bytes of the request, the first of them `start`, read into one buffer of size
+    bytes (a bytes-like object; None: the client stopped short)."""
+    buf = mmap.mmap(-1, size) if size >= MAPPED_FROM else bytearray(size)
+    view = memoryview(buf)
+    try:
+        at = min(len(start), size)
+        view[:at] = start[:at]
+        while at < size:
+            got = await conn.recv_into(view[at:], min(1 << 20, size - at))
+            if not got:
+                return None
+            at += got
+    finally:
+        view.release()
+    return buf
 
 
 async def _send(conn, data: bytes) -> None:

@@ -148,7 +148,7 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
                     catch_up=fast.catch_up if fast else None, control_socket=sock_path)
         try:
             control = ControlSocket(sock_path, core.commit_order, core.may_control, core.order_limit,
-                                    core.trusted)
+                                    core.trusted, room=core.orders.room)
         except OSError as e:
             raise MountError(f"control socket {sock_path}: {e.strerror or e}") from None
         stack.callback(control.close)

@@ -10,7 +10,7 @@ import pytest
 
 from fusefs import order as orderfmt
 
-from conftest import (TRY, as_attacker, as_root, attack, make_core, resident_bytes_of,
+from conftest import (CONTROLLERS, TRY, as_attacker, as_root, attack, make_core, resident_bytes_of,
                       serves_on)
 
 OTHER = pwd.getpwnam("nobody").pw_uid  # a user other than the daemon's
@@ -142,6 +142,58 @@ def test_a_control_group_member_cannot_make_orders_cost_memory(attacker, shared_
     assert resident_bytes_of(proc.pid) - before < 16 << 20  # (3 x 256 MiB before)
     serves_on(mnt, files)
 
+
+CONCURRENT_ORDERS = """
+import os, socket, struct, sys, threading
+target = os.readlink(os.path.join(sys.argv[1], '.fusefs', 'control'))
+n = int(sys.argv[2])
+data = struct.pack('<8sIIQQ', b'FUSEFSOR', 1, 0, 0, n) + bytes(4 * n)  # (n entries of sample 0)
+answers = []
+
+def one():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(target)
+    try:
+        s.sendall(b'order 1 %d\\n' % len(data) + data)
+    except OSError:
+        pass
+    answers.append(s.recv(200).decode().split(' ')[0].strip())
+    s.close()
+for _ in range(int(sys.argv[3])):
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+print(' '.join(sorted(set(answers))))
+"""
+
+
+def _peak_and_resident(pid: int) -> tuple[int, int]:
+    with open(f"/proc/{pid}/status") as f:
+        got = {line.split(":")[0]: int(line.split()[1]) << 10 for line in f if line.startswith(("VmHWM", "VmRSS"))}
+    return got["VmHWM"], got["VmRSS"]
+
+
+@as_root
+def test_orders_refused_past_the_order_memory_cost_no_more_than_it(attacker, tricky, shared_folder):
+    """The issue's attack: rounds of four concurrent 1M-entry orders from a control-group
+    member, each refused past --order-memory (its plan would hold 24 MiB of an 8 MiB
+    budget). What they cost before they are refused counts against the order memory: the
+    daemon's peak stays within fresh + cache budget + order memory + 5%, and what stays
+    resident after them within 5% of that (before, 48 -> 422 MiB, 331 MiB staying)."""
+    from testkit.mounts import running_mount
+    mnt = os.path.join(shared_folder, "mnt")
+    cache, order_memory = 32 << 20, 8 << 20
+    with running_mount(tricky[1], mnt, "--cache-size", "32MiB", "--order-memory", "8MiB", "-o", "allow_other",
+                       "--control-group", CONTROLLERS) as (proc, _):
+        serves_on(mnt, tricky[2])
+        _, fresh = _peak_and_resident(proc.pid)
+        answers = attack(attacker, CONCURRENT_ORDERS, mnt, 1 << 20, 3, controls=True).split()
+        peak, resident = _peak_and_resident(proc.pid)
+        assert "refused" in answers and not set(answers) - {"refused", "busy"}, answers
+        bound = fresh + cache + order_memory
+        assert peak <= 1.05 * bound, (fresh, peak)
+        assert resident - fresh <= 0.05 * bound, (fresh, resident)
+        serves_on(mnt, tricky[2])
 
 HOLD = """
 import os, sys

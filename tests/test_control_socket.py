@@ -17,7 +17,7 @@ from fusefs.entries import FsError
 LIMIT = 1000
 
 
-def serving(path, test, may=lambda uid, gids: True, limit=LIMIT, trusted=lambda uid: True):
+def serving(path, test, may=lambda uid, gids: True, limit=LIMIT, trusted=lambda uid: True, room=None):
     """Run test(server, ask) while a ControlSocket at path serves: ask(header, data) is the
     client's request in a thread; commits are recorded in server.committed."""
     committed = []
@@ -27,7 +27,7 @@ def serving(path, test, may=lambda uid, gids: True, limit=LIMIT, trusted=lambda 
             raise FsError(errno.EINVAL, "not an order\n(second line)")
         committed.append((rank, data))
 
-    server = ControlSocket(str(path), commit, may, limit, trusted)
+    server = ControlSocket(str(path), commit, may, limit, trusted, room=room)
     server.committed = committed
 
     async def main():
@@ -147,6 +147,40 @@ def test_the_last_slot_is_kept_for_root_and_the_daemons_user(tmp_path):
             s.close()
     server = serving(path, test, trusted=lambda uid: owner["is"])
     assert server.counts["busy"] == 1 and server.committed == [(1, b"abc")]
+
+
+def test_requests_being_read_hold_no_more_than_the_room_the_order_budget_leaves(tmp_path):
+    """What the requests being read and committed hold together stays within room(rank):
+    a control-group client past it is told busy before a byte is read (it asks again);
+    root and the daemon's user are not held back; the room comes back as a request ends."""
+    path = str(tmp_path / "s.sock")
+    owner = {"is": False}
+    rooms = []
+
+    def room(rank):
+        rooms.append(rank)
+        return 10
+
+    async def test(server, ask):
+        holder = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        await holder.connect(path)
+        await holder.send(b"order 2 8\nabc")  # (8 bytes declared, 3 sent: it holds 8)
+        while server.receiving < 8:
+            await trio.sleep(0.001)
+        assert await ask(b"order 1 3\n", b"abc") == "busy"
+        owner["is"] = True
+        assert await ask(b"order 1 3\n", b"xyz") == "ok"
+        owner["is"] = False
+        await holder.send(b"defgh")
+        assert await holder.recv(100) == b"ok\n"
+        holder.close()
+        while server.receiving:
+            await trio.sleep(0.001)
+        assert await ask(b"order 1 3\n", b"abc") == "ok"
+    server = serving(path, test, trusted=lambda uid: owner["is"], room=room)
+    assert server.counts["busy"] == 1 and server.receiving == 0
+    assert server.committed == [(1, b"xyz"), (2, b"abcdefgh"), (1, b"abc")]
+    assert set(rooms) == {1, 2}
 
 
 def test_a_stale_socket_of_ours_is_replaced_and_anything_else_refused(tmp_path):
