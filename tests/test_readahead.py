@@ -216,13 +216,24 @@ def test_batches_are_per_node_and_coalesced(three_nodes):
     # chunk order: neighbours in a chunk are read together
     ids = list(range(probe.index.n_files))
     core = make_core(dst, cache_bytes=whole_set(probe.index), batch=10)
+    batches = []
+    real_read = core.fetcher._read
+
+    def recording(sids, *a):
+        batches.append(list(sids))
+        return real_read(sids, *a)
+    core.fetcher._read = recording
     trio.run(run_epoch, core, ids)
     nodes = core.statistics()["nodes"]
     assert set(nodes) == {"node-0", "node-1", "node-2"}
-    for name, st_ in nodes.items():
-        assert st_["requests"] > 0 and st_["samples"] > 0
+    node_of = core.fetcher.node_of
+    assert batches and all(len({node_of(s) for s in b}) == 1 for b in batches)  # one node a request
+    assert max(len(b) for b in batches) > 1
+    on_node = np.bincount([node_of(s) for s in ids], minlength=3)
+    for n in range(3):  # (each node counted exactly its own samples)
+        st_ = nodes[f"node-{n}"]
+        assert st_["requests"] > 0 and st_["samples"] == on_node[n] > 0
         assert st_["reads"] < st_["samples"]  # several samples per read
-    assert sum(s["samples"] for s in nodes.values()) == len(ids)
 
 
 def test_a_batch_asks_for_all_its_reads_before_it_makes_them(three_nodes, monkeypatch):
