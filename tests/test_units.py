@@ -298,7 +298,8 @@ def test_accounts_a_killed_run_left_are_removed_by_the_next(monkeypatch, tmp_pat
         with open(conftest.MADE_ACCOUNTS, "w") as f:
             f.write(f"userdel {name} {dead.pid}\nuserdel {other} {alive.pid}\n")
         left = subprocess.Popen(["setpriv", f"--reuid={pwd.getpwnam(name).pw_uid}", "--clear-groups",
-                                 "sleep", "600"])
+                                 "sh", "-c", "echo running; exec sleep 600"], stdout=subprocess.PIPE)
+        assert left.stdout.readline() == b"running\n"  # (as the account now: setpriv has switched)
         conftest._remove_made()  # (what the next run does when it starts)
         with pytest.raises(KeyError):
             pwd.getpwnam(name)
