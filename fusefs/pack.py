@@ -24,6 +24,7 @@ import logging
 import operator
 import os
 import queue
+import resource
 import shutil
 import stat
 import threading
@@ -136,35 +137,70 @@ class Access:
         return mode, (group if mode & 0o040 else None)
 
 
+# folders whose descriptors pack keeps open while it reads their files (opened once each,
+# beneath the source without following a link), at most this many and what the open-file
+# limit leaves; the files of any other folder are opened by a walk from the source's
+DIR_FDS = 4096
+FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 class Source:
     """The tree being packed: its folder's descriptor, and how its files are opened (beneath
-    it without following links, or following them with follow_symlinks)."""
+    it without following links, from the descriptor of their folder, opened once; or
+    following them with follow_symlinks)."""
 
     def __init__(self, src: str, follow_symlinks: bool = False):
         self.path = os.fsencode(os.path.abspath(src))
         self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.follow = follow_symlinks
+        self._dirs: dict[int, int] = {}  # folder number -> its descriptor
+        self._dirs_lock = threading.Lock()
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        self._max_dirs = max(0, min(DIR_FDS, soft // 2 - 64))
 
     def open_dir(self, rel: bytes) -> int:
         return os.dup(self.fd) if not rel else beneath.open_dir(self.fd, rel)
 
-    def open_file(self, rel: bytes) -> int:
-        """A descriptor of the regular file rel (NotRegular for anything else; ELOOP for a
-        link on the way unless following them)."""
-        if not self.follow:
-            return beneath.open_file(self.fd, rel)
-        fd = os.open(os.path.join(self.path, rel), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    def _dir_fd(self, d: int, rel_dir: bytes) -> int | None:
+        """The kept descriptor of folder d (rel_dir in the tree), opened beneath the source
+        the first time; None past the folders pack keeps open (OSError if it cannot be)."""
+        fd = self._dirs.get(d)
+        if fd is not None:
+            return fd
+        with self._dirs_lock:
+            fd = self._dirs.get(d)
+            if fd is None:
+                if len(self._dirs) >= self._max_dirs:
+                    return None
+                fd = self._dirs[d] = self.open_dir(rel_dir)
+        return fd
+
+    def open_file(self, rel: bytes, d: int | None = None, rel_dir: bytes = b""):
+        """(descriptor, fstat) of the regular file rel (in folder d, rel_dir in the tree, if
+        given: opened from that folder's kept descriptor), O_NONBLOCK: NotRegular for
+        anything but a regular file (a FIFO swapped in never blocks); ELOOP for a link on
+        the way unless following them. (O_NONBLOCK has no effect on a regular file's reads.)"""
+        if self.follow:
+            fd = os.open(os.path.join(self.path, rel), FILE_FLAGS & ~os.O_NOFOLLOW)
+        else:
+            dfd = None if d is None else self._dir_fd(d, rel_dir)
+            if dfd is None:
+                fd = beneath.open_file(self.fd, rel)  # (a walk: folders past the kept ones)
+            else:
+                fd = os.open(os.path.basename(rel), FILE_FLAGS, dir_fd=dfd)
         try:
-            mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode):
-                raise beneath.NotRegular(os.fsdecode(rel), beneath.kind(mode))
-            os.set_blocking(fd, True)
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise beneath.NotRegular(os.fsdecode(rel), beneath.kind(st.st_mode))
         except BaseException:
             os.close(fd)
             raise
-        return fd
+        return fd, st
 
     def close(self) -> None:
+        for fd in self._dirs.values():
+            os.close(fd)
+        self._dirs.clear()
         os.close(self.fd)
 
 
@@ -303,23 +339,48 @@ class _Streamed:
         self.fd = fd
 
 
-def _read_file(source: Source, rel: bytes):
-    """The bytes of source file rel, or a _Streamed for one larger than STREAM_BYTES (by
-    its size, or by what it holds when read: a file that grows is never held whole)."""
-    fd = source.open_file(rel)
+def _read_file(source: Source, rel: bytes, d: int | None = None, rel_dir: bytes = b""):
+    """The bytes of source file rel (in folder d, see Source.open_file), or a _Streamed for
+    one larger than STREAM_BYTES (by its size, or by what it holds when read: a file that
+    grows is never held whole). A file whose first read brings exactly the size its fstat
+    gave is taken as read whole: an open, an fstat, a read and a close a file."""
+    fd, st = source.open_file(rel, d, rel_dir)
     try:
+        size = st.st_size
         parts, got = [], 0
-        while os.fstat(fd).st_size <= STREAM_BYTES and got <= STREAM_BYTES:
+        if size <= STREAM_BYTES:
+            first = os.read(fd, size + 1)
+            if len(first) == size:
+                return first
+            parts, got = [first], len(first)
+        while size <= STREAM_BYTES and got <= STREAM_BYTES:
             part = os.read(fd, STREAM_BYTES + 1 - got)
             if not part:
                 return b"".join(parts)
             parts.append(part)
             got += len(part)
+        os.set_blocking(fd, True)  # (the writer copies it in blocks)
         streamed, fd = _Streamed(fd), -1
         return streamed
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+GROUP = 64  # files a reader thread reads in one task (a task a file costs the GIL more)
+
+
+def _read_group(source: Source, tree: "_Tree", ids: list) -> list:
+    """_read_file of each file id of tree in ids: its bytes, a _Streamed, or the OSError."""
+    out = []
+    paths, f_dir = tree.paths, tree.f_dir
+    for i in ids:
+        d = f_dir[i]
+        try:
+            out.append(_read_file(source, tree.file_path(i), d, paths[d]))
+        except OSError as e:
+            out.append(e)
+    return out
 
 
 class _MemberFailed(Exception):
@@ -493,13 +554,12 @@ def _pack(source, dst, chunk_bytes, chunk_count, nodes, workers, strict, force, 
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fusefs-pack") as pool:
             for start, end in runs:
                 ids = order[start:end].tolist()
-                futures = [pool.submit(_read_file, source, tree.file_path(i)) for i in ids]
+                groups = [ids[g:g + GROUP] for g in range(0, len(ids), GROUP)]
+                futures = [pool.submit(_read_group, source, tree, group) for group in groups]
                 members = []
-                for i, fut in zip(ids, futures):
-                    try:
-                        data = fut.result()
-                    except OSError as e:
-                        drop(i, e)
+                for i, data in zip(ids, (data for fut in futures for data in fut.result())):
+                    if isinstance(data, OSError):
+                        drop(i, data)
                         continue
                     members.append((i, data))
                     if not isinstance(data, _Streamed):

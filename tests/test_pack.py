@@ -92,10 +92,10 @@ def test_unreadable_files_are_skipped_and_reported_or_stop_with_strict(tmp_path,
     write_tree(src, {"a/1.bin": b"1", "a/2.bin": b"22", "b/3.bin": b"333"})
     real = packmod._read_file
 
-    def failing(source, rel):
+    def failing(source, rel, *where):
         if rel.endswith(b"2.bin"):
             raise PermissionError(13, "Permission denied")
-        return real(source, rel)
+        return real(source, rel, *where)
 
     monkeypatch.setattr(packmod, "_read_file", failing)
     r = pack(str(src), str(tmp_path / "dst"), progress=False)
@@ -134,11 +134,11 @@ def test_interrupted_pack_never_looks_complete(tmp_path, monkeypatch, tricky):
     calls = {"n": 0}
     real = packmod._read_file
 
-    def interrupted(source, rel):
+    def interrupted(source, rel, *where):
         calls["n"] += 1
         if calls["n"] == 20:
             raise KeyboardInterrupt
-        return real(source, rel)
+        return real(source, rel, *where)
 
     monkeypatch.setattr(packmod, "_read_file", interrupted)
     with pytest.raises(KeyboardInterrupt):
@@ -232,3 +232,38 @@ def test_mix_classes_puts_every_class_in_every_chunk_and_reads_back(tmp_path):
     assert _digest_tree(tmp_path / "mixed") == _digest_tree(tmp_path / "mixed2")  # deterministic
     with running_mount(str(tmp_path / "mixed"), tmp_path / "mnt"):
         assert _digest_tree(tmp_path / "mnt") == _digest_tree(tmp_path / "src")
+
+
+def test_pack_makes_an_open_an_fstat_and_a_read_a_file_and_opens_each_folder_once(tmp_path, monkeypatch):
+    """What pack asks of the source's filesystem grows with the files by one open, one
+    fstat, one read and one close each (a file's first read bringing the size its fstat
+    gave is the whole file), and each folder is opened beneath the source once to list it
+    and once for the reads of its files: on a parallel filesystem each is a round trip."""
+    folders, per = 4, 60
+    src = tmp_path / "src"
+    write_tree(src, {f"c{k}/f{j:03d}.bin": bytes([j]) * (j + 1) for k in range(folders) for j in range(per)})
+    counts = {"open": 0, "fstat": 0, "read": 0, "walks": 0}
+    real = {name: getattr(os, name) for name in ("open", "fstat", "read")}
+
+    def counting(name):
+        def call(*a, **kw):
+            counts[name] += 1
+            return real[name](*a, **kw)
+        return call
+    for name in real:
+        monkeypatch.setattr(os, name, counting(name))
+    real_walk = packmod.beneath.open_dir
+
+    def walk(*a):
+        counts["walks"] += 1
+        return real_walk(*a)
+    monkeypatch.setattr(packmod.beneath, "open_dir", walk)
+    r = pack(str(src), str(tmp_path / "dst"), progress=False)
+    for name in real:
+        monkeypatch.setattr(os, name, real[name])
+    files = folders * per
+    assert r.files == files
+    assert counts["walks"] == 2 * folders  # (listed, then read from: each once)
+    assert files <= counts["open"] <= files + 2 * folders + 16   # (chunks, the index, folders)
+    assert files <= counts["fstat"] <= files + 2 * folders + 16
+    assert files <= counts["read"] <= files + 16
