@@ -470,12 +470,16 @@ def test_bench_hotpath_runs_every_regime_and_paces_the_paced_one(tmp_path):
                            "--pace", "600")
     rows = {row["regime"]: row for row in json.load(open(out / "bench_hotpath.json"))["rows"]}
     # --results: a line per row the table shows (the scale row's too), each under this benchmark
-    assert sorted(x["regime"] for x in lines) == sorted(set(rows) - {"loose_cold", "loose_warm"})
+    # (pack's figures go to bench_pack.py's own results)
+    assert sorted(x["regime"] for x in lines) == sorted(set(rows) - {"loose_cold", "loose_warm", "pack"})
     assert all(x["bench"] == "bench_hotpath" and x["commit"] and x["machine"] for x in lines)
     assert set(rows) == {"loose_cold", "loose_warm", "chunks_cold", "chunks", "kernel", "kernel_os",
                          "kernel_paced", "daemon", "handlers", "fetch_loop", "small_fill", "small_kernel",
                          "small_dropped", "minimal_read", "minimal_kernel", "minimal_paced",
-                         "minimal_c_read", "minimal_c_kernel", "minimal_c_paced", "scale"}
+                         "minimal_c_read", "minimal_c_kernel", "minimal_c_paced", "scale", "pack"}
+    # `fusefs pack` of as many tiny files as the scale epoch reads
+    pack = rows.pop("pack")
+    assert pack["files"] == 5000 and pack["seconds"] > 0 and pack["peak_rss_mb"] > pack["index_mb"] > 0
     # the epoch at scale (here 5,000 tiny samples): every sample fetched once, the peak RSS known
     scale = rows.pop("scale")
     assert scale["samples"] == 5000 and scale["backend_samples"] == 5000 and scale["daemon_cpu_us_per_sample"] > 0

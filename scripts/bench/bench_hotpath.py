@@ -34,6 +34,8 @@ fresh order:
   scale    an epoch at ImageNet's count (bench_scale.py): --scale tiny samples (1,281,000;
            200,000 with --quick) with a 1 GiB cache, read along an order: a per-sample cost
            that grows with the data set, the queue or the cache shows here and nowhere else
+  pack     `fusefs pack` of --scale tiny files in 1,000 folders (bench_pack.py): seconds,
+           CPU a file and peak memory (a row per version, the median round)
 
 The tree is listed first, as ImageFolder does (the kernel then knows every inode, so
 fetched samples can be pushed into its page cache). Side by side in the same run: the same
@@ -83,6 +85,7 @@ import time
 import numpy as np
 import psutil
 
+from bench_pack import make_tree, pack_once
 from bench_scale import epoch as scale_epoch
 from common import (REPO, CpuMeter, JsonLines, against, build_minimal_c, commit as common_commit,
                     minimal_daemon, read_files, warm_chunks)
@@ -392,6 +395,8 @@ def run(a, n, src, dst, mnt, versions, emit) -> None:
         trials: dict[tuple, list] = {}
         names = list(versions)
         scale = make_packed(os.path.join(a.out, f"packed-{a.scale}"), a.scale, reuse=True) if a.scale else None
+        pack_tree = make_tree(os.path.join(a.out, f"pack-tree-{a.scale}"), a.scale) if a.scale else None
+        packs: dict[str, list] = {}
         for i in range(a.rounds):  # fresh daemons each round; the median round is reported
             for version in (names if i % 2 == 0 else names[::-1]):
                 for name, r in fusefs_round(dst, mnt, pool, rels, orders, a, *versions[version]).items():
@@ -400,6 +405,17 @@ def run(a, n, src, dst, mnt, versions, emit) -> None:
                     env, options = versions[version]
                     r = scale_epoch(scale.dst, f"{mnt}-scale", scale, a.readers, "1GiB", env, version, options)
                     trials.setdefault(("scale", version), []).append(r)
+                    # (and `fusefs pack` of as many tiny files: bench_pack.py)
+                    packs.setdefault(version, []).append(pack_once(
+                        pack_tree, os.path.join(a.out, f"packed-pack-{a.scale}"), env, version, a.scale))
+        for version, rs in packs.items():  # (the median round, its seconds against REF's)
+            r = dict(sorted(rs, key=lambda r: r["seconds"])[len(rs) // 2])
+            r["seconds_all_rounds"] = [x["seconds"] for x in rs]
+            if version != names[0] and names[0] in packs:
+                r["seconds_ratio_by_round"] = [round(x["seconds"] / y["seconds"], 3)
+                                               for x, y in zip(rs, packs[names[0]])]
+                r["ratio_to"] = names[0]
+            emit(r)
         for (name, version), rs in trials.items():
             r = sorted(rs, key=lambda r: r["daemon_cpu_us_per_sample"])[len(rs) // 2]
             r["cpu_us_per_sample_all_rounds"] = cpu = [x["daemon_cpu_us_per_sample"] for x in rs]

@@ -535,7 +535,25 @@ def unbiased(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-TABLES = {"mount": (mount, "bench_mount.jsonl"), "unbiased": (unbiased, "bench_unbiased.jsonl"), "memory": (memory, "bench_memory.jsonl"), "hammer": (hammer, "bench_hammer.jsonl"),
+def pack_table(rows: list[dict]) -> str:
+    """bench_pack's last run: each version's rounds (seconds, CPU a file, peak memory)."""
+    run = last_run(rows, "bench_pack")
+    if not run:
+        return not_measured("bench_pack")
+    by_version: dict[str, list] = {}
+    for r in run:
+        by_version.setdefault(r["version"], []).append(r)
+    out = ["| version | files | seconds (rounds) | files/s | CPU us a file | peak RSS | index | commit, date |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for version, rs in by_version.items():
+        best = min(rs, key=lambda r: r["seconds"])
+        out.append(f"| {version} | {best['files']:,} | {slashed([r['seconds'] for r in rs], '{:.1f}')} "
+                   f"| {best['files_per_s']:,} | {slashed([r['cpu_us_per_file'] for r in rs], '{:.1f}')} "
+                   f"| {best['peak_rss_mb']:,.0f} MB | {best['index_mb']:.1f} MB | {where(best)} |")
+    return "\n".join(out)
+
+
+TABLES = {"mount": (mount, "bench_mount.jsonl"), "pack": (pack_table, "bench_pack.jsonl"), "unbiased": (unbiased, "bench_unbiased.jsonl"), "memory": (memory, "bench_memory.jsonl"), "hammer": (hammer, "bench_hammer.jsonl"),
           "commit": (commit, "bench_commit.jsonl"), "scale": (scale, "bench_scale.jsonl"), "scale-drop": (scale_drop, "bench_scale.jsonl"),
           "scale-epochs": (scale_epochs, "bench_scale.jsonl"), "uring": (uring, "bench_uring.jsonl"), "order": (order, "bench_order.jsonl"), "ranks": (ranks, "bench_ranks.jsonl"),
           "clients": (clients, "bench_clients.jsonl"), "faults": (faults, "faults.jsonl"),
