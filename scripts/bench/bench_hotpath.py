@@ -405,13 +405,19 @@ def run(a, n, src, dst, mnt, versions, emit) -> None:
                     env, options = versions[version]
                     r = scale_epoch(scale.dst, f"{mnt}-scale", scale, a.readers, "1GiB", env, version, options)
                     trials.setdefault(("scale", version), []).append(r)
-                    # (and `fusefs pack` of as many tiny files: bench_pack.py)
-                    packs.setdefault(version, []).append(pack_once(
-                        pack_tree, os.path.join(a.out, f"packed-pack-{a.scale}"), env, version, a.scale))
+                    # (and `fusefs pack` of as many tiny files: bench_pack.py; a version whose
+                    # pack fails, an old REF's, has no such row)
+                    try:
+                        packs.setdefault(version, []).append(pack_once(
+                            pack_tree, os.path.join(a.out, f"packed-pack-{a.scale}"), env, version, a.scale))
+                    except SystemExit as e:
+                        print(f"pack: {str(e).splitlines()[0]} ...{str(e).splitlines()[-1]}", flush=True)
         for version, rs in packs.items():  # (the median round, its seconds against REF's)
+            if not rs:
+                continue
             r = dict(sorted(rs, key=lambda r: r["seconds"])[len(rs) // 2])
             r["seconds_all_rounds"] = [x["seconds"] for x in rs]
-            if version != names[0] and names[0] in packs:
+            if version != names[0] and packs.get(names[0]):
                 r["seconds_ratio_by_round"] = [round(x["seconds"] / y["seconds"], 3)
                                                for x, y in zip(rs, packs[names[0]])]
                 r["ratio_to"] = names[0]
