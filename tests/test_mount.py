@@ -475,8 +475,10 @@ def test_bench_hotpath_runs_every_regime_and_paces_the_paced_one(tmp_path):
     assert all(x["bench"] == "bench_hotpath" and x["commit"] and x["machine"] for x in lines)
     assert set(rows) == {"loose_cold", "loose_warm", "chunks_cold", "chunks", "kernel", "kernel_os",
                          "kernel_paced", "daemon", "handlers", "fetch_loop", "small_fill", "small_kernel",
-                         "small_dropped", "minimal_read", "minimal_kernel", "minimal_paced",
+                         "small_dropped", "small_dropped_16", "minimal_read", "minimal_kernel", "minimal_paced",
                          "minimal_c_read", "minimal_c_kernel", "minimal_c_paced", "scale", "pack"}
+    # the node's shape: 16 readers, every sample fetched again through a tenth cached
+    assert rows["small_dropped_16"]["readers"] == 16 and rows["small_dropped_16"]["backend_samples"] > 0
     # `fusefs pack` of as many tiny files as the scale epoch reads
     pack = rows.pop("pack")
     assert pack["files"] == 5000 and pack["seconds"] > 0 and pack["peak_rss_mb"] > pack["index_mb"] > 0

@@ -30,7 +30,8 @@ fresh order:
            (first epoch, the chunk files on disk as in chunks_cold), small_kernel (the
            next: the kernel page cache still holds what was pushed), small_dropped (the
            kernel page cache dropped before the epoch, as memory pressure drops it, and the
-           chunk files read back into it)
+           chunk files read back into it), small_dropped_16 (the same again with 16 readers,
+           a GPU node's loader workers)
   scale    an epoch at ImageNet's count (bench_scale.py): --scale tiny samples (1,281,000;
            200,000 with --quick) with a 1 GiB cache, read along an order: a per-sample cost
            that grows with the data set, the queue or the cache shows here and nowhere else
@@ -234,12 +235,15 @@ def row(name: str, n: int, seconds: float, before: dict | None = None, after: di
     return out
 
 
-def fusefs_round(dst, mnt, pool, rels, orders, a, env=None, options=()) -> dict:
+NODE_READERS = 16  # a GPU node's loader workers: small_dropped_16's readers
+
+
+def fusefs_round(dst, mnt, pool, rels, orders, a, env=None, options=(), pool16=None) -> dict:
     """One round of the fusefs regimes: chunks_cold (page cache dropped), then a fresh
     daemon over chunk files warm in the page cache: chunks, kernel, kernel_os, daemon; then a fresh
-    daemon with a cache of a tenth of the set: small_fill, small_kernel, small_dropped. env:
-    the daemons' environment (PYTHONPATH picks the version of fusefs); options: more mount
-    arguments."""
+    daemon with a cache of a tenth of the set: small_fill, small_kernel, small_dropped and,
+    with pool16 (NODE_READERS reader processes), small_dropped_16. env: the daemons'
+    environment (PYTHONPATH picks the version of fusefs); options: more mount arguments."""
     options = [*a.mount_option, *options]
     out = {}
     n = len(rels)
@@ -247,12 +251,16 @@ def fusefs_round(dst, mnt, pool, rels, orders, a, env=None, options=()) -> dict:
     def epoch(name, proc, order, number):
         # (counted from before the order: the read-ahead starts as soon as it is written)
         before, t0 = stats(mnt), thread_cpu(proc.pid)
+        sixteen = name.endswith("_16")
         with CpuMeter() as machine:
             write_order(mnt, order, number)
-            dt = read_epoch(pool, [os.path.join(mnt, rels[i]) for i in order], a.readers,
+            dt = read_epoch(pool16 if sixteen else pool, [os.path.join(mnt, rels[i]) for i in order],
+                            NODE_READERS if sixteen else a.readers,
                             os_reads=name == "kernel_os", pace=a.pace if name == "kernel_paced" else 0)
         out[name] = row(name, n, dt, before, stats(mnt), (t0, thread_cpu(proc.pid)))
         out[name]["machine_cpu_us_per_sample"] = round(1e6 * machine.machine_seconds / n, 1)
+        if sixteen:
+            out[name]["readers"] = NODE_READERS
 
     drop_caches()
     with running_mount(dst, mnt, "--cache-size", "120%", *options, env=env) as (proc, _):
@@ -271,11 +279,14 @@ def fusefs_round(dst, mnt, pool, rels, orders, a, env=None, options=()) -> dict:
     drop_caches(1)  # small_fill reads the chunk files from disk (as the daemon regime left them)
     with running_mount(dst, mnt, "--cache-size", "10%", *options, env=env) as (proc, _):
         list_tree(mnt)
-        for number, name in enumerate(("small_fill", "small_kernel", "small_dropped")):
-            if name == "small_dropped":  # as memory pressure does, without telling the daemon
+        small = [("small_fill", orders[0]), ("small_kernel", orders[1]), ("small_dropped", orders[2])]
+        if pool16 is not None:  # (the node's shape: 16 readers, every sample fetched again)
+            small.append(("small_dropped_16", orders[0][::-1]))
+        for number, (name, order) in enumerate(small):
+            if name.startswith("small_dropped"):  # as memory pressure does, without telling the daemon
                 drop_caches(1)
                 warm_chunks(dst)
-            epoch(name, proc, orders[number], number)
+            epoch(name, proc, order, number)
     out["handlers"] = handlers_row(dst, env)
     loop = fetch_loop_row(dst, env)
     if loop is not None:
@@ -380,7 +391,7 @@ def main() -> int:
 
 
 def run(a, n, src, dst, mnt, versions, emit) -> None:
-    with mp.get_context("fork").Pool(a.readers) as pool:
+    with mp.get_context("fork").Pool(a.readers) as pool, mp.get_context("fork").Pool(NODE_READERS) as pool16:
         from fusefs.index import INDEX_NAME, Index
         ix = Index.load(os.path.join(dst, INDEX_NAME))
         rels = [os.fsdecode(ix.file_path(i)) for i in range(ix.n_files)]
@@ -399,7 +410,8 @@ def run(a, n, src, dst, mnt, versions, emit) -> None:
         packs: dict[str, list] = {}
         for i in range(a.rounds):  # fresh daemons each round; the median round is reported
             for version in (names if i % 2 == 0 else names[::-1]):
-                for name, r in fusefs_round(dst, mnt, pool, rels, orders, a, *versions[version]).items():
+                for name, r in fusefs_round(dst, mnt, pool, rels, orders, a, *versions[version],
+                                            pool16=pool16).items():
                     trials.setdefault((name, version), []).append(r)
                 if scale is not None:  # (at ImageNet's count: a per-sample cost that grows shows)
                     env, options = versions[version]
