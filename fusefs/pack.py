@@ -156,7 +156,8 @@ class Source:
         self._dirs: dict[int, int] = {}  # folder number -> its descriptor
         self._dirs_lock = threading.Lock()
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        self._max_dirs = max(0, min(DIR_FDS, soft // 2 - 64))
+        room = DIR_FDS if soft == resource.RLIM_INFINITY else soft // 2 - 64  # (no limit: DIR_FDS)
+        self._max_dirs = max(0, min(DIR_FDS, room))
 
     def open_dir(self, rel: bytes) -> int:
         return os.dup(self.fd) if not rel else beneath.open_dir(self.fd, rel)

@@ -267,3 +267,21 @@ def test_pack_makes_an_open_an_fstat_and_a_read_a_file_and_opens_each_folder_onc
     assert files <= counts["open"] <= files + 2 * folders + 16   # (chunks, the index, folders)
     assert files <= counts["fstat"] <= files + 2 * folders + 16
     assert files <= counts["read"] <= files + 16
+
+
+def test_the_folders_kept_open_stay_within_the_open_file_limit(tmp_path, monkeypatch):
+    """pack keeps at most half the open-file limit's descriptors of folders (DIR_FDS with
+    no limit at all); past them a file is opened by a walk from the source, the same bytes."""
+    import resource
+    src = tmp_path / "src"
+    write_tree(src, {f"c{k}/f.bin": bytes([k]) for k in range(6)})
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    assert packmod.Source(str(src))._max_dirs == packmod.DIR_FDS
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (136, 136))  # (room for 4 folders)
+    source = packmod.Source(str(src))
+    try:
+        assert source._max_dirs == 4
+        got = [packmod._read_file(source, f"c{k}/f.bin".encode(), k + 1, f"c{k}".encode()) for k in range(6)]
+        assert got == [bytes([k]) for k in range(6)] and len(source._dirs) == 4
+    finally:
+        source.close()
