@@ -26,6 +26,7 @@ import time
 
 import trio
 
+from .arrivals import Arrivals
 from .cache import SampleCache
 from .control import FH_BASE, ControlHooks, ControlNamespace
 from .entries import WRITE_FLAGS, Attr, FsError, OpenResult
@@ -35,7 +36,8 @@ from .kernel_view import KernelView
 from .namespace import Namespace, control_dir
 from .orders import Orders, default_budget
 from .policy import Policy
-from .fetch import Fetcher
+from .fetch import Fetcher, Placement, batch_size, max_per_node
+from .prefetch import Prefetcher, ReadAheadPlan, Wake
 from .handles import (EVENT_BITS, READ, READ_END, READ_LOST, RELEASED, SERIAL_WRAP, SID_BITS, SID_MASK,
                       Handles, held_cap)
 from .histogram import Histogram
@@ -139,19 +141,29 @@ class Core:
         self.ctrl_dir, self.file_base = self.namespace.ctrl_dir, self.namespace.file_base
         self.policy = Policy(index.size)
         self.cache = SampleCache(config.cache_bytes, config.static_bytes, mirror=hold)
-        self.fetcher = Fetcher(store, config.fetch, local=local)
         self.kernel_view = KernelView(index.n_files, self.stats, kernel, ino_base=self.file_base)
-        self.reads = Reads(index, store, self.cache, self.policy, self.fetcher, self.stats,
-                           self.kernel_view, local=local, readahead=config.readahead,
-                           on_idle=idle, cache_answered=hold is not None)
-        self.prefetcher = self.reads.prefetcher
+        # the data plane, each part made with what it needs, in the order they need each
+        # other: the read-ahead's plan, what fetches bring, the fetcher, the read-ahead, reads
+        placement, inflight, fetch = Placement(index), {}, config.fetch
+        plan = ReadAheadPlan(index, self.policy, self.cache, nodes=len(placement.names),
+                             node_of=placement.node_of, inflight=inflight, per_node=fetch.per_node,
+                             max_per_node=max_per_node(fetch), batch=batch_size(fetch, index),
+                             readahead=config.readahead, kernel_holds=self.kernel_view.holds)
+        wake = Wake()
+        self.arrivals = Arrivals(self.policy, self.cache, plan, self.kernel_view, wake, local=local,
+                                 io_timeout=fetch.io_timeout, cache_answered=hold is not None)
+        self.fetcher = Fetcher(store, fetch, sink=self.arrivals, placement=placement,
+                               inflight=inflight, local=local)
+        self.prefetcher = Prefetcher(plan, self.fetcher, self.arrivals, wake, on_idle=idle)
+        self.reads = Reads(index, self.cache, self.policy, self.fetcher, self.prefetcher,
+                           self.arrivals, self.stats, self.kernel_view)
         budget = config.order_bytes if config.order_bytes is not None else \
             default_budget(config.cache_bytes, index.n_files)
         self.orders = Orders(index, self.policy, self.cache, self.reads, self.prefetcher, self.stats,
                              budget, local=local)
         self._catch_up = catch_up
         # the parts whose counters() make the statistics (count() adds the FUSE adapter's)
-        self.counted = [self.stats, self.cache, self.fetcher, self.prefetcher, self.reads,
+        self.counted = [self.stats, self.cache, self.fetcher, self.prefetcher, self.arrivals,
                         self.kernel_view, self.orders, *([local] if local is not None else [])]
         self.handles = Handles(held_cap(config.cache_bytes))  # open files, what they keep
         self.n_files = index.n_files
@@ -164,22 +176,19 @@ class Core:
 
     @property
     def corrupt(self) -> dict:
-        return self.reads.corrupt
+        return self.arrivals.corrupt
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Serve: the read-ahead and every backend fetch (read-ahead batches, and the
-        batches of samples readers missed) run as tasks of a nursery opened here, until
-        cancelled. Start it in the mount's nursery (`await nursery.start(core.run)`) before
-        the first read; tests do the same (conftest.serving)."""
+        """Serve: the fetcher (its batches' worker threads, and the retries waiting in its
+        nursery) and the read-ahead run as tasks of a nursery opened here, until cancelled.
+        Start it in the mount's nursery (`await nursery.start(core.run)`) before the first
+        read; tests do the same (conftest.serving)."""
         self._scope = trio.CancelScope()
-        try:
-            with self._scope:
-                async with trio.open_nursery() as nursery:
-                    self.reads.nursery = nursery
-                    await nursery.start(self.prefetcher.run, nursery)
-                    task_status.started()
-        finally:
-            self.reads.nursery = None
+        with self._scope:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.fetcher.run, nursery)
+                await nursery.start(self.prefetcher.run)
+                task_status.started()
 
     def stop(self) -> None:
         """End run(): the read-ahead and every fetch (their readers get EIO), as the mount

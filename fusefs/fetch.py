@@ -1,17 +1,20 @@
 """Fetching samples from the backend on demand: batched per storage node, deduplicated.
 
-The Fetcher runs batches of samples on one node as one blocking call in a worker thread
-(the store coalesces samples that are adjacent or near each other in a chunk into one
+The Fetcher only does I/O. It runs batches of samples on one node as one blocking call in a
+worker thread (the store coalesces samples that are adjacent or near each other in a chunk into one
 read, and asks the kernel for all of a batch's reads at once: ChunkStore's willneed).
 Each node has its own bound on requests in flight, so one slow node cannot take every
 thread. A sample being fetched is registered, and a second reader waits for that
-fetch instead of fetching again. The read-ahead (prefetch.py) starts its batches here too.
+fetch instead of fetching again. What a batch brings goes, on the loop, to one sink
+(arrivals.Arrivals), never back to whoever started the batch: the reads of missed samples
+(reads.py) and the read-ahead (prefetch.py) start batches here, and neither is called back.
 """
 from __future__ import annotations
 
 import collections
 import errno
 import logging
+import os
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -100,26 +103,6 @@ class Inbox:
                 log.exception("delivering results from a worker thread failed")
 
 
-async def in_thread(inbox: Inbox, limiter: trio.CapacityLimiter, fn, *args):
-    """fn(*args) in a worker thread of trio's thread cache, within limiter; its outcome comes
-    back through inbox, after what the thread posted there before it (a batch's groups),
-    so the last group and the end of the call wake the loop once. As
-    trio.to_thread.run_sync, not abandoned when cancelled (the caller's cleanup runs once
-    the thread is done), without its report on a wakeup of its own, its context copy and
-    its renaming of the thread: in-process, a call cost the loop 59-76 us of CPU against
-    107-156 (docs/HOTPATH.md, "Fetching")."""
-    async with limiter:
-        task = trio.lowlevel.current_task()
-        trio.lowlevel.start_thread_soon(lambda: fn(*args),
-                                        lambda result: inbox.post(_resume, (task, result)))
-        return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
-
-
-def _resume(item) -> None:  # (the event loop, from an Inbox)
-    task, result = item
-    trio.lowlevel.reschedule(task, result)
-
-
 @dataclass
 class NodeStats:
     """One storage node's counters (the statistics' `nodes`)."""
@@ -202,23 +185,37 @@ class Tries:
 
 
 class Batch:
-    """One fetch of one node's samples: each Pending settled exactly once (`finish`), as
-    its sample arrives from the worker thread (`on_read`, then `arrived` on the loop: the
-    group's samples are handed to `deliver` together) or when the fetch ends (cancelled
-    ones with FetchCancelled)."""
+    """One fetch of one node's samples, without a task of its own: each try runs as one
+    call in a worker thread (Fetcher._launch), whose groups of reads (`on_read`, in the
+    thread) and outcome (`tried`) reach the loop through the fetcher's inbox. Each Pending
+    is settled exactly once (`finish`), as its sample arrives (`arrived`: the group's
+    samples handed to the sink together) or when the fetch ends (cancelled ones with
+    FetchCancelled). A try with failures that are to be tried again waits its backoff in
+    a task of the fetcher's nursery, the one case that costs a task."""
 
-    def __init__(self, fetcher: "Fetcher", node: Node, pendings: dict, deliver, push, unpushed):
-        self.fetcher, self.node, self.pendings = fetcher, node, pendings
-        self.deliver, self.push, self.unpushed = deliver, push, unpushed
+    __slots__ = ("fetcher", "n", "node", "pendings", "push", "unpushed", "keep", "readahead",
+                 "from_local", "tries", "over", "inbox")
+
+    def __init__(self, fetcher: "Fetcher", n: int, pendings: dict, push, unpushed, keep, readahead: bool):
+        self.fetcher, self.n, self.node, self.pendings = fetcher, n, fetcher.nodes[n], pendings
+        self.push, self.unpushed, self.keep, self.readahead = push, unpushed, keep, readahead
         self.from_local: set[int] = set()
-        token = trio.lowlevel.current_trio_token()
-        if fetcher._inbox is None or fetcher._inbox.token is not token:  # (one per trio run)
-            fetcher._inbox = Inbox(token)
-        self.inbox = fetcher._inbox
+        self.tries = Tries(fetcher.retries, fetcher.backoff, fetcher.max_backoff, fetcher.io_timeout)
+        self.over = False  # ended, or given up at the fetcher's end: late posts are ignored
+        self.inbox = fetcher.inbox
 
     def finish(self, sid: int, r) -> None:
         self._settle(sid, r)
-        self.deliver([(sid, r)])
+        if isinstance(r, Exception) and not isinstance(r, (CorruptSample, FetchCancelled)) \
+                and not self.node.down:
+            self.fetcher.log_failed(sid, r)
+        self._hand_over([(sid, r)])
+
+    def _hand_over(self, items) -> None:
+        try:  # (an error here would end trio's run; the readers have their bytes)
+            self.fetcher.sink.arrived(items, self.keep)
+        except Exception:
+            log.exception("delivering %d sample(s) on arrival failed", len(items))
 
     def _settle(self, sid: int, r) -> None:
         """Sample sid's fetch is over: its Pending holds r, its readers are woken."""
@@ -235,6 +232,8 @@ class Batch:
 
     def arrived(self, item) -> None:
         """(The event loop, while the batch goes on.) Samples read: each delivered."""
+        if self.over:
+            return
         got, local, nreads, nbytes = item
         stats = self.node.stats
         # (counted as the samples arrive: a sample served is a read counted)
@@ -248,10 +247,7 @@ class Batch:
                 self._settle(sid, r)
                 settled.append((sid, r))
         if settled:
-            try:  # (an error here would end trio's run; the readers have their bytes)
-                self.deliver(settled)
-            except Exception:
-                log.exception("delivering %d sample(s) on arrival failed", len(settled))
+            self._hand_over(settled)
 
     def on_read(self, got: dict, nreads: int = 0, nbytes: int = 0, local: bool = False) -> None:
         """(The worker thread.) A group of reads is done: its samples to the loop, then
@@ -269,9 +265,63 @@ class Batch:
                 for sid, _ in todo:
                     pushing.pop(sid, None)
 
-    def cancel_rest(self) -> None:
+    def tried(self, item) -> None:
+        """(The event loop.) A try's worker thread is done: its results counted, the samples
+        not to be tried again finished, and the batch ended or its retry waited for."""
+        todo, t0, outcome = item
+        fetcher, node = self.fetcher, self.node
+        fetcher.thread_done(self.n)
+        try:
+            results, local = outcome.unwrap()
+        except Exception as e:  # a bug, not a backend error (read_batch returns those)
+            log.exception("fetch of %d samples from node %s failed", len(todo), node.name,
+                          exc_info=e)
+            results, local = {s: OSError(errno.EIO, f"internal error: {e}") for s in todo}, ()
+        stats = node.stats
+        self.from_local.update(local)
+        backend = len(todo) - len(local)
+        now = trio.current_time()
+        if backend:
+            stats.requests += 1
+            fetcher.request_hist.observe(now - t0)
+        failed = [s for s in todo if isinstance(results[s], OSError)
+                  and not isinstance(results[s], CorruptSample)]
+        stats.errors += len(failed)
+        tries = self.tries
+        if len(failed) < backend:  # the node answered
+            node.answered()
+        elif tries.gives_up(failed, node.down):
+            node.does_not_answer(results[failed[0]])
+        if self.over:  # (ended at the fetcher's end: what the try found is counted only)
+            return
+        retry, delay = tries.next(failed, now, node.down)
+        pendings = self.pendings
+        for sid in todo:
+            if sid not in retry and sid in pendings:  # (not delivered on arrival)
+                self.finish(sid, results[sid])
+        if not retry:
+            self.end()
+            return
+        stats.retries += len(retry)
+        if not node.down:  # (a node marked down is silent until it answers)
+            log.warning("node %s: %d sample(s) failed (%s), retry %d of %d",
+                        node.name, len(retry), results[retry[0]], tries.attempt, fetcher.retries)
+        fetcher.nursery.start_soon(self._retry, retry, delay)
+
+    async def _retry(self, retry: list[int], delay: float) -> None:
+        await trio.sleep(delay)
+        if not self.over:
+            self.fetcher._launch(self, retry)
+
+    def end(self, cancelled: bool = False) -> None:
+        """The batch is over: what is left unsettled gets FetchCancelled (a shutdown)."""
+        if self.over:
+            return
+        self.over = True
+        self.node.busy -= 1
         for sid in list(self.pendings):
             self.finish(sid, FetchCancelled())
+        self.fetcher.ended(self)
 
 
 class LocalTierReads:
@@ -303,8 +353,39 @@ class NodeReads:
         return self.store.read_batch(sids, self.max_gap, on_read, first_alone=waited)[0]
 
 
+class Placement:
+    """Which storage node holds each sample: its chunk's (the index's chunks' nodes)."""
+
+    def __init__(self, index):
+        self.chunk_node = np.array([c.node for c in index.chunks], dtype=np.int32)
+        self._chunk_node_v, self._chunk_v = memoryview(self.chunk_node), index.chunk_v
+        self.names = list(index.nodes)
+
+    def node_of(self, sid: int) -> int:
+        return self._chunk_node_v[self._chunk_v[sid]]
+
+
+def batch_size(config: FetchConfig, index) -> int:
+    """Samples per request: config's `batch`, or as many as make BATCH_BYTES where samples
+    are smaller (tiny samples in batches of 16 paid a thread hand-off and a request's
+    overhead per 16: most of their cost at ImageNet's count, docs/HOTPATH.md)."""
+    mean = index.total_bytes / max(1, index.n_files)
+    return max(config.batch, int(BATCH_BYTES // max(1.0, mean)))
+
+
+def max_per_node(config: FetchConfig) -> int:
+    """Requests a node may have in flight: its own per_node, and as many again lent by
+    nodes that leave theirs idle (prefetch.ReadAheadPlan.slots)."""
+    return 2 * config.per_node
+
+
 class Fetcher:
-    """Batched, deduplicated backend reads with per-node bounds and retries.
+    """Batched, deduplicated backend reads with per-node bounds and retries: it does the
+    I/O and nothing else. A batch (`submit`, on the loop, no task: a task and its thread
+    hand-off cost the loop about 70 us a batch, a thread call alone 14) runs in worker
+    threads; its samples' results are handed to `sink` (arrivals.Arrivals) on the loop as
+    they arrive, and its end too. The samples being fetched (`inflight`, sid -> Pending)
+    are the fetcher's: a second reader waits for that fetch instead of fetching again.
 
     A backend read that fails with an OSError is retried after a backoff (`retries` times,
     doubling from `backoff` seconds, so a sample gives up after about backoff * 2**retries
@@ -321,13 +402,16 @@ class Fetcher:
     failed meanwhile), so a node that comes back is used again without a remount.
     """
 
-    def __init__(self, store, config: FetchConfig = DEFAULTS.fetch, *, max_gap: int = MAX_GAP,
-                 backoff: float = 0.1, local=None):
+    def __init__(self, store, config: FetchConfig = DEFAULTS.fetch, *, sink, placement: Placement,
+                 inflight: dict | None = None, max_gap: int = MAX_GAP, backoff: float = 0.1, local=None):
         """store: the chunk files; config: requests per node, samples per request,
-        retries and io_timeout (config.FetchConfig); local: a LocalTier looked in before
-        the backend, or None."""
+        retries and io_timeout (config.FetchConfig); sink: told on the loop of the samples
+        that arrive, arrived([(sid, bytes | Exception)], missed), and of each batch's end,
+        ended(node, readahead) (arrivals.Arrivals); placement: each sample's node;
+        inflight: the samples being fetched, sid -> Pending (shared with the read-ahead's
+        plan, which reads it); local: a LocalTier looked in before the backend, or None."""
         per_node = config.per_node
-        self.store = store
+        self.store, self.sink, self.placement = store, sink, placement
         # where a batch's samples are read, in turn (as mountpoint-s3 chains its data
         # caches): the local tier if there is one, then the storage nodes
         self.backend = NodeReads(store, max_gap)
@@ -337,101 +421,134 @@ class Fetcher:
         # it: the loop answers such a read from here (Reads.fetch), never with a new fetch,
         # which could wait for a thread slot that pushes hold (every slot so held: a stall).
         self.pushing: dict[int, bytes] = {}
-        self._inbox: Inbox | None = None
-        index = store.index
-        self.chunk_node = np.array([c.node for c in index.chunks], dtype=np.int32)
-        self._chunk_node_v, self._chunk_v = memoryview(self.chunk_node), index.chunk_v
-        self.node_names = list(index.nodes)
+        self.inbox: Inbox | None = None  # (run's: one per trio run)
+        self.nursery = None              # (run's: where retries wait)
+        self.chunk_node = placement.chunk_node
+        self.node_of = placement.node_of
+        self.node_names = placement.names
         self.per_node = per_node
-        # samples per request: `batch`, or as many as make BATCH_BYTES where samples are
-        # smaller (tiny samples in batches of 16 paid a thread hand-off and a request's
-        # overhead per 16: most of their cost at ImageNet's count, docs/HOTPATH.md)
-        mean = index.total_bytes / max(1, index.n_files)
-        self.batch = max(config.batch, int(BATCH_BYTES // max(1.0, mean)))
+        self.batch = batch_size(config, store.index)
         self.retries = config.retries
         self.backoff = backoff
         self.io_timeout = config.io_timeout
         self.max_backoff = MAX_BACKOFF
         # a node's own slots are per_node; the read-ahead may lend it idle ones of other
         # nodes up to max_per_node (Prefetcher.dispatch)
-        self.max_per_node = 2 * per_node
-        self.limiters = [trio.CapacityLimiter(self.max_per_node) for _ in self.node_names]
-        self.inflight: dict[int, Pending] = {}
+        self.max_per_node = max_per_node(config)
+        nodes = len(self.node_names)
+        self.threads = [0] * nodes        # worker threads reading for the node now
+        self.waiting = [collections.deque() for _ in range(nodes)]  # tries waiting for one
+        self.readahead_running = [0] * nodes  # the read-ahead's batches not yet ended
+        self._threads = 0                 # all nodes' together
+        self._batches: set[Batch] = set()  # not yet ended
+        self._no_threads: trio.Event | None = None
+        self.inflight: dict[int, Pending] = {} if inflight is None else inflight
         self.nodes = [Node(name, self.retries, self.io_timeout) for name in self.node_names]
         self.request_hist = Histogram()  # a backend request's time (a batch's reads, with its
         # wait for a thread slot)
 
-    def node_of(self, sid: int) -> int:
-        return self._chunk_node_v[self._chunk_v[sid]]
+    async def run(self, nursery, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Fetch until cancelled (a task of the core's nursery; retries wait in nursery).
+        When cancelled, every batch not yet ended ends (its readers get EIO), and run returns
+        once every worker thread is done (none pushes into a closed session)."""
+        self.inbox, self.nursery = Inbox(trio.lowlevel.current_trio_token()), nursery
+        task_status.started()
+        try:
+            await trio.sleep_forever()
+        finally:
+            for q in self.waiting:
+                q.clear()
+            for b in list(self._batches):
+                b.end()
+            with trio.CancelScope(shield=True):
+                while self._threads:
+                    self._no_threads = trio.Event()
+                    await self._no_threads.wait()
+            self.nursery = None
 
     def claim(self, sids: list[int]) -> dict[int, Pending]:
         """Register those of sids no one is fetching as in flight (readers of them then wait
-        for this fetch instead of fetching again); their Pendings, for fetch()."""
+        for this fetch instead of fetching again); their Pendings, for submit()."""
         new = {s: Pending() for s in sids if s not in self.inflight}
         self.inflight.update(new)
         return new
 
-    async def fetch(self, sids: list[int], deliver, claimed: dict[int, Pending] | None = None,
-                    push=None, unpushed=(), waited: bool = False) -> None:
-        """Fetch sids (one node) in one batch; deliver([(sid, bytes | Exception)]) for each,
-        each sample as soon as its read is done, those of a group of reads together (the
-        read of a sample asked for earlier in sids is made earlier). `claimed`: sids already
-        claimed (the others are claimed now; any someone else fetches are left out).
-        `push([(sid, bytes)])`: called in the worker thread with the samples of each group of
-        reads, after the event loop has been handed them (the kernel page cache push,
-        KernelView.push), or None. `unpushed`: samples not to push (a set: one a reader
-        missed, whose own reads are under way and bring its pages; those the caller keeps
-        where its readers' reads are answered). `waited`: a reader waits for the first
-        sample of sids (its read is a group of its own)."""
+    def submit(self, sids: list[int], claimed: dict[int, Pending] | None = None, *, push=None,
+               unpushed=(), keep: int | None = None, readahead: bool = False) -> bool:
+        """Fetch sids (one node) in one batch, on the loop, without waiting: each sample is
+        handed to the sink as soon as its read is done, those of a group of reads together
+        (the read of a sample asked for earlier in sids is made earlier). `claimed`: sids
+        already claimed (the others are claimed now; any someone else fetches are left
+        out). `push([(sid, bytes)])`: called in the worker thread with the samples of each
+        group of reads, after the event loop has been handed them (the kernel page cache
+        push, KernelView.push), or None. `unpushed`: samples not to push. `keep`: the
+        sample a reader missed and waits for (read first, in a group of its own).
+        `readahead`: a batch of the read-ahead (counted in readahead_running until it
+        ends). Whether a batch was started (not if every sample is fetched already)."""
+        if self.inbox is None:
+            for s in claimed or ():
+                del self.inflight[s]
+            raise RuntimeError("a fetch before Fetcher.run: start the core's tasks first")
         pendings = dict(claimed or {})
         pendings.update(self.claim(sids))  # (those in claimed are in flight already)
         if not pendings:
-            return
+            return False
         sids = [s for s in sids if s in pendings]
         n = self.node_of(sids[0])
-        node, limiter = self.nodes[n], self.limiters[n]
-        stats = node.stats
-        batch = Batch(self, node, pendings, deliver, push, unpushed)
-        tries = Tries(self.retries, self.backoff, self.max_backoff, self.io_timeout)
-        node.busy += 1
+        b = Batch(self, n, pendings, push, unpushed, keep, readahead)
+        b.node.busy += 1
+        if readahead:
+            self.readahead_running[n] += 1
+        self._batches.add(b)
+        self._launch(b, sids)
+        return True
+
+    def _launch(self, b: Batch, todo: list[int]) -> None:
+        """A try of batch b's samples todo in a worker thread, or queued until the node has
+        one of its max_per_node free."""
+        t0 = trio.current_time()
+        if self.threads[b.n] >= self.max_per_node:
+            self.waiting[b.n].append((b, todo, t0))
+            return
+        self._start(b, todo, t0)
+
+    def _start(self, b: Batch, todo: list[int], t0: float) -> None:
+        self.threads[b.n] += 1
+        self._threads += 1
+        waited, post, tried = b.keep is not None, self.inbox.post, b.tried
+        trio.lowlevel.start_thread_soon(lambda: self._read(todo, b.on_read, waited),
+                                        lambda outcome: post(tried, (todo, t0, outcome)))
+
+    def thread_done(self, n: int) -> None:
+        """(The loop.) A worker thread of node n is done: a try waiting for one starts."""
+        self.threads[n] -= 1
+        self._threads -= 1
+        q = self.waiting[n]
+        while q:
+            b, todo, t0 = q.popleft()
+            if not b.over:
+                self._start(b, todo, t0)
+                break
+        if not self._threads and self._no_threads is not None:
+            self._no_threads.set()
+
+    def ended(self, b: Batch) -> None:
+        self._batches.discard(b)
+        if b.readahead:
+            self.readahead_running[b.n] -= 1
         try:
-            todo = sids
-            while todo:
-                t0 = trio.current_time()
-                try:
-                    results, local = await in_thread(batch.inbox, limiter, self._read, todo,
-                                                     batch.on_read, waited)
-                except Exception as e:  # a bug, not a backend error (read_batch returns those)
-                    log.exception("fetch of %d samples from node %s failed", len(todo), node.name)
-                    results, local = {s: OSError(errno.EIO, f"internal error: {e}")
-                                      for s in todo}, ()
-                batch.from_local.update(local)
-                backend = len(todo) - len(local)
-                if backend:
-                    stats.requests += 1
-                    self.request_hist.observe(trio.current_time() - t0)
-                failed = [s for s in todo if isinstance(results[s], OSError)
-                          and not isinstance(results[s], CorruptSample)]
-                stats.errors += len(failed)
-                if len(failed) < backend:  # the node answered
-                    node.answered()
-                elif tries.gives_up(failed, node.down):
-                    node.does_not_answer(results[failed[0]])
-                retry, delay = tries.next(failed, trio.current_time(), node.down)
-                for sid in todo:
-                    if sid not in retry and sid in pendings:  # (not delivered on arrival)
-                        batch.finish(sid, results[sid])
-                if retry:
-                    stats.retries += len(retry)
-                    if not node.down:  # (a node marked down is silent until it answers)
-                        log.warning("node %s: %d sample(s) failed (%s), retry %d of %d",
-                                    node.name, len(retry), results[retry[0]], tries.attempt,
-                                    self.retries)
-                    await trio.sleep(delay)
-                todo = retry
-        finally:  # also when cancelled: waiters must never hang
-            node.busy -= 1
-            batch.cancel_rest()
+            self.sink.ended(b.n, b.readahead)
+        except Exception:
+            log.exception("ending a batch failed")
+
+    def log_failed(self, sid: int, error) -> None:
+        """One line for a sample whose read failed on a node that is up (a node that is
+        down: its failed samples are counted, and told in one line when it answers again:
+        Node.answered)."""
+        index = self.store.index
+        log.error("EIO: node %s: %s: sample %s: backend read failed: %s",
+                  self.node_names[self.node_of(sid)], self.store.chunk_path(int(index.chunk[sid])),
+                  os.fsdecode(index.file_path(sid)), error)
 
     def _read(self, sids: list[int], on_read, waited: bool):
         """(results, sids served by the local tier); blocking. Each tier in turn reads what

@@ -280,35 +280,45 @@ class ReadAheadPlan:
         return taken
 
 
+class Wake:
+    """What the read-ahead's task waits on: set by whatever may let it start more work (a
+    new order, a use, a read-ahead batch's end: arrivals.Arrivals.ended)."""
+
+    def __init__(self):
+        self._event = trio.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    async def wait(self) -> None:
+        """Until set; then it is clear again."""
+        await self._event.wait()
+        self._event = trio.Event()
+
+
 class Prefetcher:
     """Keeps the cache filled along the plans: runs the read-ahead's plan (ReadAheadPlan)
-    and starts the batches it hands out through the fetcher, as tasks of the core's
-    nursery. `wake()` after anything that may let it start more work (a new order, a use,
-    a finished fetch).
+    on the event loop and submits the batches it hands out to the fetcher, which hands
+    what they bring to the arrivals (arrivals.Arrivals), not back here. `wake()` after
+    anything that may let it start more work (a new order, a use, a finished fetch).
 
     A batch reads its samples in the order's order and delivers each as its read is done
-    (Fetcher.fetch), so the reader of an order's first sample waits for one read, not k.
+    (Fetcher.submit), so the reader of an order's first sample waits for one read, not k.
     """
 
-    def __init__(self, index, policy, cache, fetcher, fetch_batch, readahead: int | None = None,
-                 kernel_holds=lambda sid: False, on_idle=None):
-        """index, policy, cache, readahead, kernel_holds: the plan's (ReadAheadPlan);
-        fetcher: the nodes, their request slots, what is in flight; fetch_batch(sids,
-        claimed=...): runs a batch and delivers its samples (Reads.fetch_batch); on_idle(idle):
-        told when the plan's `idle` changes (FastPath.idle: the readers' uses may then reach
-        the core later), or None."""
-        self.fetcher, self.fetch_batch = fetcher, fetch_batch
+    def __init__(self, plan: ReadAheadPlan, fetcher, arrivals, wake: Wake, on_idle=None):
+        """plan: what to read ahead; fetcher: the nodes, their request slots, what is in
+        flight, and where batches are submitted; arrivals: what a batch pushes into the
+        kernel (Arrivals.pushes); wake: what the task waits on; on_idle(idle): told when
+        the plan's `idle` changes (FastPath.idle: the readers' uses may then reach the core
+        later), or None."""
+        self.plan, self.fetcher, self.arrivals, self._wake = plan, fetcher, arrivals, wake
+        self.cache = plan.cache
         self.on_idle, self._idle_told = on_idle, False
-        nodes = len(fetcher.node_names)
-        self.plan = ReadAheadPlan(index, policy, cache, nodes=nodes, node_of=fetcher.node_of,
-                                  inflight=fetcher.inflight, per_node=fetcher.per_node,
-                                  max_per_node=fetcher.max_per_node, batch=fetcher.batch,
-                                  readahead=readahead, kernel_holds=kernel_holds)
-        self.readahead, self.low_water = self.plan.readahead, self.plan.low_water
-        self.queues, self.queued = self.plan.queues, self.plan.queued  # (read: tests, stats)
-        self.running = [0] * nodes        # prefetch batches started and not finished
-        self._wake = trio.Event()
-        self.nursery = None
+        self.readahead, self.low_water = plan.readahead, plan.low_water
+        self.queues, self.queued = plan.queues, plan.queued  # (read: tests, stats)
+        self.running = fetcher.readahead_running  # each node's read-ahead batches not ended
+        self.serving = False
         self.batches = 0
 
     def counters(self) -> dict:
@@ -322,21 +332,20 @@ class Prefetcher:
         if self.plan.used(nbytes):
             self._wake.set()
 
-    async def run(self, nursery: trio.Nursery, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Plan and dispatch whenever woken; batches run as tasks of `nursery`."""
-        self.nursery = nursery
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Plan and dispatch whenever woken, until cancelled."""
+        self.serving = True
         task_status.started()
         try:
             while True:
                 await self._wake.wait()
-                self._wake = trio.Event()
                 try:
                     self.schedule()
                 except Exception:  # never let the read-ahead take the daemon down
                     log.exception("prefetch scheduling failed")
                 await trio.sleep(0)  # let wakes pile up: plan once per burst, not per read
         finally:
-            self.nursery = None
+            self.serving = False
 
     def reset(self) -> None:
         """A new order: forget the queued read-ahead of the old one (its reservations too);
@@ -378,7 +387,7 @@ class Prefetcher:
         self.wake()
 
     def schedule(self) -> None:
-        if self.nursery is None:
+        if not self.serving:
             return
         if self.plan.due() and self.plan.step():
             self._wake.set()  # (the rest at the task's next turn: the loop serves meanwhile)
@@ -386,18 +395,15 @@ class Prefetcher:
         self.dispatch()
 
     def dispatch(self) -> None:
-        """Start the batches the plan hands out (ReadAheadPlan.batches)."""
+        """Submit the batches the plan hands out (ReadAheadPlan.batches). Each is claimed
+        at once: a reader of one of its samples meanwhile waits for this fetch instead of
+        missing."""
+        fetcher, settle = self.fetcher, self.cache.settle
         for node, b in self.plan.batches(self.running):
-            self.running[node] += 1
-            self.batches += 1
-            # claimed now, not when the task first runs: a reader of one of these
-            # meanwhile waits for this fetch instead of missing
-            claimed = self.fetcher.claim(b)
-            self.nursery.start_soon(self._run_batch, node, b, claimed)
-
-    async def _run_batch(self, node: int, batch: list[int], claimed: dict) -> None:
-        try:
-            await self.fetch_batch(batch, claimed=claimed)
-        finally:
-            self.running[node] -= 1
-            self.wake()
+            claimed = fetcher.claim(b)
+            for s in b:  # (one someone else fetches already: its reservation goes)
+                if s not in claimed:
+                    settle(s)
+            push, unpushed = self.arrivals.pushes(b)
+            if fetcher.submit(b, claimed, push=push, unpushed=unpushed, readahead=True):
+                self.batches += 1

@@ -595,10 +595,10 @@ def test_the_core_tells_when_the_read_ahead_is_idle_and_applies_uses_before_an_o
 
 
 def test_a_large_group_of_fetched_samples_is_kept_as_each_alone_would_be(three_nodes):
-    """Reads.deliver_many keys a group of at least KEYS_AT_ONCE samples in one numpy pass
+    """Arrivals.deliver_many keys a group of at least KEYS_AT_ONCE samples in one numpy pass
     (Policy.keys): what the cache keeps, and at which keys, is what delivering each alone
     gives (the missed sample's key counts its reader's use; an error is not kept)."""
-    from fusefs.reads import KEYS_AT_ONCE
+    from fusefs.arrivals import KEYS_AT_ONCE
     from fusefs.store import CorruptSample
     dst, files = three_nodes
     cores = [make_core(dst, cache_bytes=make_core(dst).index.total_bytes // 3) for _ in range(2)]
@@ -612,9 +612,9 @@ def test_a_large_group_of_fetched_samples_is_kept_as_each_alone_would_be(three_n
         core.set_order(0, orderfmt.encode(order.tolist() + order[:40].tolist(), epoch=0))
         for s in order[:25].tolist():
             core.use(s)
-    cores[0].reads.deliver_many(items, missed)
+    cores[0].arrivals.deliver_many(items, missed)
     for s, r in items:
-        cores[1].reads.deliver(s, r, missed=s == missed)
+        cores[1].arrivals.deliver(s, r, missed=s == missed)
     a, b = cores[0].cache, cores[1].cache
     assert a._key == b._key and a._entries.keys() == b._entries.keys() and len(a._entries) > KEYS_AT_ONCE
     assert a.used == b.used and items[7][0] not in a._entries and missed in a._entries

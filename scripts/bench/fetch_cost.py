@@ -27,8 +27,9 @@ read each side: shares, not us), the rest being trio's scheduler and its waits f
   deliveries   the worker threads' groups handed over (fetch.Inbox: Batch.arrived, the
                cache's put_many) and the fetches' ends
   read-ahead   Prefetcher.run: the plan's walk with its reservations (and evictions), the
-               batches started and their claims
-  fetches      each batch's task: its hand-off to a worker thread and its results
+               batches submitted (their hand-off to a worker thread) and their claims
+  fetches      each batch's task, in versions that ran one (its hand-off to a worker thread
+               and its results), and the tasks of retries waiting their backoff
   events       the fast path's opens, reads and releases applied (Core.answered: the uses)
   loop reads   reads of samples not yet held, answered on the loop (Core.read)
 
@@ -104,7 +105,7 @@ class FastPathStandIn:
 
 # the loop's tasks by what they do (a task's name: its function's qualified name)
 TASKS = (("deliveries", "run_sync_soon"), ("read-ahead", "Prefetcher.run"),
-         ("fetches", "_run_batch"), ("fetches", "fetch_batch"), ("events", "events"),
+         ("fetches", "_run_batch"), ("fetches", "fetch_batch"), ("fetches", "Batch._retry"), ("events", "events"),
          ("loop reads", "loop_read"))
 
 

@@ -1,0 +1,145 @@
+"""What a fetch brings, on the event loop: kept where the orders need it, failures remembered.
+
+The fetcher (fetch.py) hands every group of samples that arrive here (`arrived`), whoever
+started the batch: a reader that missed (reads.py) or the read-ahead (prefetch.py). Each
+sample's reservation in the cache is settled; its bytes are offered to the local tier and
+kept in the cache if the orders need them before something cached (cache.py, by policy.py's
+keys: a group's keys in one numpy pass, its entries in one call); a sample the cache refuses
+takes back room the read-ahead reserved for samples needed later (ReadAheadPlan.yield_room).
+A corrupt sample is remembered (EIO at once from then on), and so is one whose node did not
+answer within --io-timeout (for GAVE_UP_S). A batch's end wakes the read-ahead, which may
+start another on the slot it leaves.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import time
+
+import numpy as np
+
+from .fetch import FetchCancelled
+from .store import CorruptSample
+
+log = logging.getLogger("fusefs")
+
+# a group of at least this many fetched samples has its keys computed at once (numpy's fixed
+# cost per call is about that of this many Python calls of Policy.key)
+KEYS_AT_ONCE = 16
+GAVE_UP_MAX = 4096  # samples whose fetch gave up that are remembered (the oldest go first)
+
+
+class Arrivals:
+    def __init__(self, policy, cache, plan, kernel_view, wake, *, local=None,
+                 io_timeout: float = 0.0, cache_answered: bool = False):
+        """policy, cache: by what rule and where bytes are kept; plan: the read-ahead's
+        (prefetch.ReadAheadPlan: its reservations yield room to a refused sample); kernel_view:
+        what the kernel page cache holds, which fetched samples are pushed into
+        (kernel_view.KernelView); wake: the read-ahead's (prefetch.Wake), set as a batch of
+        its ends; local: the local tier or None; io_timeout: the fetcher's (a sample whose
+        fetch gave up waiting for its node is remembered only if it waited);
+        cache_answered: the reads of the cache's samples are answered outside the loop (the
+        fast path), so a fetched sample the cache keeps is not pushed into the kernel page
+        cache: its readers' reads leave its pages there (KernelView.read_through), one copy
+        fewer than a push."""
+        self.policy, self.cache, self.plan, self.kernel_view = policy, cache, plan, kernel_view
+        self.wake, self.local = wake, local
+        self.io_timeout, self.cache_answered = io_timeout, cache_answered
+        self.corrupt: dict[int, str] = {}  # samples whose stored bytes fail their checksum
+        self.gave_up: collections.OrderedDict[int, float] = collections.OrderedDict()  # sid -> when
+
+    def counters(self) -> dict:
+        return {"corrupt_samples": len(self.corrupt)}
+
+    def pushes(self, sids: list[int], keep: int | None = None) -> tuple:
+        """For a batch of sids about to start (keep: the sample a reader missed, if any):
+        (the push into the kernel, or None; the samples not to push). Not pushed: the
+        missed sample (its reader's own reads bring its pages) and, with the fast path,
+        those the cache keeps as they arrive (reserved for the read-ahead)."""
+        view = self.kernel_view
+        if not view.pushes:
+            return None, ()
+        unpushed = set()
+        if self.cache_answered:
+            holds = self.cache.holds_reservation
+            unpushed = {s for s in sids if holds(s)}
+        if keep is not None:
+            unpushed.add(keep)
+        return view.push, unpushed
+
+    def arrived(self, items, missed: int | None = None) -> None:
+        """A group of a batch's samples is done, [(sid, bytes | Exception)] (missed: the
+        sample of the batch's reader who missed it): reservations settled, each delivered."""
+        settle = self.cache.settle
+        for s, _ in items:
+            settle(s)
+        self.deliver_many(items, missed)
+
+    def ended(self, node: int, readahead: bool) -> None:
+        """A batch on node ended: a read-ahead batch leaves a request slot free."""
+        if readahead:
+            self.wake.set()
+
+    def deliver_many(self, items, missed: int | None = None) -> None:
+        """deliver() of each (sid, result) of a group of reads (the fetched ones kept in the
+        group's order); `missed`: the sample of a reader who missed it. The keys of a large
+        group come from one numpy pass over the plans (Policy.keys), not a Python call each,
+        and the cache keeps the group's samples in one call (SampleCache.put_many)."""
+        ok = []
+        for item in items:
+            sid, r = item
+            if sid == missed or isinstance(r, Exception):
+                self.deliver(sid, r, missed=sid == missed)
+            else:
+                ok.append(item)
+        if not ok:
+            return
+        if len(ok) < KEYS_AT_ONCE:
+            key = self.policy.key
+            keys = [key(sid) for sid, _ in ok]
+        else:
+            keys = self.policy.keys(np.array([sid for sid, _ in ok], dtype=np.int64)).tolist()
+        if self.local is not None:  # (each offered to the local tier first)
+            for (sid, r), key in zip(ok, keys):
+                self._keep(sid, r, key)
+            return
+        cache, at = self.cache, 0
+        while at < len(ok):
+            at = cache.put_many(ok, keys, at)
+            if at < len(ok):
+                self._keep_refused(*ok[at], keys[at])
+                at += 1
+
+    def deliver(self, sid: int, result, missed: bool = False) -> None:
+        """A fetch finished: keep the bytes if the orders need them before something cached
+        (a missed sample: its next use after its reader's; that reader holds its bytes)."""
+        if isinstance(result, Exception):
+            if isinstance(result, FetchCancelled):
+                return
+            if isinstance(result, CorruptSample):
+                if sid not in self.corrupt:
+                    self.corrupt[sid] = str(result)
+                    log.error("EIO: %s", result)
+            elif self.io_timeout > 0:  # (it waited for the node: not again at once)
+                self.gave_up[sid] = time.monotonic()
+                self.gave_up.move_to_end(sid)
+                if len(self.gave_up) > GAVE_UP_MAX:
+                    self.gave_up.popitem(last=False)
+            return
+        self._keep(sid, result, self.policy.key_after_use(sid) if missed else self.policy.key(sid))
+
+    def _keep(self, sid: int, result: bytes, key: float) -> None:
+        """A fetched sample's bytes, needed next at key: offered to the local tier, kept in
+        the cache if the orders need them before something cached."""
+        if self.local is not None and sid not in self.local:  # (cheap test first)
+            self.local.offer(sid, result, float(self.local.priority[sid])
+                             if self.policy.keeps_after_use(sid) else -np.inf)
+        if not self.cache.put(sid, result, key):
+            self._keep_refused(sid, result, key)
+
+    def _keep_refused(self, sid: int, result: bytes, key: float) -> None:
+        """A fetched sample the cache refused (room only from entries needed sooner): the
+        budget is reserved for read-ahead needed later than key, so some is taken back for
+        it."""
+        if key != float("inf") and self.plan.yield_room(self.cache.cost(len(result)), key):
+            self.cache.put(sid, result, key)
