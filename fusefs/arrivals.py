@@ -30,19 +30,19 @@ GAVE_UP_MAX = 4096  # samples whose fetch gave up that are remembered (the oldes
 
 
 class Arrivals:
-    def __init__(self, policy, cache, plan, kernel_view, wake, *, local=None,
+    def __init__(self, policy, cache, holders, plan, wake, *, local=None,
                  io_timeout: float = 0.0, cache_answered: bool = False):
-        """policy, cache: by what rule and where bytes are kept; plan: the read-ahead's
-        (prefetch.ReadAheadPlan: its reservations yield room to a refused sample); kernel_view:
-        what the kernel page cache holds, which fetched samples are pushed into
-        (kernel_view.KernelView); wake: the read-ahead's (prefetch.Wake), set as a batch of
+        """policy: by what rule bytes are kept; cache: the budget (reservations settled,
+        what an entry costs); holders: where bytes are kept and pushed from
+        (holders.Holders); plan: the read-ahead's (prefetch.ReadAheadPlan: its reservations
+        yield room to a refused sample); wake: the read-ahead's (prefetch.Wake), set as a batch of
         its ends; local: the local tier or None; io_timeout: the fetcher's (a sample whose
         fetch gave up waiting for its node is remembered only if it waited);
         cache_answered: the reads of the cache's samples are answered outside the loop (the
         fast path), so a fetched sample the cache keeps is not pushed into the kernel page
         cache: its readers' reads leave its pages there (KernelView.read_through), one copy
         fewer than a push."""
-        self.policy, self.cache, self.plan, self.kernel_view = policy, cache, plan, kernel_view
+        self.policy, self.cache, self.holders, self.plan = policy, cache, holders, plan
         self.wake, self.local = wake, local
         self.io_timeout, self.cache_answered = io_timeout, cache_answered
         self.corrupt: dict[int, str] = {}  # samples whose stored bytes fail their checksum
@@ -56,8 +56,8 @@ class Arrivals:
         (the push into the kernel, or None; the samples not to push). Not pushed: the
         missed sample (its reader's own reads bring its pages) and, with the fast path,
         those the cache keeps as they arrive (reserved for the read-ahead)."""
-        view = self.kernel_view
-        if not view.pushes:
+        holders = self.holders
+        if not holders.pushes:
             return None, ()
         unpushed = set()
         if self.cache_answered:
@@ -65,7 +65,15 @@ class Arrivals:
             unpushed = {s for s in sids if holds(s)}
         if keep is not None:
             unpushed.add(keep)
-        return view.push, unpushed
+        return holders.push, unpushed
+
+    def fetched_elsewhere(self, sids: list[int], claimed) -> None:
+        """A batch of sids is about to start with those in claimed: the others are fetched
+        by a batch under way already, and their reservations (the read-ahead's) go."""
+        settle = self.cache.settle
+        for s in sids:
+            if s not in claimed:
+                settle(s)
 
     def arrived(self, items, missed: int | None = None) -> None:
         """A group of a batch's samples is done, [(sid, bytes | Exception)] (missed: the
@@ -103,9 +111,9 @@ class Arrivals:
             for (sid, r), key in zip(ok, keys):
                 self._keep(sid, r, key)
             return
-        cache, at = self.cache, 0
+        keep_many, at = self.holders.keep_many, 0
         while at < len(ok):
-            at = cache.put_many(ok, keys, at)
+            at = keep_many(ok, keys, at)
             if at < len(ok):
                 self._keep_refused(*ok[at], keys[at])
                 at += 1
@@ -134,7 +142,7 @@ class Arrivals:
         if self.local is not None and sid not in self.local:  # (cheap test first)
             self.local.offer(sid, result, float(self.local.priority[sid])
                              if self.policy.keeps_after_use(sid) else -np.inf)
-        if not self.cache.put(sid, result, key):
+        if not self.holders.keep(sid, result, key):
             self._keep_refused(sid, result, key)
 
     def _keep_refused(self, sid: int, result: bytes, key: float) -> None:
@@ -142,4 +150,4 @@ class Arrivals:
         budget is reserved for read-ahead needed later than key, so some is taken back for
         it."""
         if key != float("inf") and self.plan.yield_room(self.cache.cost(len(result)), key):
-            self.cache.put(sid, result, key)
+            self.holders.keep(sid, result, key)

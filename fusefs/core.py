@@ -41,6 +41,7 @@ from .prefetch import Prefetcher, ReadAheadPlan, Wake
 from .handles import (EVENT_BITS, READ, READ_END, READ_LOST, RELEASED, SERIAL_WRAP, SID_BITS, SID_MASK,
                       Handles, held_cap)
 from .histogram import Histogram
+from .holders import Holders
 from .reads import Reads
 from .store import ChunkStore
 
@@ -142,20 +143,22 @@ class Core:
         self.policy = Policy(index.size)
         self.cache = SampleCache(config.cache_bytes, config.static_bytes, mirror=hold)
         self.kernel_view = KernelView(index.n_files, self.stats, kernel, ino_base=self.file_base)
+        self.handles = Handles(held_cap(config.cache_bytes))  # open files, what they keep
+        self.holders = Holders(self.cache, self.handles, self.kernel_view)
         # the data plane, each part made with what it needs, in the order they need each
         # other: the read-ahead's plan, what fetches bring, the fetcher, the read-ahead, reads
         placement, inflight, fetch = Placement(index), {}, config.fetch
         plan = ReadAheadPlan(index, self.policy, self.cache, nodes=len(placement.names),
                              node_of=placement.node_of, inflight=inflight, per_node=fetch.per_node,
                              max_per_node=max_per_node(fetch), batch=batch_size(fetch, index),
-                             readahead=config.readahead, kernel_holds=self.kernel_view.holds)
+                             readahead=config.readahead, holds=self.holders.holds)
         wake = Wake()
-        self.arrivals = Arrivals(self.policy, self.cache, plan, self.kernel_view, wake, local=local,
+        self.arrivals = Arrivals(self.policy, self.cache, self.holders, plan, wake, local=local,
                                  io_timeout=fetch.io_timeout, cache_answered=hold is not None)
         self.fetcher = Fetcher(store, fetch, sink=self.arrivals, placement=placement,
                                inflight=inflight, local=local)
         self.prefetcher = Prefetcher(plan, self.fetcher, self.arrivals, wake, on_idle=idle)
-        self.reads = Reads(index, self.cache, self.policy, self.fetcher, self.prefetcher,
+        self.reads = Reads(index, self.holders, self.policy, self.fetcher, self.prefetcher,
                            self.arrivals, self.stats, self.kernel_view)
         budget = config.order_bytes if config.order_bytes is not None else \
             default_budget(config.cache_bytes, index.n_files)
@@ -165,7 +168,6 @@ class Core:
         # the parts whose counters() make the statistics (count() adds the FUSE adapter's)
         self.counted = [self.stats, self.cache, self.fetcher, self.prefetcher, self.arrivals,
                         self.kernel_view, self.orders, *([local] if local is not None else [])]
-        self.handles = Handles(held_cap(config.cache_bytes))  # open files, what they keep
         self.n_files = index.n_files
         self._ids_table: bytes | None = None
         self._scope = trio.CancelScope()  # run()'s
@@ -300,11 +302,11 @@ class Core:
         end = self.index.size_v[sid]
         if off >= end:
             return b""
-        data = self.handles.held.get(fh)
+        data = self.holders.kept_for(fh)
         if data is None:  # an open file keeps its bytes, whatever the cache does meanwhile
             data = await self.reads.fetch(sid)
             if off + size < end:  # (another read of this handle may have kept them meanwhile)
-                self.handles.keep(fh, data)
+                self.holders.keep_for(fh, data)
         else:
             self.stats.hits += 1
         out = data[off:off + size]

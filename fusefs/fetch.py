@@ -250,20 +250,16 @@ class Batch:
             self._hand_over(settled)
 
     def on_read(self, got: dict, nreads: int = 0, nbytes: int = 0, local: bool = False) -> None:
-        """(The worker thread.) A group of reads is done: its samples to the loop, then
-        pushed into the kernel (the loop answers their readers meanwhile from `pushing`)."""
+        """(The worker thread.) A group of reads is done: its samples to the loop, and those
+        to push pushed into the kernel (holders.Holders.push, which holds them where the
+        loop answers their readers until the push is done)."""
         push, unpushed = self.push, self.unpushed
         todo = [] if push is None else [(sid, r) for sid, r in got.items()
                                         if sid not in unpushed and not isinstance(r, Exception)]
-        pushing = self.fetcher.pushing
-        pushing.update(todo)  # (before the loop can learn that they arrived)
-        self.inbox.post(self.arrived, (got, local, nreads, nbytes))
         if todo:
-            try:
-                push(todo)
-            finally:
-                for sid, _ in todo:
-                    pushing.pop(sid, None)
+            push(todo, lambda: self.inbox.post(self.arrived, (got, local, nreads, nbytes)))
+        else:
+            self.inbox.post(self.arrived, (got, local, nreads, nbytes))
 
     def tried(self, item) -> None:
         """(The event loop.) A try's worker thread is done: its results counted, the samples
@@ -416,11 +412,6 @@ class Fetcher:
         # caches): the local tier if there is one, then the storage nodes
         self.backend = NodeReads(store, max_gap)
         self.tiers = [*([LocalTierReads(local)] if local is not None else []), self.backend]
-        # sid -> bytes while a worker thread pushes them. A push waits for the locks of the
-        # file's pages, and a reader's read of that file holds one until the loop answers
-        # it: the loop answers such a read from here (Reads.fetch), never with a new fetch,
-        # which could wait for a thread slot that pushes hold (every slot so held: a stall).
-        self.pushing: dict[int, bytes] = {}
         self.inbox: Inbox | None = None  # (run's: one per trio run)
         self.nursery = None              # (run's: where retries wait)
         self.chunk_node = placement.chunk_node
@@ -479,9 +470,9 @@ class Fetcher:
         handed to the sink as soon as its read is done, those of a group of reads together
         (the read of a sample asked for earlier in sids is made earlier). `claimed`: sids
         already claimed (the others are claimed now; any someone else fetches are left
-        out). `push([(sid, bytes)])`: called in the worker thread with the samples of each
-        group of reads, after the event loop has been handed them (the kernel page cache
-        push, KernelView.push), or None. `unpushed`: samples not to push. `keep`: the
+        out). `push([(sid, bytes)], announce)`: called in the worker thread with the samples
+        of each group of reads, to hand them to the loop (announce) and push them (the kernel page cache
+        push, holders.Holders.push), or None. `unpushed`: samples not to push. `keep`: the
         sample a reader missed and waits for (read first, in a group of its own).
         `readahead`: a batch of the read-ahead (counted in readahead_running until it
         ends). Whether a batch was started (not if every sample is fetched already)."""

@@ -38,8 +38,8 @@ def default_readahead(budget: int, samples: int, mean_size: float) -> int:
 
 class ReadAheadPlan:
     """What to read ahead, and when: pure (no I/O, no threads, no trio; tested as such).
-    From the plans (policy), what is cached or reserved (cache), in flight (inflight) or
-    held by the kernel (kernel_holds), and the budget, it queues the samples to fetch per
+    From the plans (policy), what is held already (holds: the cache or the kernel), reserved
+    (cache) or in flight (inflight), and the budget, it queues the samples to fetch per
     node, each with its room reserved in the cache, and hands out the batches to start.
 
     Work is incremental: each plan has a head, the next order position to look at (past
@@ -66,15 +66,17 @@ class ReadAheadPlan:
 
     def __init__(self, index, policy, cache, *, nodes: int, node_of, inflight, per_node: int,
                  max_per_node: int, batch: int, readahead: int | None = None,
-                 kernel_holds=lambda sid: False):
+                 holds=None):
         """index: sample sizes and chunks; policy: the plans and next-use keys; cache: where
         room is reserved; nodes, node_of(sid): the storage nodes, a sample's; inflight: the
         samples being fetched (a mapping); per_node, max_per_node, batch: request slots and
         samples per request (fetch.Fetcher's); readahead: bytes ahead of the readers (None:
-        default_readahead); kernel_holds(sid): whether the kernel page cache holds the
-        sample (not read ahead)."""
+        default_readahead); holds(sid): whether the sample is held already, in the cache or
+        the kernel page cache (holders.Holders.holds; None: in the cache), and so not read
+        ahead."""
         self.index, self.policy, self.cache = index, policy, cache
-        self.node_of, self.inflight, self.kernel_holds = node_of, inflight, kernel_holds
+        self.node_of, self.inflight = node_of, inflight
+        self.holds = holds if holds is not None else cache.__contains__
         self.per_node, self.max_per_node, self.batch = per_node, max_per_node, batch
         # per node, the samples waiting for a request slot, in the order they are needed
         # (ordered: taking one out of the middle, for a reader that missed it, is O(1))
@@ -141,7 +143,7 @@ class ReadAheadPlan:
         Sets `idle`: whether every plan is covered to its end."""
         cache, inflight, queued = self.cache, self.inflight, self.queued
         sizes, node_of, key = self.index.size_v, self.node_of, self.policy.key
-        kernel_holds = self.kernel_holds
+        holds = self.holds
         looked = 0  # positions looked at
         self.idle = bounded = False  # (bounded: a plan stopped short of its end)
         active = [(rank, plan) for rank, plan in self.policy.plans.items()
@@ -161,7 +163,7 @@ class ReadAheadPlan:
                             continue
                     else:
                         sid = nxt[pos - n]
-                    if sid in cache or sid in inflight or sid in queued or kernel_holds(sid):
+                    if sid in inflight or sid in queued or holds(sid):
                         pos += 1
                         continue
                     break
@@ -313,7 +315,6 @@ class Prefetcher:
         the plan's `idle` changes (FastPath.idle: the readers' uses may then reach the core
         later), or None."""
         self.plan, self.fetcher, self.arrivals, self._wake = plan, fetcher, arrivals, wake
-        self.cache = plan.cache
         self.on_idle, self._idle_told = on_idle, False
         self.readahead, self.low_water = plan.readahead, plan.low_water
         self.queues, self.queued = plan.queues, plan.queued  # (read: tests, stats)
@@ -398,12 +399,10 @@ class Prefetcher:
         """Submit the batches the plan hands out (ReadAheadPlan.batches). Each is claimed
         at once: a reader of one of its samples meanwhile waits for this fetch instead of
         missing."""
-        fetcher, settle = self.fetcher, self.cache.settle
+        fetcher = self.fetcher
         for node, b in self.plan.batches(self.running):
             claimed = fetcher.claim(b)
-            for s in b:  # (one someone else fetches already: its reservation goes)
-                if s not in claimed:
-                    settle(s)
+            self.arrivals.fetched_elsewhere(b, claimed)
             push, unpushed = self.arrivals.pushes(b)
             if fetcher.submit(b, claimed, push=push, unpushed=unpushed, readahead=True):
                 self.batches += 1

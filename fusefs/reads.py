@@ -28,14 +28,15 @@ GAVE_UP_S = 5.0
 
 
 class Reads:
-    def __init__(self, index, cache, policy, fetcher, prefetcher, arrivals, stats, kernel_view):
-        """index: sizes and chunks; cache, policy: where bytes are kept and by what rule;
+    def __init__(self, index, holders, policy, fetcher, prefetcher, arrivals, stats, kernel_view):
+        """index: sizes and chunks; holders: where bytes are held (holders.Holders); policy:
+        the orders (their plans; a miss's next use);
         fetcher: batches, in-flight fetches; prefetcher: the read-ahead (a miss takes along
         the samples it has queued on the node, and the kernel's drops rewind it); arrivals:
         what fetches bring (its corrupt and given-up samples, and what a batch pushes into
         the kernel); stats: the daemon's counters; kernel_view: what the kernel page cache
         holds (kernel_view.KernelView)."""
-        self.index, self.cache, self.policy = index, cache, policy
+        self.index, self.holders, self.policy = index, holders, policy
         self.fetcher, self.prefetcher, self.arrivals = fetcher, prefetcher, arrivals
         self.stats, self.kernel_view = stats, kernel_view
         self.corrupt, self.gave_up = arrivals.corrupt, arrivals.gave_up
@@ -83,9 +84,7 @@ class Reads:
             raise FsError(errno.EIO, self.corrupt[sid])
         if self.gave_up and sid in self.gave_up:
             self._gave_up_lately(sid)
-        data = self.cache.get(sid)
-        if data is None:
-            data = self.fetcher.pushing.get(sid)  # (arrived, not kept, still being pushed)
+        data = self.holders.get(sid)
         if data is not None:
             self.stats.hits += 1
             return data
@@ -127,13 +126,11 @@ class Reads:
         if not self.policy.plans and sid - 1 in self._recent:
             chunk = self.index.chunk
             end = min(sid + 1 + k, self.index.n_files)
+            holds = self.holders.holds
             batch += [s for s in range(sid + 1, end) if chunk[s] == chunk[sid]
-                      and s not in self.cache and s not in fetcher.inflight]
+                      and not holds(s) and s not in fetcher.inflight]
         claimed = fetcher.claim(batch)
-        settle = self.cache.settle
-        for s in batch:  # (a queued sample someone else fetches: its reservation goes)
-            if s not in claimed:
-                settle(s)
+        self.arrivals.fetched_elsewhere(batch, claimed)
         push, unpushed = self.arrivals.pushes(batch, keep=sid)
         fetcher.submit(batch, claimed, push=push, unpushed=unpushed, keep=sid)
         pending = claimed[sid]

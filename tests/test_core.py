@@ -171,7 +171,7 @@ def test_a_read_during_a_push_is_answered_from_the_pushed_bytes(tricky):
     sid = resolve(core.index, "cat/img 004.jpg")[1]
     data = core.store.read_sample(sid)
     assert sid not in core.cache and sid not in core.fetcher.inflight
-    core.fetcher.pushing[sid] = data  # a worker thread is pushing it now
+    core.holders.pushing[sid] = data  # a worker thread is pushing it now
 
     async def go():
         async with serving(core):

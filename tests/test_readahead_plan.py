@@ -20,7 +20,7 @@ def _plan(dst, budget_share=0.2, per_node=2, batch=4, kernel_holds=lambda sid: F
     inflight = {}
     plan = ReadAheadPlan(ix, policy, cache, nodes=3, node_of=lambda s: int(node[s]), inflight=inflight,
                          per_node=per_node, max_per_node=2 * per_node, batch=batch,
-                         kernel_holds=kernel_holds)
+                         holds=lambda s: s in cache or kernel_holds(s))
     order = np.random.default_rng(0).permutation(ix.n_files)
     policy.set_order(0, orderfmt.parse(orderfmt.encode(order), ix.n_files))
     return ix, node, policy, cache, inflight, plan, order

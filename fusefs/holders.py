@@ -1,0 +1,78 @@
+"""Where a sample's bytes are held: one interface over every holder.
+
+A sample's bytes may be held, at once or in turn, by
+- the daemon's cache (cache.SampleCache: the byte budget and eviction by next use), which
+  tells the fast path's table of every entry that comes or goes (its mirror: the fast
+  path's C threads answer reads from those bytes, fastpath.py);
+- an open handle whose read did not reach the sample's end (handles.Handles keeps them for
+  its next read, within a cap);
+- a worker thread pushing them into the kernel page cache (`pushing`: the loop answers a
+  read of such a sample from here, never with a new fetch, which could wait for a thread
+  slot that pushes hold);
+- the kernel page cache (kernel_view.KernelView: what was pushed or read through and not
+  dropped since).
+
+Nothing else asks those parts for bytes: a read asks `get`, the fetches' arrivals `keep`,
+the read-ahead `holds`, and a fetch thread `push`es here.
+"""
+from __future__ import annotations
+
+
+class Holders:
+    def __init__(self, cache, handles, kernel_view):
+        """cache: the daemon's cache; handles: the open handles (the bytes each keeps);
+        kernel_view: what the kernel page cache holds, and the push into it."""
+        self.cache, self.handles, self.kernel_view = cache, handles, kernel_view
+        self.pushing: dict[int, bytes] = {}  # sid -> bytes while a worker thread pushes them
+
+    def get(self, sid: int) -> bytes | None:
+        """Sample sid's bytes where the daemon holds them (the cache, or a push under way),
+        or None."""
+        data = self.cache.get(sid)
+        if data is None:
+            data = self.pushing.get(sid)  # (arrived, not kept, still being pushed)
+        return data
+
+    def kept_for(self, fh: int) -> bytes | None:
+        """The bytes handle fh keeps between its reads, or None."""
+        return self.handles.held.get(fh)
+
+    def keep_for(self, fh: int, data: bytes) -> None:
+        """Keep data for handle fh's next read, within the handles' cap."""
+        self.handles.keep(fh, data)
+
+    def holds(self, sid: int) -> bool:
+        """Whether sample sid needs no fetch: the cache or the kernel page cache holds it."""
+        return sid in self.cache or self.kernel_view.holds(sid)
+
+    def keep(self, sid: int, data: bytes, key: float) -> bool:
+        """Keep data in the cache if room can be made by evicting entries needed later than
+        key; whether it was kept."""
+        return self.cache.put(sid, data, key)
+
+    def keep_many(self, items, keys, start: int = 0) -> int:
+        """keep() of each (sid, data) of items[start:] until one is not kept: its index."""
+        return self.cache.put_many(items, keys, start)
+
+    def drop(self, sid: int) -> bool:
+        """Let go of sample sid's bytes in the cache; whether it held them."""
+        return self.cache.drop(sid)
+
+    @property
+    def pushes(self) -> bool:
+        """Whether fetched samples are pushed into the kernel page cache."""
+        return self.kernel_view.pushes
+
+    def push(self, items, announce) -> None:
+        """(A fetch's worker thread.) Push fetched samples, [(sid, bytes)], into the kernel
+        page cache: they are held here first, then announce() tells the loop that they
+        arrived (a reader's read of one holds a lock of its pages until the loop answers it,
+        from here, and the push waits for that lock), then they are pushed and let go of."""
+        pushing = self.pushing
+        pushing.update(items)
+        announce()
+        try:
+            self.kernel_view.push(items)
+        finally:
+            for sid, _ in items:
+                pushing.pop(sid, None)
