@@ -18,7 +18,11 @@ import time
 
 import numpy as np
 
+from .cache import SampleCache
 from .fetch import FetchCancelled
+from .holders import Holders
+from .policy import Policy
+from .prefetch import ReadAheadPlan, Wake
 from .store import CorruptSample
 
 log = logging.getLogger("fusefs")
@@ -30,7 +34,8 @@ GAVE_UP_MAX = 4096  # samples whose fetch gave up that are remembered (the oldes
 
 
 class Arrivals:
-    def __init__(self, policy, cache, holders, plan, wake, *, local=None,
+    def __init__(self, policy: Policy, cache: SampleCache, holders: Holders, plan: ReadAheadPlan,
+                 wake: Wake, *, local=None,
                  io_timeout: float = 0.0, cache_answered: bool = False):
         """policy: by what rule bytes are kept; cache: the budget (reservations settled,
         what an entry costs); holders: where bytes are kept and pushed from

@@ -37,7 +37,8 @@ from .namespace import Namespace, control_dir
 from .orders import Orders, default_budget
 from .policy import Policy
 from .fetch import Fetcher, Placement, batch_size, max_per_node
-from .prefetch import Prefetcher, ReadAheadPlan, Wake
+from .prefetch import ReadAheadPlan, Wake
+from .prefetcher import Prefetcher
 from .handles import (EVENT_BITS, READ, READ_END, READ_LOST, RELEASED, SERIAL_WRAP, SID_BITS, SID_MASK,
                       Handles, held_cap)
 from .histogram import Histogram

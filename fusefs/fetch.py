@@ -18,13 +18,14 @@ import os
 import threading
 import time
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 import numpy as np
 import trio
 
 from .config import DEFAULTS, FetchConfig
 from .histogram import Histogram
-from .store import MAX_GAP, CorruptSample
+from .store import MAX_GAP, ChunkStore, CorruptSample
 
 log = logging.getLogger("fusefs")
 
@@ -349,6 +350,17 @@ class NodeReads:
         return self.store.read_batch(sids, self.max_gap, on_read, first_alone=waited)[0]
 
 
+class Sink(Protocol):
+    """What a fetch's results go to, on the loop (arrivals.Arrivals)."""
+
+    def arrived(self, items: list, missed) -> None:
+        """A group of a batch's samples, [(sid, bytes | Exception)]; missed: the sample a
+        reader missed and waits for, or None."""
+
+    def ended(self, node: int, readahead: bool) -> None:
+        """A batch on node ended (readahead: one of the read-ahead's)."""
+
+
 class Placement:
     """Which storage node holds each sample: its chunk's (the index's chunks' nodes)."""
 
@@ -398,7 +410,8 @@ class Fetcher:
     failed meanwhile), so a node that comes back is used again without a remount.
     """
 
-    def __init__(self, store, config: FetchConfig = DEFAULTS.fetch, *, sink, placement: Placement,
+    def __init__(self, store: ChunkStore, config: FetchConfig = DEFAULTS.fetch, *, sink: Sink,
+                 placement: Placement,
                  inflight: dict | None = None, max_gap: int = MAX_GAP, backoff: float = 0.1, local=None):
         """store: the chunk files; config: requests per node, samples per request,
         retries and io_timeout (config.FetchConfig); sink: told on the loop of the samples

@@ -17,9 +17,13 @@ the read-ahead `holds`, and a fetch thread `push`es here.
 """
 from __future__ import annotations
 
+from .cache import SampleCache
+from .handles import Handles
+from .kernel_view import KernelView
+
 
 class Holders:
-    def __init__(self, cache, handles, kernel_view):
+    def __init__(self, cache: SampleCache, handles: Handles, kernel_view: KernelView):
         """cache: the daemon's cache; handles: the open handles (the bytes each keeps);
         kernel_view: what the kernel page cache holds, and the push into it."""
         self.cache, self.handles, self.kernel_view = cache, handles, kernel_view

@@ -18,7 +18,14 @@ import collections
 import errno
 import time
 
+from .arrivals import Arrivals
 from .entries import FsError
+from .fetch import Fetcher
+from .holders import Holders
+from .index import Index
+from .kernel_view import KernelView
+from .policy import Policy
+from .prefetcher import Prefetcher
 
 # A sample whose fetch gave up (its node did not answer within --io-timeout; not with
 # --io-timeout 0, where a read tries once) is answered EIO at once for GAVE_UP_S while its
@@ -28,7 +35,8 @@ GAVE_UP_S = 5.0
 
 
 class Reads:
-    def __init__(self, index, holders, policy, fetcher, prefetcher, arrivals, stats, kernel_view):
+    def __init__(self, index: Index, holders: Holders, policy: Policy, fetcher: Fetcher,
+                 prefetcher: Prefetcher, arrivals: Arrivals, stats, kernel_view: KernelView):
         """index: sizes and chunks; holders: where bytes are held (holders.Holders); policy:
         the orders (their plans; a miss's next use);
         fetcher: batches, in-flight fetches; prefetcher: the read-ahead (a miss takes along

@@ -163,3 +163,20 @@ def test_the_check_finds_a_name_that_is_gone():
     gone = ".".join(["fusefs.cache.SampleCache", "no_such"])  # (spelled apart: not a citation)
     assert resolves("fusefs.cache.SampleCache.put") and not resolves(gone)
     assert not os.path.exists(os.path.join(REPO, "scripts", "gluster.sh"))
+
+
+def test_the_architectures_module_table_lists_every_module_below_what_it_imports():
+    """docs/ARCHITECTURE.md's table of modules says that a module imports only modules above
+    it: every module of fusefs/ is in it, and no relative import points further down."""
+    text = open(os.path.join(REPO, "docs", "ARCHITECTURE.md")).read()
+    start = text.index("| module | concern |")
+    rows = text[start:text.index("\n\n", start)].splitlines()[2:]
+    order = [m for row in rows for m in re.findall(r"`fusefs/(\w+)\.py`", row.split("|")[1])]
+    at = {m: i for i, m in enumerate(order)}
+    modules = {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, "fusefs", "*.py"))}
+    assert modules - {"__init__", "__main__"} == set(at)
+    below = [(m, node.module) for m in order
+             for node in ast.walk(ast.parse(open(os.path.join(REPO, "fusefs", m + ".py")).read()))
+             if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module
+             and at.get(node.module.split(".")[0], -1) > at[m]]
+    assert below == []
