@@ -56,10 +56,10 @@ class Arrivals:
     def counters(self) -> dict:
         return {"corrupt_samples": len(self.corrupt)}
 
-    def pushes(self, sids: list[int], keep: int | None = None) -> tuple:
-        """For a batch of sids about to start (keep: the sample a reader missed, if any):
+    def pushes(self, sids: list[int], missed=()) -> tuple:
+        """For a batch of sids about to start (missed: the samples readers missed, a set):
         (the push into the kernel, or None; the samples not to push). Not pushed: the
-        missed sample (its reader's own reads bring its pages) and, with the fast path,
+        missed samples (their readers' own reads bring their pages) and, with the fast path,
         those the cache keeps as they arrive (reserved for the read-ahead)."""
         holders = self.holders
         if not holders.pushes:
@@ -68,8 +68,7 @@ class Arrivals:
         if self.cache_answered:
             holds = self.cache.holds_reservation
             unpushed = {s for s in sids if holds(s)}
-        if keep is not None:
-            unpushed.add(keep)
+        unpushed.update(missed)
         return holders.push, unpushed
 
     def fetched_elsewhere(self, sids: list[int], claimed) -> None:
@@ -80,9 +79,9 @@ class Arrivals:
             if s not in claimed:
                 settle(s)
 
-    def arrived(self, items, missed: int | None = None) -> None:
+    def arrived(self, items, missed=()) -> None:
         """A group of a batch's samples is done, [(sid, bytes | Exception)] (missed: the
-        sample of the batch's reader who missed it): reservations settled, each delivered."""
+        samples of the batch that readers missed, a set): reservations settled, each delivered."""
         settle = self.cache.settle
         for s, _ in items:
             settle(s)
@@ -93,16 +92,16 @@ class Arrivals:
         if readahead:
             self.wake.set()
 
-    def deliver_many(self, items, missed: int | None = None) -> None:
+    def deliver_many(self, items, missed=()) -> None:
         """deliver() of each (sid, result) of a group of reads (the fetched ones kept in the
-        group's order); `missed`: the sample of a reader who missed it. The keys of a large
+        group's order); `missed`: the samples readers missed (a set). The keys of a large
         group come from one numpy pass over the plans (Policy.keys), not a Python call each,
         and the cache keeps the group's samples in one call (SampleCache.put_many)."""
         ok = []
         for item in items:
             sid, r = item
-            if sid == missed or isinstance(r, Exception):
-                self.deliver(sid, r, missed=sid == missed)
+            if sid in missed or isinstance(r, Exception):
+                self.deliver(sid, r, missed=sid in missed)
             else:
                 ok.append(item)
         if not ok:

@@ -194,12 +194,12 @@ class Batch:
     FetchCancelled). A try with failures that are to be tried again waits its backoff in
     a task of the fetcher's nursery, the one case that costs a task."""
 
-    __slots__ = ("fetcher", "n", "node", "pendings", "push", "unpushed", "keep", "readahead",
+    __slots__ = ("fetcher", "n", "node", "pendings", "push", "unpushed", "missed", "readahead",
                  "from_local", "tries", "over", "inbox")
 
-    def __init__(self, fetcher: "Fetcher", n: int, pendings: dict, push, unpushed, keep, readahead: bool):
+    def __init__(self, fetcher: "Fetcher", n: int, pendings: dict, push, unpushed, missed, readahead: bool):
         self.fetcher, self.n, self.node, self.pendings = fetcher, n, fetcher.nodes[n], pendings
-        self.push, self.unpushed, self.keep, self.readahead = push, unpushed, keep, readahead
+        self.push, self.unpushed, self.missed, self.readahead = push, unpushed, missed, readahead
         self.from_local: set[int] = set()
         self.tries = Tries(fetcher.retries, fetcher.backoff, fetcher.max_backoff, fetcher.io_timeout)
         self.over = False  # ended, or given up at the fetcher's end: late posts are ignored
@@ -214,7 +214,7 @@ class Batch:
 
     def _hand_over(self, items) -> None:
         try:  # (an error here would end trio's run; the readers have their bytes)
-            self.fetcher.sink.arrived(items, self.keep)
+            self.fetcher.sink.arrived(items, self.missed)
         except Exception:
             log.exception("delivering %d sample(s) on arrival failed", len(items))
 
@@ -354,8 +354,8 @@ class Sink(Protocol):
     """What a fetch's results go to, on the loop (arrivals.Arrivals)."""
 
     def arrived(self, items: list, missed) -> None:
-        """A group of a batch's samples, [(sid, bytes | Exception)]; missed: the sample a
-        reader missed and waits for, or None."""
+        """A group of a batch's samples, [(sid, bytes | Exception)]; missed: those of them
+        readers missed and wait for (a set)."""
 
     def ended(self, node: int, readahead: bool) -> None:
         """A batch on node ended (readahead: one of the read-ahead's)."""
@@ -478,20 +478,19 @@ class Fetcher:
         return new
 
     def submit(self, sids: list[int], claimed: dict[int, Pending] | None = None, *, push=None,
-               unpushed=(), keep: int | None = None, readahead: bool = False) -> bool:
+               unpushed=(), missed=(), readahead: bool = False) -> bool:
         """Fetch sids (one node) in one batch, on the loop, without waiting: each sample is
         handed to the sink as soon as its read is done, those of a group of reads together
         (the read of a sample asked for earlier in sids is made earlier). `claimed`: sids
         already claimed (the others are claimed now; any someone else fetches are left
         out). `push([(sid, bytes)], announce)`: called in the worker thread with the samples
         of each group of reads, to hand them to the loop (announce) and push them (the kernel page cache
-        push, holders.Holders.push), or None. `unpushed`: samples not to push. `keep`: the
-        sample a reader missed and waits for (read first, in a group of its own).
+        push, holders.Holders.push), or None. `unpushed`: samples not to push. `missed`: the
+        samples readers missed and wait for (a set, first in sids: the first is read in a
+        group of its own).
         `readahead`: a batch of the read-ahead (counted in readahead_running until it
         ends). Whether a batch was started (not if every sample is fetched already)."""
         if self.inbox is None:
-            for s in claimed or ():
-                del self.inflight[s]
             raise RuntimeError("a fetch before Fetcher.run: start the core's tasks first")
         pendings = dict(claimed or {})
         pendings.update(self.claim(sids))  # (those in claimed are in flight already)
@@ -499,13 +498,23 @@ class Fetcher:
             return False
         sids = [s for s in sids if s in pendings]
         n = self.node_of(sids[0])
-        b = Batch(self, n, pendings, push, unpushed, keep, readahead)
+        b = Batch(self, n, pendings, push, unpushed, missed, readahead)
         b.node.busy += 1
         if readahead:
             self.readahead_running[n] += 1
         self._batches.add(b)
         self._launch(b, sids)
         return True
+
+    def abandon(self, claimed: dict[int, Pending], error: Exception) -> None:
+        """Claims that no batch will fetch (submit refused them): their readers are woken
+        with an EIO that says why."""
+        for sid, p in claimed.items():
+            if self.inflight.get(sid) is p:
+                del self.inflight[sid]
+            if not p.done:
+                p.error = OSError(errno.EIO, f"not fetched: {error}")
+                p.set()
 
     def _launch(self, b: Batch, todo: list[int]) -> None:
         """A try of batch b's samples todo in a worker thread, or queued until the node has
@@ -519,7 +528,7 @@ class Fetcher:
     def _start(self, b: Batch, todo: list[int], t0: float) -> None:
         self.threads[b.n] += 1
         self._threads += 1
-        waited, post, tried = b.keep is not None, self.inbox.post, b.tried
+        waited, post, tried = bool(b.missed), self.inbox.post, b.tried
         trio.lowlevel.start_thread_soon(lambda: self._read(todo, b.on_read, waited),
                                         lambda outcome: post(tried, (todo, t0, outcome)))
 

@@ -18,6 +18,8 @@ import collections
 import errno
 import time
 
+import trio
+
 from .arrivals import Arrivals
 from .entries import FsError
 from .fetch import Fetcher
@@ -49,6 +51,7 @@ class Reads:
         self.stats, self.kernel_view = stats, kernel_view
         self.corrupt, self.gave_up = arrivals.corrupt, arrivals.gave_up
         self._recent = collections.deque(maxlen=32)  # recently read samples (scan detection)
+        self._gathered: dict[int, Gathered] = {}  # node -> the misses gathered this turn
 
     def lost(self, sid: int) -> None:
         """A read of sample sid reached the daemon: if the kernel was taken to hold its
@@ -139,8 +142,52 @@ class Reads:
                       and not holds(s) and s not in fetcher.inflight]
         claimed = fetcher.claim(batch)
         self.arrivals.fetched_elsewhere(batch, claimed)
-        push, unpushed = self.arrivals.pushes(batch, keep=sid)
-        fetcher.submit(batch, claimed, push=push, unpushed=unpushed, keep=sid)
+        gathered = self._gather(sid, batch, claimed)
+        if gathered is not None:  # (the node's first miss of this turn: it submits them)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            self._submit(self.fetcher.node_of(sid), gathered)
         pending = claimed[sid]
         await pending.wait()
         return pending.error or pending.data
+
+    def _gather(self, sid: int, batch: list[int], claimed: dict):
+        """Misses that reach the loop together go out together: the missed sid and its
+        companions (batch, claimed for this fetch) join the batch gathered for its node in
+        this turn of the loop, which the node's first miss of the turn submits after one
+        checkpoint (the other tasks that are ready run first: their misses join it), or at
+        once once it holds a batch's worth (fetcher.batch samples). With four readers
+        missing at once, each miss was a request of its own. Returns the gathered batch to
+        the first miss (which submits it), else None."""
+        node = self.fetcher.node_of(sid)
+        gathered = self._gathered.get(node)
+        first = gathered is None
+        if first:
+            gathered = self._gathered[node] = Gathered()
+        gathered.missed.append(sid)
+        gathered.companions += [s for s in batch if s != sid and s in claimed]
+        gathered.claimed.update(claimed)
+        if len(gathered.missed) + len(gathered.companions) >= self.fetcher.batch:
+            self._submit(node, gathered)
+        return gathered if first else None
+
+    def _submit(self, node: int, gathered: "Gathered") -> None:
+        """Submit the batch gathered for node (once: a later call finds it gone or another)."""
+        if self._gathered.get(node) is not gathered:
+            return
+        del self._gathered[node]
+        sids, missed = gathered.missed + gathered.companions, set(gathered.missed)
+        push, unpushed = self.arrivals.pushes(sids, missed)
+        try:
+            self.fetcher.submit(sids, gathered.claimed, push=push, unpushed=unpushed, missed=missed)
+        except Exception as e:  # (not serving any more: its readers get EIO, not a hang)
+            self.fetcher.abandon(gathered.claimed, e)
+
+
+class Gathered:
+    """The misses of one node gathered in one turn of the loop (Reads._gather)."""
+    __slots__ = ("missed", "companions", "claimed")
+
+    def __init__(self):
+        self.missed: list[int] = []      # the missed samples, in the order they were missed
+        self.companions: list[int] = []  # the samples fetched along with them
+        self.claimed: dict = {}          # every one's Pending

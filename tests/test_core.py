@@ -163,6 +163,41 @@ def test_concurrent_readers_of_one_sample_share_one_fetch(tricky):
     assert s["backend_samples"] == 1 and s["read_waits"] == 7
 
 
+def test_misses_that_reach_the_loop_together_go_out_in_one_request_per_node(three_nodes):
+    """Readers without an order that miss samples of one node in the same turn of the loop
+    (no two of one chunk, so no scan's companions): one backend request for the node brings
+    them all, each reader gets its own bytes. A miss that comes later goes out in a request
+    of its own."""
+    dst, files = three_nodes
+    core = _core(dst, cache_bytes=1 << 30, batch=16)
+    ix, node_of = core.index, core.fetcher.node_of
+    node = node_of(0)
+    picks, chunks = [], set()
+    for sid in range(ix.n_files):
+        if node_of(sid) == node and int(ix.chunk[sid]) not in chunks:
+            picks.append(sid)
+            chunks.add(int(ix.chunk[sid]))
+    picks, late = picks[:6], picks[6]
+    assert len(picks) == 6
+    got = {}
+
+    async def read(sid):
+        got[sid] = await read_sample(core, sid)
+
+    async def go():
+        async with serving(core):
+            async with trio.open_nursery() as n:
+                for sid in picks:
+                    n.start_soon(read, sid)
+            await read(late)
+    trio.run(go)
+    for sid in picks + [late]:
+        assert got[sid] == files[os.fsdecode(ix.file_path(sid))]
+    stats = core.statistics()
+    assert stats["misses"] == 7 and stats["read_waits"] == 0
+    assert stats["nodes"][core.fetcher.node_names[node]]["requests"] == 2
+
+
 def test_a_read_during_a_push_is_answered_from_the_pushed_bytes(tricky):
     """A push into the kernel page cache waits for a reader's read of that file, which the
     loop answers: from the bytes being pushed (a fetch could wait for the thread slot the

@@ -612,7 +612,7 @@ def test_a_large_group_of_fetched_samples_is_kept_as_each_alone_would_be(three_n
         core.set_order(0, orderfmt.encode(order.tolist() + order[:40].tolist(), epoch=0))
         for s in order[:25].tolist():
             core.use(s)
-    cores[0].arrivals.deliver_many(items, missed)
+    cores[0].arrivals.deliver_many(items, {missed})
     for s, r in items:
         cores[1].arrivals.deliver(s, r, missed=s == missed)
     a, b = cores[0].cache, cores[1].cache

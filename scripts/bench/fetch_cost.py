@@ -9,7 +9,9 @@ bench_hotpath.py's fetched regimes it drowns in this VM's kernel costs and noise
 measured alone, as handlers_cost.py measures a cached sample's handlers.
 
 A fresh core (a cache of --cache of the set, each share given in turn) reads one epoch along a random order written
-as HintedSampler writes it. --readers threads stand for the readers and the fast path's
+as HintedSampler writes it (with --without-order, each share once more with the order kept
+from the core: every sample a miss that reaches the loop, each fetched with the misses of its
+node that reach the loop with it). --readers threads stand for the readers and the fast path's
 thread: each takes every --readers-th position, opens its sample (an open event with the
 next handle, as the C thread gives it), reads it from the bytes the cache holds for the fast
 path (a read event: READ | READ_END, and a crc32 of the bytes, without the GIL, for the
@@ -33,7 +35,7 @@ read each side: shares, not us), the rest being trio's scheduler and its waits f
   events       the fast path's opens, reads and releases applied (Core.answered: the uses)
   loop reads   reads of samples not yet held, answered on the loop (Core.read)
 
-usage: .venv/bin/python scripts/bench/fetch_cost.py PACKED [--cache 0.1 1.2] [--passes 5] [--readers 4]
+usage: .venv/bin/python scripts/bench/fetch_cost.py PACKED [--cache 0.1 1.2] [--passes 5] [--readers 4] [--without-order]
        (PACKED: e.g. out/bench_hotpath/packed-2000, which bench_hotpath.py --quick makes: 2,000
        files of ~110 KB; its chunk files are read into the page cache first)
 """
@@ -125,7 +127,7 @@ class TaskCpu(trio.abc.Instrument):
 
 
 async def one_pass(index: Index, store: ChunkStore, cache_bytes: int, order: np.ndarray,
-                   readers: int) -> dict:
+                   readers: int, hinted: bool = True) -> dict:
     fp = FastPathStandIn()
     core = Core(index, store, MountConfig(cache_bytes=cache_bytes), hold=fp.hold)
     fp.serial = core.handles.serial
@@ -169,7 +171,8 @@ async def one_pass(index: Index, store: ChunkStore, cache_bytes: int, order: np.
     async with trio.open_nursery() as outer:
         await outer.start(core.run)
         t0 = time.thread_time()
-        await core.commit_order(0, orderfmt.encode(order, epoch=0))
+        if hinted:
+            await core.commit_order(0, orderfmt.encode(order, epoch=0))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(events)
 
@@ -184,7 +187,7 @@ async def one_pass(index: Index, store: ChunkStore, cache_bytes: int, order: np.
         outer.cancel_scope.cancel()
     s = core.statistics()
     return {"cpu_s": cpu, "fetched": s["backend_samples"], "loop_reads": loop_reads,
-            "releases": s["releases"]}
+            "releases": s["releases"], "requests": s["backend_requests"]}
 
 
 def main() -> int:
@@ -194,6 +197,10 @@ def main() -> int:
                    help="the cache's budget, a share of the set, one run each (0.1 1.2: as small_fill's and chunks')")
     p.add_argument("--passes", type=int, default=5)
     p.add_argument("--readers", type=int, default=4)
+    p.add_argument("--without-order", action="store_true",
+                   help="each cache share once more without an order: the readers read in a random "
+                        "order the core is not told (every sample a miss on the loop, as with a "
+                        "loader that hands over no order)")
     JsonLines.argument(p, "fetch_cost")  # (--results -: print only, as bench_hotpath.py's guard does)
     a = p.parse_args()
     index = Index.load(os.path.join(a.packed, INDEX_NAME))
@@ -202,12 +209,14 @@ def main() -> int:
     results = JsonLines(a.results) if a.results != "-" else None
     rng = np.random.default_rng(0)
     n = index.n_files
-    for share in a.cache:
+    settings = [(share, True) for share in a.cache]
+    settings += [(share, False) for share in a.cache] if a.without_order else []
+    for share, hinted in settings:
         budget = int(index.total_bytes * share)
-        runs = [trio.run(one_pass, index, store, budget, rng.permutation(n), a.readers)
+        runs = [trio.run(one_pass, index, store, budget, rng.permutation(n), a.readers, hinted)
                 for _ in range(a.passes)]
         tasks = TaskCpu()
-        traced = trio.run(one_pass, index, store, budget, rng.permutation(n), a.readers,
+        traced = trio.run(one_pass, index, store, budget, rng.permutation(n), a.readers, hinted,
                           instruments=[tasks])
         for r in runs + [traced]:
             assert r["releases"] == n, r
@@ -215,10 +224,11 @@ def main() -> int:
         shares = {k: round(tasks.seconds[k] / traced["cpu_s"], 3)
                   for k in ("deliveries", "read-ahead", "fetches", "events", "loop reads", "other")}
         shares["scheduler"] = round(1 - sum(shares.values()), 3)
-        row = {"bench": "fetch_cost", "cache_share": share, "samples": n,
+        row = {"bench": "fetch_cost", "cache_share": share, "samples": n, "order": hinted,
                "sample_bytes": int(index.total_bytes // max(1, n)),
                "loop_cpu_us_per_sample": statistics.median(us), "passes_us_per_sample": us,
                "fetched": [r["fetched"] for r in runs], "loop_reads": [r["loop_reads"] for r in runs],
+               "requests": [r["requests"] for r in runs],
                "task_shares": shares}
         print(json.dumps(row), flush=True)
         if results is not None:
