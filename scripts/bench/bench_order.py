@@ -24,18 +24,24 @@ cache drops before each epoch included), the GlusterFS client and the brick daem
 how busy the machine's cores were (the share of their time not idle): whether a setting
 was bound by the CPU or by waiting for the storage.
 
-usage: .venv/bin/python scripts/bench/bench_order.py [--files N] [--delay-ms MS] [--settings acdr] [--out DIR]
+With --against REF each fusefs setting runs twice, REF's daemon first, then this tree's (the
+rows carry their version; the figures after the table are this tree's).
+
+usage: .venv/bin/python scripts/bench/bench_order.py [--files N] [--delay-ms MS] [--settings acdr] [--out DIR] [--against REF]
 """
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
 
-from common import REPO, CpuMeter, JsonLines, commit as common_commit, cpu_seconds, pids_named
+from common import (REPO, CpuMeter, JsonLines, commit as common_commit, cpu_seconds, pids_named,
+                    side_by_side)
 
 from fusefs.pack import pack
 from testkit.synth import make_imagefolder
@@ -75,8 +81,8 @@ def peak_rss(pid: int) -> int:
     return 0
 
 
-def fusefs_setting(dst: str, mnt: str, cache: str, hinted: bool, *extra: str) -> dict:
-    with running_mount(dst, mnt, "--cache-size", cache, *extra) as (proc, _):
+def fusefs_setting(dst: str, mnt: str, cache: str, hinted: bool, *extra: str, env=None) -> dict:
+    with running_mount(dst, mnt, "--cache-size", cache, *extra, env=env) as (proc, _):
         before = mount_stats(mnt)
         res = run_reader(mnt, hinted)
         stats = mount_stats(mnt)
@@ -147,6 +153,9 @@ def main() -> int:
     p.add_argument("--delay-ms", type=float, default=2.0)
     p.add_argument("--out", default=os.path.join(REPO, "out", "bench_order"))
     p.add_argument("--settings", default="abcdefr", help="which settings to run (default abcdefr)")
+    p.add_argument("--against", metavar="REF",
+                   help="run each fusefs setting (b-f) with the daemon of commit REF too, just before "
+                        "this tree's (its worktree built as bench_hotpath.py --against builds it)")
     JsonLines.argument(p, "bench_order")
     a = p.parse_args()
     lines = JsonLines(a.results)
@@ -184,25 +193,38 @@ def main() -> int:
     results = {"probe": probe, "files": a.files, "delay_ms": a.delay_ms, "commit": common_commit()}
     print(f"commit {results['commit']}")
     rows = []
-    settings = [
-        ("a: loose files on GlusterFS", lambda: run_reader(loose, hinted=False)),
-        ("b: fusefs, no hints, cache 10%", lambda: fusefs_setting(packed, mnt, "10%", False)),
-        ("c: fusefs + HintedSampler, cache 10%", lambda: fusefs_setting(packed, mnt, "10%", True)),
-        ("d: fusefs local copy, all cached", lambda: fusefs_setting(local_packed, mnt, "120%", False)),
-        ("e: as c, --no-kernel-cache", lambda: fusefs_setting(packed, mnt, "10%", True, "--no-kernel-cache")),
+    stack = contextlib.ExitStack()
+    atexit.register(stack.close)  # (REF's worktree goes when the script ends, however it ends)
+    versions = stack.enter_context(side_by_side(a.against))  # {version: env}, REF's first
+    here = common_commit()
+    fusefs_settings = [
+        ("b: fusefs, no hints, cache 10%", lambda env: fusefs_setting(packed, mnt, "10%", False, env=env)),
+        ("c: fusefs + HintedSampler, cache 10%", lambda env: fusefs_setting(packed, mnt, "10%", True, env=env)),
+        ("d: fusefs local copy, all cached",
+         lambda env: fusefs_setting(local_packed, mnt, "120%", False, env=env)),
+        ("e: as c, --no-kernel-cache",
+         lambda env: fusefs_setting(packed, mnt, "10%", True, "--no-kernel-cache", env=env)),
         ("f: as d, --no-kernel-cache",
-         lambda: fusefs_setting(local_packed, mnt, "120%", False, "--no-kernel-cache")),
-        ("r: ratarmount, one tar on GlusterFS", lambda: ratarmount_setting(
-            tar, mnt + "-ratarmount", os.path.join(a.out, "ratarmount-index"))),
+         lambda env: fusefs_setting(local_packed, mnt, "120%", False, "--no-kernel-cache", env=env)),
     ]
-    for name, run in settings:
+    settings = [("a: loose files on GlusterFS", None, lambda: run_reader(loose, hinted=False))]
+    for name, run in fusefs_settings:  # (REF's daemon first, then this tree's)
+        settings += [(name, version, lambda run=run, env=env: run(env)) for version, env in versions.items()]
+    settings.append(("r: ratarmount, one tar on GlusterFS", None, lambda: ratarmount_setting(
+        tar, mnt + "-ratarmount", os.path.join(a.out, "ratarmount-index"))))
+    for name, version, run in settings:
         if name[0] not in a.settings:
             continue
         res = run()
         res["index_bytes"] = index_bytes
         row = summarize(name, res)
-        rows.append(row)
+        if version is not None and a.against:
+            row["version"] = version
+        if version is None or version == here:
+            rows.append(row)
         lines.write(bench="bench_order", files=a.files, delay_ms=a.delay_ms, probe=probe, **row)
+        if version is not None and a.against:
+            name = f"{name} [{version}]"
         rates = " / ".join(f"{x:.0f}" for x in row["samples_per_s"])
         extra = ""
         if "hit_ratio_after_first_batch" in row:

@@ -100,9 +100,11 @@ def order(rows: list[dict]) -> str:
         waited = slashed(r["reads_that_waited"]) if "reads_that_waited" in r else "-"
         rss = (f"{r['daemon_peak_rss'] / 1e6:,.0f} / {r['cache_budget'] / 1e6:,.0f} MB" if "cache_budget" in r
                else (f"{r['daemon_peak_rss'] / 1e6:,.0f} MB / -" if "daemon_peak_rss" in r else "-"))
-        out.append(f"| {r['setting']} | {rate} | {daemon} / {c['loader']:,.0f} / {client} / {bricks} "
+        setting = r["setting"] if r.get("version", r["commit"]) == r["commit"] else \
+            f"{r['setting']}, the daemon of {r['version']} (--against)"
+        out.append(f"| {setting} | {rate} | {daemon} / {c['loader']:,.0f} / {client} / {bricks} "
                    f"| {100 * r['machine_busy']:.0f}% | {reqs} | {waited} | {rss} | {where(r)} |")
-    by = {r["setting"][0]: r for r in run}
+    by = {r["setting"][0]: r for r in run if r.get("version", r["commit"]) == r["commit"]}
     ratios = []
     for other in "ar":
         if "c" in by and other in by:
@@ -484,7 +486,8 @@ def fetch_loop(rows: list[dict]) -> str:
            "| --- | --- | --- | " + " | ".join("---" for _ in kinds) + " | --- | --- |"]
     for r in run:
         shares = r["task_shares"]
-        out.append(f"| {r['cache_share']:.0%} of the set | {r['loop_cpu_us_per_sample']:.1f} "
+        told = "" if r.get("order", True) else ", no order"
+        out.append(f"| {r['cache_share']:.0%} of the set{told} | {r['loop_cpu_us_per_sample']:.1f} "
                    f"({slashed(r['passes_us_per_sample'], '{:.1f}')}) | {slashed(r['loop_reads'])} | "
                    + " | ".join(f"{shares[k] + (shares['other'] if k == 'scheduler' else 0):.0%}" for k in kinds)
                    + f" | {r['sample_bytes'] >> 10} KB x {r['samples']:,} | {where(r)} |")
