@@ -56,20 +56,24 @@ class Arrivals:
     def counters(self) -> dict:
         return {"corrupt_samples": len(self.corrupt)}
 
-    def pushes(self, sids: list[int], missed=()) -> tuple:
-        """For a batch of sids about to start (missed: the samples readers missed, a set):
-        (the push into the kernel, or None; the samples not to push). Not pushed: the
-        missed samples (their readers' own reads bring their pages) and, with the fast path,
-        those the cache keeps as they arrive (reserved for the read-ahead)."""
-        holders = self.holders
-        if not holders.pushes:
-            return None, ()
-        unpushed = set()
+    def handling(self, sids: list[int], missed=()) -> dict:
+        """For a batch of sids about to start (missed: the samples readers missed, a set),
+        what its worker thread does with them (Fetcher.submit's push, unpushed, serve,
+        served). With the fast path, those the cache has room reserved for (the
+        read-ahead's) are handed to the fast path in the thread (Holders.serve_early: their
+        readers are answered before the loop has them) and not pushed: the cache keeps them
+        as they arrive, and their reads leave their pages in the kernel. Nor are the missed
+        samples pushed (their readers' own reads bring their pages)."""
+        holders, out = self.holders, {"missed": missed}
+        reserved = set()
         if self.cache_answered:
             holds = self.cache.holds_reservation
-            unpushed = {s for s in sids if holds(s)}
-        unpushed.update(missed)
-        return holders.push, unpushed
+            reserved = {s for s in sids if holds(s) and s not in missed}
+            if reserved and holders.serves_early:
+                out.update(serve=holders.serve_early, served=reserved)
+        if holders.pushes:
+            out.update(push=holders.push, unpushed=reserved | set(missed))
+        return out
 
     def fetched_elsewhere(self, sids: list[int], claimed) -> None:
         """A batch of sids is about to start with those in claimed: the others are fetched
@@ -79,13 +83,17 @@ class Arrivals:
             if s not in claimed:
                 settle(s)
 
-    def arrived(self, items, missed=()) -> None:
+    def arrived(self, items, missed=(), served=()) -> None:
         """A group of a batch's samples is done, [(sid, bytes | Exception)] (missed: the
-        samples of the batch that readers missed, a set): reservations settled, each delivered."""
+        samples of the batch that readers missed; served: those handed to the fast path in
+        the thread; sets): reservations settled, each delivered, and a served one the cache
+        did not keep let go of."""
         settle = self.cache.settle
         for s, _ in items:
             settle(s)
         self.deliver_many(items, missed)
+        if served:
+            self.holders.unserve([s for s, _ in items if s in served])
 
     def ended(self, node: int, readahead: bool) -> None:
         """A batch on node ended: a read-ahead batch leaves a request slot free."""

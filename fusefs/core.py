@@ -145,7 +145,7 @@ class Core:
         self.cache = SampleCache(config.cache_bytes, config.static_bytes, mirror=hold)
         self.kernel_view = KernelView(index.n_files, self.stats, kernel, ino_base=self.file_base)
         self.handles = Handles(held_cap(config.cache_bytes))  # open files, what they keep
-        self.holders = Holders(self.cache, self.handles, self.kernel_view)
+        self.holders = Holders(self.cache, self.handles, self.kernel_view, serve=hold)
         # the data plane, each part made with what it needs, in the order they need each
         # other: the read-ahead's plan, what fetches bring, the fetcher, the read-ahead, reads
         placement, inflight, fetch = Placement(index), {}, config.fetch

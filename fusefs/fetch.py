@@ -195,11 +195,13 @@ class Batch:
     a task of the fetcher's nursery, the one case that costs a task."""
 
     __slots__ = ("fetcher", "n", "node", "pendings", "push", "unpushed", "missed", "readahead",
-                 "from_local", "tries", "over", "inbox")
+                 "serve", "served", "from_local", "tries", "over", "inbox")
 
-    def __init__(self, fetcher: "Fetcher", n: int, pendings: dict, push, unpushed, missed, readahead: bool):
+    def __init__(self, fetcher: "Fetcher", n: int, pendings: dict, push, unpushed, missed,
+                 readahead: bool, serve, served):
         self.fetcher, self.n, self.node, self.pendings = fetcher, n, fetcher.nodes[n], pendings
         self.push, self.unpushed, self.missed, self.readahead = push, unpushed, missed, readahead
+        self.serve, self.served = serve, served
         self.from_local: set[int] = set()
         self.tries = Tries(fetcher.retries, fetcher.backoff, fetcher.max_backoff, fetcher.io_timeout)
         self.over = False  # ended, or given up at the fetcher's end: late posts are ignored
@@ -214,7 +216,7 @@ class Batch:
 
     def _hand_over(self, items) -> None:
         try:  # (an error here would end trio's run; the readers have their bytes)
-            self.fetcher.sink.arrived(items, self.missed)
+            self.fetcher.sink.arrived(items, self.missed, self.served)
         except Exception:
             log.exception("delivering %d sample(s) on arrival failed", len(items))
 
@@ -254,7 +256,11 @@ class Batch:
         """(The worker thread.) A group of reads is done: its samples to the loop, and those
         to push pushed into the kernel (holders.Holders.push, which holds them where the
         loop answers their readers until the push is done)."""
-        push, unpushed = self.push, self.unpushed
+        push, unpushed, served = self.push, self.unpushed, self.served
+        if served:  # (the fast path answers them from now on: before the loop has them)
+            early = [(sid, r) for sid, r in got.items() if sid in served and not isinstance(r, Exception)]
+            if early:
+                self.serve(early)
         todo = [] if push is None else [(sid, r) for sid, r in got.items()
                                         if sid not in unpushed and not isinstance(r, Exception)]
         if todo:
@@ -353,9 +359,9 @@ class NodeReads:
 class Sink(Protocol):
     """What a fetch's results go to, on the loop (arrivals.Arrivals)."""
 
-    def arrived(self, items: list, missed) -> None:
+    def arrived(self, items: list, missed, served) -> None:
         """A group of a batch's samples, [(sid, bytes | Exception)]; missed: those of them
-        readers missed and wait for (a set)."""
+        readers missed and wait for (a set); served: those the fast path was handed early."""
 
     def ended(self, node: int, readahead: bool) -> None:
         """A batch on node ended (readahead: one of the read-ahead's)."""
@@ -478,7 +484,7 @@ class Fetcher:
         return new
 
     def submit(self, sids: list[int], claimed: dict[int, Pending] | None = None, *, push=None,
-               unpushed=(), missed=(), readahead: bool = False) -> bool:
+               unpushed=(), missed=(), serve=None, served=(), readahead: bool = False) -> bool:
         """Fetch sids (one node) in one batch, on the loop, without waiting: each sample is
         handed to the sink as soon as its read is done, those of a group of reads together
         (the read of a sample asked for earlier in sids is made earlier). `claimed`: sids
@@ -488,7 +494,9 @@ class Fetcher:
         push, holders.Holders.push), or None. `unpushed`: samples not to push. `missed`: the
         samples readers missed and wait for (a set, first in sids: the first is read in a
         group of its own).
-        `readahead`: a batch of the read-ahead (counted in readahead_running until it
+        `serve([(sid, bytes)])`: called in the worker thread with the samples of `served`
+        of each group (holders.Holders.serve_early: the fast path answers them before the
+        loop has them), or None. `readahead`: a batch of the read-ahead (counted in readahead_running until it
         ends). Whether a batch was started (not if every sample is fetched already)."""
         if self.inbox is None:
             raise RuntimeError("a fetch before Fetcher.run: start the core's tasks first")
@@ -498,7 +506,7 @@ class Fetcher:
             return False
         sids = [s for s in sids if s in pendings]
         n = self.node_of(sids[0])
-        b = Batch(self, n, pendings, push, unpushed, missed, readahead)
+        b = Batch(self, n, pendings, push, unpushed, missed, readahead, serve, served)
         b.node.busy += 1
         if readahead:
             self.readahead_running[n] += 1

@@ -13,7 +13,8 @@ A sample's bytes may be held, at once or in turn, by
   dropped since).
 
 Nothing else asks those parts for bytes: a read asks `get`, the fetches' arrivals `keep`,
-the read-ahead `holds`, and a fetch thread `push`es here.
+the read-ahead `holds`, and a fetch thread `push`es here, or hands the fast path what the
+cache will keep (`serve_early`) before the loop has it.
 """
 from __future__ import annotations
 
@@ -23,10 +24,13 @@ from .kernel_view import KernelView
 
 
 class Holders:
-    def __init__(self, cache: SampleCache, handles: Handles, kernel_view: KernelView):
+    def __init__(self, cache: SampleCache, handles: Handles, kernel_view: KernelView, serve=None):
         """cache: the daemon's cache; handles: the open handles (the bytes each keeps);
-        kernel_view: what the kernel page cache holds, and the push into it."""
+        kernel_view: what the kernel page cache holds, and the push into it; serve(sid,
+        bytes or None): the fast path's table (FastPath.hold, the cache's mirror too), which
+        a fetch thread fills ahead of the cache (serve_early), or None."""
         self.cache, self.handles, self.kernel_view = cache, handles, kernel_view
+        self._serve = serve
         self.pushing: dict[int, bytes] = {}  # sid -> bytes while a worker thread pushes them
 
     def get(self, sid: int) -> bytes | None:
@@ -61,6 +65,29 @@ class Holders:
     def drop(self, sid: int) -> bool:
         """Let go of sample sid's bytes in the cache; whether it held them."""
         return self.cache.drop(sid)
+
+    @property
+    def serves_early(self) -> bool:
+        """Whether a fetch thread can hand samples to the fast path (serve_early)."""
+        return self._serve is not None
+
+    def serve_early(self, items) -> None:
+        """(A fetch's worker thread.) Fetched, checked samples, [(sid, bytes)], that the cache
+        has room reserved for: the fast path answers their reads from now on, before the loop
+        has them (a reader's read that comes meanwhile does not wait for the loop). The cache
+        keeps them once the loop has them (its mirror holds the same bytes again); one it does
+        not keep is let go of then (unserve)."""
+        serve = self._serve
+        for sid, data in items:
+            serve(sid, data)
+
+    def unserve(self, sids) -> None:
+        """(The loop.) Of samples served early, those the cache did not keep: the fast path
+        lets them go."""
+        cache, serve = self.cache, self._serve
+        for sid in sids:
+            if sid not in cache:
+                serve(sid, None)
 
     @property
     def pushes(self) -> bool:

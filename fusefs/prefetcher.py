@@ -28,8 +28,8 @@ class Prefetcher:
     def __init__(self, plan: ReadAheadPlan, fetcher: Fetcher, arrivals: Arrivals, wake: Wake,
                  on_idle=None):
         """plan: what to read ahead; fetcher: the nodes, their request slots, what is in
-        flight, and where batches are submitted; arrivals: what a batch pushes into the
-        kernel (Arrivals.pushes); wake: what the task waits on; on_idle(idle): told when
+        flight, and where batches are submitted; arrivals: what a batch's thread pushes
+        into the kernel or hands the fast path (Arrivals.handling); wake: what the task waits on; on_idle(idle): told when
         the plan's `idle` changes (FastPath.idle: the readers' uses may then reach the core
         later), or None."""
         self.plan, self.fetcher, self.arrivals, self._wake = plan, fetcher, arrivals, wake
@@ -121,6 +121,5 @@ class Prefetcher:
         for node, b in self.plan.batches(self.running):
             claimed = fetcher.claim(b)
             self.arrivals.fetched_elsewhere(b, claimed)
-            push, unpushed = self.arrivals.pushes(b)
-            if fetcher.submit(b, claimed, push=push, unpushed=unpushed, readahead=True):
+            if fetcher.submit(b, claimed, **self.arrivals.handling(b), readahead=True):
                 self.batches += 1

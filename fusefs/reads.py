@@ -43,8 +43,8 @@ class Reads:
         the orders (their plans; a miss's next use);
         fetcher: batches, in-flight fetches; prefetcher: the read-ahead (a miss takes along
         the samples it has queued on the node, and the kernel's drops rewind it); arrivals:
-        what fetches bring (its corrupt and given-up samples, and what a batch pushes into
-        the kernel); stats: the daemon's counters; kernel_view: what the kernel page cache
+        what fetches bring (its corrupt and given-up samples, and what a batch's thread
+        does with them: Arrivals.handling); stats: the daemon's counters; kernel_view: what the kernel page cache
         holds (kernel_view.KernelView)."""
         self.index, self.holders, self.policy = index, holders, policy
         self.fetcher, self.prefetcher, self.arrivals = fetcher, prefetcher, arrivals
@@ -176,9 +176,8 @@ class Reads:
             return
         del self._gathered[node]
         sids, missed = gathered.missed + gathered.companions, set(gathered.missed)
-        push, unpushed = self.arrivals.pushes(sids, missed)
         try:
-            self.fetcher.submit(sids, gathered.claimed, push=push, unpushed=unpushed, missed=missed)
+            self.fetcher.submit(sids, gathered.claimed, **self.arrivals.handling(sids, missed))
         except Exception as e:  # (not serving any more: its readers get EIO, not a hang)
             self.fetcher.abandon(gathered.claimed, e)
 

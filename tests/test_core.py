@@ -252,6 +252,64 @@ def test_what_the_read_ahead_keeps_for_the_fast_path_is_read_through_not_pushed(
     assert core.statistics()["pushed"] == len(pushed)
 
 
+def test_the_read_aheads_samples_reach_the_fast_path_from_the_fetch_thread_and_only_what_is_kept_stays(three_nodes):
+    """With the fast path, a read-ahead sample is handed to its table by the worker thread
+    that fetched it, before the loop has it (Holders.serve_early); the loop's cache keeps it
+    (its mirror holds it again), and what the cache does not keep, or evicts, leaves the
+    table: through two epochs in a cache of a third of the set, the table holds exactly the
+    cache's entries, each the sample's bytes."""
+    import threading
+    from fusefs import order as orderfmt
+    from conftest import settled
+    dst, files = three_nodes
+    table, from_threads, lock = {}, set(), threading.Lock()
+    loop_thread = []
+
+    def hold(sid, data):
+        with lock:
+            if data is None:
+                table.pop(sid, None)
+            else:
+                table[sid] = data
+                if threading.get_ident() != loop_thread[0]:
+                    from_threads.add(sid)
+
+    core = _core(dst, hold=hold, cache_bytes=sum(len(v) for v in files.values()) // 3)
+    ix = core.index
+    order = list(range(ix.n_files))[::-1]
+
+    async def go():
+        loop_thread.append(threading.get_ident())
+        async with serving(core):
+            core.set_order(0, orderfmt.encode(order, epoch=0))
+            for sid in order:  # (reads as the fast path's would: the uses move the plan on)
+                await settled(core)
+                assert await read_sample(core, sid) == files[os.fsdecode(ix.file_path(sid))]
+            await settled(core)
+    trio.run(go)
+    assert len(from_threads) > len(order) // 2  # (most came from the fetch threads)
+    assert table.keys() == core.cache._entries.keys() and 0 < len(table) < ix.n_files
+    assert all(table[s] is core.cache.get(s) or table[s] == core.cache.get(s) for s in table)
+
+
+@pytest.mark.parametrize("room", [True, False], ids=["kept", "refused"])
+def test_a_sample_served_early_that_the_cache_does_not_keep_leaves_the_fast_path(three_nodes, room):
+    """A sample a fetch thread handed to the fast path (Holders.serve_early) stays there when
+    the cache keeps it on arrival, and leaves when the cache refuses it (no room): the table
+    never holds bytes the budget does not count."""
+    dst, files = three_nodes
+    table = {}
+    core = _core(dst, hold=lambda sid, data: table.pop(sid, None) if data is None else table.update({sid: data}),
+                 cache_bytes=(64 << 20) if room else 2048)
+    ix = core.index
+    sid = next(s for s in range(ix.n_files) if ix.size[s] > 4096)
+    data = files[os.fsdecode(ix.file_path(sid))]
+    core.holders.serve_early([(sid, data)])
+    assert table == {sid: data}
+    core.arrivals.arrived([(sid, data)], (), {sid})
+    assert (sid in core.cache) == room and (sid in table) == room
+
+
 def test_opens_and_releases_answered_on_the_fast_path_count_as_the_loops_do(tricky):
     """The fast path's thread answers opens and releases in C and hands them over as events
     (handles, a release's with RELEASED set, fastpath.py): applied in order, they leave the
