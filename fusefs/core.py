@@ -1,19 +1,20 @@
-"""The filesystem without any FUSE in it: a façade over its parts, which it makes.
+"""The filesystem without any FUSE in it: a façade over the namespace, the open handles, the
+control namespace and the data plane.
 
 Names, inodes, attributes and listings are the namespace's (namespace.py: from the
 in-memory index, no backend I/O); the orders are the order controller's (orders.py); the
-open handles and the bytes they hold between reads are the core's own. A read
-of a sample gets its whole verified bytes from reads.Reads (cache, fetch under way, or
-backend, batched with the samples the order needs next on the same storage node) and
-serves any offset and size from them. A fetched sample's bytes are also pushed into the
-kernel page cache as they arrive, so a reader's read() of it never reaches the daemon: a
-cached sample costs an open and a release (and the ioctl with which Python's open() asks
-isatty, answered by the binding in C: docs/HOTPATH.md). Closing a file is a use of its sample in the
-order (policy.py); the cache keeps it until its room is needed (cache.py). Core makes the
-parts, each with what it needs: policy, cache, fetcher (fetch.py), reads (which makes the
-read-ahead, prefetch.py), what the kernel holds (kernel_view.py), the names (namespace.py,
-with the control namespace, control.py), the orders (orders.py); its statistics merge their
-counters().
+open handles are the core's, and the bytes they keep between reads the holders'
+(holders.py). A read of a sample gets its whole verified bytes from reads.Reads (held,
+a fetch under way, or the backend, batched with the samples the order needs next on the same
+storage node) and serves any offset and size from them. The fetched samples the cache does
+not keep for the fast path are pushed into the kernel page cache as they arrive, so a
+reader's read() of them never reaches the daemon: a cached sample costs an open and a release
+(and the ioctl with which Python's open() asks isatty, answered by the binding in C:
+docs/HOTPATH.md). Closing a file is a use of its sample in the order (policy.py); the cache
+keeps it until its room is needed (cache.py). The parts of the data plane are made by
+dataplane.DataPlane.build (mount.serve calls it and hands the plane in; a core made without
+one builds it the same way); the core makes the names (namespace.py, with the control
+namespace, control.py); its statistics merge every part's counters().
 Errors are FsError(errno); the FUSE adapter (fs.py) turns them into FUSEError.
 """
 from __future__ import annotations
@@ -26,24 +27,14 @@ import time
 
 import trio
 
-from .arrivals import Arrivals
-from .cache import SampleCache
-from .control import FH_BASE, ControlHooks, ControlNamespace
-from .entries import WRITE_FLAGS, Attr, FsError, OpenResult
 from .config import DEFAULTS, MountConfig
-from .index import Index
-from .kernel_view import KernelView
-from .namespace import Namespace, control_dir
-from .orders import Orders, default_budget
-from .policy import Policy
-from .fetch import Fetcher, Placement, batch_size, max_per_node
-from .prefetch import ReadAheadPlan, Wake
-from .prefetcher import Prefetcher
-from .handles import (EVENT_BITS, READ, READ_END, READ_LOST, RELEASED, SERIAL_WRAP, SID_BITS, SID_MASK,
-                      Handles, held_cap)
+from .control import FH_BASE, ControlHooks, ControlNamespace
+from .dataplane import DataPlane
+from .entries import WRITE_FLAGS, Attr, FsError, OpenResult
+from .handles import EVENT_BITS, READ, READ_END, READ_LOST, RELEASED, SERIAL_WRAP, SID_BITS, SID_MASK
 from .histogram import Histogram
-from .holders import Holders
-from .reads import Reads
+from .index import Index
+from .namespace import Namespace, control_dir
 from .store import ChunkStore
 
 log = logging.getLogger("fusefs")
@@ -113,7 +104,8 @@ def cpu_seconds() -> float:
 class Core:
     def __init__(self, index: Index, store: ChunkStore, config: MountConfig = DEFAULTS, *,
                  local=None, kernel=None, hold=None, idle=None, catch_up=None,
-                 control_socket: str | None = None):
+                 control_socket: str | None = None, plane: DataPlane | None = None,
+                 stats: "Stats | None" = None):
         """The dataset of index, its chunks read through store, with the mount's settings
         (config); local: the local cache tier (local.LocalTier) or None; kernel: the kernel
         page cache (fs.KernelCache, which fetched samples are pushed into as they arrive:
@@ -125,13 +117,15 @@ class Core:
         catch_up(): applies the uses that wait to reach the core (FastPath.catch_up), before
         an order from the control socket is put in force, or None; control_socket: the
         control socket's path, which `.fusefs/control` links to (None: no link). The files'
-        owner is config's uid and gid (None: the daemon's)."""
+        owner is config's uid and gid (None: the daemon's). plane: the data plane
+        (dataplane.DataPlane, built by mount.serve with stats, the counters it was given),
+        or None: built here the same way from local, kernel, hold and idle."""
         self.index = index
         self.store = store
         self.local = local
         self.control_gid = config.control_gid  # a group that may set orders too
         self.owner = os.geteuid()  # the daemon's user: trusted, as root is
-        self.stats = Stats()
+        self.stats = Stats() if stats is None else stats
         self.control = ControlNamespace(ControlHooks(
             statistics=self.statistics, ids_table=self.ids_table,
             chunk_table=lambda: index.chunk.astype("<u4").tobytes(),
@@ -141,30 +135,15 @@ class Core:
         # (the namespace's, which the adapter and the hot path read)
         self.uid, self.gid = self.namespace.uid, self.namespace.gid
         self.ctrl_dir, self.file_base = self.namespace.ctrl_dir, self.namespace.file_base
-        self.policy = Policy(index.size)
-        self.cache = SampleCache(config.cache_bytes, config.static_bytes, mirror=hold)
-        self.kernel_view = KernelView(index.n_files, self.stats, kernel, ino_base=self.file_base)
-        self.handles = Handles(held_cap(config.cache_bytes))  # open files, what they keep
-        self.holders = Holders(self.cache, self.handles, self.kernel_view, serve=hold)
-        # the data plane, each part made with what it needs, in the order they need each
-        # other: the read-ahead's plan, what fetches bring, the fetcher, the read-ahead, reads
-        placement, inflight, fetch = Placement(index), {}, config.fetch
-        plan = ReadAheadPlan(index, self.policy, self.cache, nodes=len(placement.names),
-                             node_of=placement.node_of, inflight=inflight, per_node=fetch.per_node,
-                             max_per_node=max_per_node(fetch), batch=batch_size(fetch, index),
-                             readahead=config.readahead, holds=self.holders.holds)
-        wake = Wake()
-        self.arrivals = Arrivals(self.policy, self.cache, self.holders, plan, wake, local=local,
-                                 io_timeout=fetch.io_timeout, cache_answered=hold is not None)
-        self.fetcher = Fetcher(store, fetch, sink=self.arrivals, placement=placement,
-                               inflight=inflight, local=local)
-        self.prefetcher = Prefetcher(plan, self.fetcher, self.arrivals, wake, on_idle=idle)
-        self.reads = Reads(index, self.holders, self.policy, self.fetcher, self.prefetcher,
-                           self.arrivals, self.stats, self.kernel_view)
-        budget = config.order_bytes if config.order_bytes is not None else \
-            default_budget(config.cache_bytes, index.n_files)
-        self.orders = Orders(index, self.policy, self.cache, self.reads, self.prefetcher, self.stats,
-                             budget, local=local)
+        if plane is None:
+            plane = DataPlane.build(index, store, config, self.stats, local=local, kernel=kernel,
+                                    hold=hold, idle=idle)
+        self.plane = plane
+        # (the data plane's parts, which the façade's methods and the statistics reach)
+        self.policy, self.cache, self.kernel_view = plane.policy, plane.cache, plane.kernel_view
+        self.handles, self.holders, self.arrivals = plane.handles, plane.holders, plane.arrivals
+        self.fetcher, self.prefetcher, self.reads = plane.fetcher, plane.prefetcher, plane.reads
+        self.orders = plane.orders
         self._catch_up = catch_up
         # the parts whose counters() make the statistics (count() adds the FUSE adapter's)
         self.counted = [self.stats, self.cache, self.fetcher, self.prefetcher, self.arrivals,

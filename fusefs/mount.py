@@ -20,7 +20,8 @@ from . import fastpath, pyfuse3
 from .config import DEFAULTS, STOP_SIGNALS, FetchConfig, MountConfig, default_fast_threads
 from .control import RENDER_EVERY
 from .control_socket import ControlSocket
-from .core import Core
+from .core import Core, Stats
+from .dataplane import DataPlane
 from .errors import UserError
 from .fs import KernelCache, Operations
 from .index import INDEX_NAME, Index, IndexFormatError
@@ -143,8 +144,12 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
         sock_path = runtime_path(mnt, ".sock")
         own_folder(os.path.dirname(sock_path))
         fast = fastpath.FastPath() if config.fast_path.enabled else None
-        core = Core(index, store, config, local=local, kernel=KernelCache() if config.kernel_cache else None,
-                    hold=fast.hold if fast else None, idle=fast.idle if fast else None,
+        # every part, each made once with what it needs: the data plane, then the core over it
+        stats = Stats()
+        plane = DataPlane.build(index, store, config, stats, local=local,
+                                kernel=KernelCache() if config.kernel_cache else None,
+                                hold=fast.hold if fast else None, idle=fast.idle if fast else None)
+        core = Core(index, store, config, local=local, plane=plane, stats=stats,
                     catch_up=fast.catch_up if fast else None, control_socket=sock_path)
         try:
             control = ControlSocket(sock_path, core.commit_order, core.may_control, core.order_limit,

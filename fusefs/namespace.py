@@ -33,6 +33,11 @@ def control_dir(index: Index) -> int:
     return index.n_dirs + 1
 
 
+def file_base(index: Index) -> int:
+    """The inode of index's first file (sample 0): past the control namespace's slots."""
+    return control_dir(index) + CTRL_SLOTS
+
+
 class Namespace:
     def __init__(self, index: Index, files: FilesConfig, control):
         """index's tree, its files owned and moded as files says, with the control
@@ -45,7 +50,7 @@ class Namespace:
         self.file_mode = presented_modes(index.mode, files.file_mode, files.umask)
         self.dir_mode = presented_modes(index.dir_mode, files.dir_mode, files.umask)
         self.ctrl_dir = control_dir(index)
-        self.file_base = self.ctrl_dir + CTRL_SLOTS
+        self.file_base = file_base(index)
 
     def sid_of(self, ino: int) -> int | None:
         sid = ino - self.file_base
