@@ -35,21 +35,19 @@ GAVE_UP_MAX = 4096  # samples whose fetch gave up that are remembered (the oldes
 
 class Arrivals:
     def __init__(self, policy: Policy, cache: SampleCache, holders: Holders, plan: ReadAheadPlan,
-                 wake: Wake, *, local=None,
-                 io_timeout: float = 0.0, cache_answered: bool = False):
+                 wake: Wake, *, local=None, io_timeout: float = 0.0):
         """policy: by what rule bytes are kept; cache: the budget (reservations settled,
         what an entry costs); holders: where bytes are kept and pushed from
         (holders.Holders); plan: the read-ahead's (prefetch.ReadAheadPlan: its reservations
         yield room to a refused sample); wake: the read-ahead's (prefetch.Wake), set as a batch of
         its ends; local: the local tier or None; io_timeout: the fetcher's (a sample whose
-        fetch gave up waiting for its node is remembered only if it waited);
-        cache_answered: the reads of the cache's samples are answered outside the loop (the
-        fast path), so a fetched sample the cache keeps is not pushed into the kernel page
-        cache: its readers' reads leave its pages there (KernelView.read_through), one copy
-        fewer than a push."""
+        fetch gave up waiting for its node is remembered only if it waited). Where the fast
+        path answers the cache's samples (holders.serves_early), a fetched sample the cache
+        keeps is not pushed into the kernel page cache: its readers' reads leave its pages
+        there (KernelView.read_through), one copy fewer than a push."""
         self.policy, self.cache, self.holders, self.plan = policy, cache, holders, plan
         self.wake, self.local = wake, local
-        self.io_timeout, self.cache_answered = io_timeout, cache_answered
+        self.io_timeout = io_timeout
         self.corrupt: dict[int, str] = {}  # samples whose stored bytes fail their checksum
         self.gave_up: collections.OrderedDict[int, float] = collections.OrderedDict()  # sid -> when
 
@@ -66,10 +64,10 @@ class Arrivals:
         samples pushed (their readers' own reads bring their pages)."""
         holders, out = self.holders, {"missed": missed}
         reserved = set()
-        if self.cache_answered:
+        if holders.serves_early:
             holds = self.cache.holds_reservation
             reserved = {s for s in sids if holds(s) and s not in missed}
-            if reserved and holders.serves_early:
+            if reserved:
                 out.update(serve=holders.serve_early, served=reserved)
         if holders.pushes:
             out.update(push=holders.push, unpushed=reserved | set(missed))

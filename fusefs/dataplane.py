@@ -62,7 +62,7 @@ class DataPlane:
                              readahead=config.readahead, holds=holders.holds)
         wake = Wake()
         arrivals = Arrivals(policy, cache, holders, plan, wake, local=local,
-                            io_timeout=fetch.io_timeout, cache_answered=hold is not None)
+                            io_timeout=fetch.io_timeout)
         fetcher = Fetcher(store, fetch, sink=arrivals, placement=placement, inflight=inflight,
                           local=local)
         prefetcher = Prefetcher(plan, fetcher, arrivals, wake, on_idle=idle)

@@ -316,7 +316,7 @@ class Batch:
         if not self.over:
             self.fetcher._launch(self, retry)
 
-    def end(self, cancelled: bool = False) -> None:
+    def end(self) -> None:
         """The batch is over: what is left unsettled gets FetchCancelled (a shutdown)."""
         if self.over:
             return
@@ -421,7 +421,7 @@ class Fetcher:
                  inflight: dict | None = None, max_gap: int = MAX_GAP, backoff: float = 0.1, local=None):
         """store: the chunk files; config: requests per node, samples per request,
         retries and io_timeout (config.FetchConfig); sink: told on the loop of the samples
-        that arrive, arrived([(sid, bytes | Exception)], missed), and of each batch's end,
+        that arrive, arrived([(sid, bytes | Exception)], missed, served), and of each batch's end,
         ended(node, readahead) (arrivals.Arrivals); placement: each sample's node;
         inflight: the samples being fetched, sid -> Pending (shared with the read-ahead's
         plan, which reads it); local: a LocalTier looked in before the backend, or None."""
@@ -474,7 +474,7 @@ class Fetcher:
                 while self._threads:
                     self._no_threads = trio.Event()
                     await self._no_threads.wait()
-            self.nursery = None
+            self.inbox = self.nursery = None  # (a submit from now on is refused)
 
     def claim(self, sids: list[int]) -> dict[int, Pending]:
         """Register those of sids no one is fetching as in flight (readers of them then wait

@@ -62,10 +62,6 @@ class Holders:
         """keep() of each (sid, data) of items[start:] until one is not kept: its index."""
         return self.cache.put_many(items, keys, start)
 
-    def drop(self, sid: int) -> bool:
-        """Let go of sample sid's bytes in the cache; whether it held them."""
-        return self.cache.drop(sid)
-
     @property
     def serves_early(self) -> bool:
         """Whether a fetch thread can hand samples to the fast path (serve_early)."""
