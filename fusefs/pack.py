@@ -40,6 +40,7 @@ from tqdm import tqdm
 from . import beneath
 from . import chunk as chunkfmt
 from . import nodes as nodesmod
+from .access import Access
 from .errors import UserError
 from .index import CONTROL_NAME, INDEX_NAME, ChunkInfo, Index
 
@@ -91,50 +92,6 @@ class _Tree:
         d = self.f_dir[i]
         name = bytes(self.names[self.f_name[i]:self.f_name[i] + self.f_len[i]])
         return os.path.join(self.paths[d], name) if self.paths[d] else name
-
-
-class Access:
-    """Who could read what in the source tree, for the modes of what pack writes (never more
-    open than the sources). A folder's `reach` says which users, beside its owner, can get
-    into it, folders above it included: EVERYONE (every folder up to / searchable by
-    others), NOBODY, or a group id (every folder searchable by others or by that group)."""
-
-    EVERYONE, NOBODY = -1, -2
-
-    @classmethod
-    def reach(cls, above: int, st) -> int:
-        """The reach of a folder with stat st, under a folder whose reach is `above`."""
-        if above == cls.NOBODY:
-            return cls.NOBODY
-        if st.st_mode & 0o001:
-            return above
-        if st.st_mode & 0o010 and above in (cls.EVERYONE, st.st_gid):
-            return st.st_gid
-        return cls.NOBODY
-
-    @classmethod
-    def of_path(cls, path: bytes) -> int:
-        """The reach of the folder at path (every folder from / down to it)."""
-        reach, here = cls.EVERYONE, b"/"
-        for part in [b""] + [p for p in path.split(b"/") if p]:
-            here = os.path.join(here, part)
-            reach = cls.reach(reach, os.stat(here))
-        return reach
-
-    @classmethod
-    def mode(cls, modes, gids, reaches) -> tuple[int, int | None]:
-        """(mode, group) for a file holding entries of these modes, groups and reaches (their
-        folder's): owner read-write; others read if every entry was readable by others;
-        group read (and that group) if every entry was readable by one group."""
-        modes, gids, reaches = (np.asarray(x, dtype=np.int64) for x in (modes, gids, reaches))
-        mode = 0o600
-        if len(modes) and np.all((modes & 0o004) > 0) and np.all(reaches == cls.EVERYONE):
-            mode |= 0o004
-        group = int(gids[0]) if len(gids) else None
-        if group is not None and np.all(gids == group) and np.all((modes & 0o040) > 0) and \
-                np.all((reaches == cls.EVERYONE) | (reaches == group)):
-            mode |= 0o040
-        return mode, (group if mode & 0o040 else None)
 
 
 # folders whose descriptors pack keeps open while it reads their files (opened once each,
