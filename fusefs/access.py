@@ -1,7 +1,9 @@
-"""Who can read what: for the modes of what fusefs writes (never more open than its sources)."""
+"""Who can read or change what: for the modes of what fusefs writes or shows (never more open
+than its sources) and for what a root daemon may trust."""
 from __future__ import annotations
 
 import os
+import stat
 
 import numpy as np
 
@@ -49,3 +51,14 @@ class Access:
             mode |= 0o040
         return mode, (group if mode & 0o040 else None)
 
+
+def others_can_change(st, euid: int) -> bool:
+    """Whether a user other than root and euid could change the file or folder of stat st
+    (its owner, a group-writable one's group other than root's, or anyone where others may
+    write; a sticky folder keeps others from renaming or removing what they do not own)."""
+    if st.st_uid not in (0, euid):
+        return True
+    sticky = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+    if st.st_mode & 0o002 and not sticky:
+        return True
+    return bool(st.st_mode & 0o020 and st.st_gid != 0 and not sticky)

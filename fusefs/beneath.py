@@ -64,6 +64,18 @@ def open_dir(dir_fd: int, rel: str | bytes) -> int:
     return fd
 
 
+def open_absolute(path: str) -> int:
+    """A descriptor of the folder at the absolute path, opened from / without following a
+    link anywhere on the way (ELOOP)."""
+    if not path.startswith("/"):
+        raise ValueError(f"{path!r} is not an absolute path")
+    root = os.open("/", DIR_FLAGS)
+    try:
+        return os.dup(root) if path.strip("/") == "" else open_dir(root, path.strip("/"))
+    finally:
+        os.close(root)
+
+
 def _is_link(name, dir_fd: int) -> bool:
     try:
         return stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)

@@ -50,6 +50,15 @@ def cmd_pack(a) -> int:
             mode = int(a.mode, 8)
         except ValueError:
             raise UserError(f"--mode {a.mode}: not an octal mode (e.g. 0640)") from None
+    if a.in_place:
+        from .tarindex import index_in_place
+        r = index_in_place(a.src, a.dst, nodes=a.nodes, strict=a.strict, force=a.force,
+                           progress=False if a.quiet else None, mode=mode)
+        for path, why in r.skipped:
+            print(f"skipped: {path}: {why}", file=sys.stderr)
+        print(f"indexed {r.files} files, {_human(r.bytes)} in {r.chunks} tars in place in "
+              f"{r.seconds:.1f} s ({_human(r.bytes / max(r.seconds, 1e-9))}/s){f'; {len(r.skipped)} skipped' if r.skipped else ''}")
+        return 0
     r = pack(a.src, a.dst, chunk_bytes=None if a.chunk_count else parse_size(a.chunk_size),
              chunk_count=a.chunk_count, nodes=a.nodes, workers=a.workers, strict=a.strict,
              force=a.force, progress=False if a.quiet else None, mix_classes=a.mix_classes,
@@ -90,7 +99,7 @@ def cmd_info(a) -> int:
 def cmd_verify(a) -> int:
     from .store import verify
     ix = _load(a.dst)
-    problems = verify(a.dst, ix, progress=False if a.quiet else None)
+    problems = verify(ix.data_root(a.dst), ix, progress=False if a.quiet else None)
     for p in problems:
         print(f"BAD: {p}")
     print(f"verified {ix.n_files} samples in {len(ix.chunks)} chunks: "
@@ -159,7 +168,7 @@ def cmd_mount(a) -> int:
     for line in missing_native():
         logging.getLogger("fusefs").warning(line)
     fetch = fetch_config(a)
-    index, store = open_dataset(a.dst, fetch)  # refuses a broken dataset before mounting
+    index, store = open_dataset(a.dst, fetch, parse_group(a.gid))  # refuses a broken dataset before mounting
     serve(index, store, a.mnt, mount_config(a, index.total_bytes, fetch), options=a.o or [],
           nonempty=a.nonempty)
     return 0
@@ -425,6 +434,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("pack", parents=[common], help="pack a folder tree into chunk files plus an index")
     s.add_argument("src", help="the folder tree to pack (an ImageFolder, or any tree of files)")
     s.add_argument("dst", help="where the chunk files and the index go (on the parallel filesystem)")
+    s.add_argument("--in-place", action="store_true",
+                   help="SRC is a tar file or a folder of uncompressed tars (WebDataset shards, "
+                        "ImageNet's archive): index them where they are, tars inside tars as "
+                        "folders; DST gets only the index, nothing is copied")
     s.add_argument("--chunk-size", default="64MiB", help="target bytes per chunk (default 64MiB)")
     s.add_argument("--chunk-count", type=int, help="samples per chunk (instead of --chunk-size)")
     s.add_argument("--nodes", type=int, help="spread chunks over N node folders (chunk i on node i mod N)")

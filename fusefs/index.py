@@ -5,7 +5,7 @@ One file, `index.fusefs`, in the packed folder:
     offset  size  field
     0       8     magic b"FUSEFSIX"
     8       4     format version (u32, currently 1)
-    12      4     flags (u32, 0)
+    12      4     flags (u32): 0, or IN_PLACE (the chunks are tar files read where they lie)
     16      8     length of the JSON metadata (u64)
     24      8     xxh3-64 of the JSON metadata (u64)
     32      ...   JSON metadata (UTF-8): classes, chunks, nodes, and for every array
@@ -34,6 +34,7 @@ import xxhash
 
 from . import beneath
 from . import chunk as chunkfmt
+from .access import Access
 from .protocol import CONTROL
 from .errors import UserError
 
@@ -46,6 +47,8 @@ CONTROL_NAME = CONTROL.encode()  # the mount's hidden control folder: no packed 
 _HEAD = struct.Struct("<8sIIQQ")
 _ALIGN = 64
 MAX_CHUNK_BYTES = 1 << 48  # a chunk's size (and sample count) beyond this is refused
+IN_PLACE = 1  # flag: the chunks are tar files beneath `source`, indexed in place (tarindex.py)
+TAR_BLOCK = 512  # a tar member's bytes follow at least one header block
 
 # name -> dtype of every array, per file (sample) and per directory.
 FILE_ARRAYS = {
@@ -73,16 +76,28 @@ class ChunkInfo:
     count: int  # samples
 
 
-class Index:
-    """A packed dataset's index, held in numpy arrays."""
+@dataclass(frozen=True)
+class TarInfo:
+    """What the index knows of an in-place set's tar besides its ChunkInfo: the xxh3-64 of
+    its first block and its mtime when it was indexed."""
+    head: int
+    mtime_ns: int
 
-    def __init__(self, arrays: dict, names: bytes, classes, chunks, nodes):
+
+class Index:
+    """A packed dataset's index, held in numpy arrays. An in-place one (`source` set) reads
+    its chunks, tar files, beneath the folder `source` (an absolute path without links);
+    `tars` holds their TarInfo."""
+
+    def __init__(self, arrays: dict, names: bytes, classes, chunks, nodes, *,
+                 source: str | None = None, tars=()):
         for key in list(FILE_ARRAYS) + list(DIR_ARRAYS):
             setattr(self, key, arrays[key])
         self.names = names
         self.classes = list(classes)
         self.chunks = list(chunks)
         self.nodes = list(nodes)
+        self.source, self.tars = source, list(tars)
         self.n_files = len(self.size)
         self.n_dirs = len(self.dir_parent)
         self._check()
@@ -141,6 +156,12 @@ class Index:
                 raise IndexFormatError(f"chunk {c.path} names node {c.node}, which does not exist")
         if len({c.path for c in self.chunks}) != len(self.chunks):
             raise IndexFormatError("two chunks have the same path")
+        if self.source is not None:
+            if not (self.source == "/" or (self.source.startswith("/") and _plain(self.source[1:]))):
+                raise IndexFormatError(f"in-place source {self.source!r} is not an absolute path "
+                                       "without '.', '..' or empty components")
+            if len(self.tars) != len(self.chunks):
+                raise IndexFormatError(f"{len(self.tars)} tars described for {len(self.chunks)} chunks")
         self._check_samples()
         self._check_names()
 
@@ -157,8 +178,8 @@ class Index:
         if np.any(self.chunk >= nc):
             raise IndexFormatError("a sample names a chunk that does not exist")
         ends = np.array([c.size for c in self.chunks], dtype=np.uint64)[self.chunk]
-        starts = np.array([chunkfmt.data_start(c.count) for c in self.chunks],
-                          dtype=np.uint64)[self.chunk]
+        starts = np.array([TAR_BLOCK if self.in_place else chunkfmt.data_start(c.count)
+                           for c in self.chunks], dtype=np.uint64)[self.chunk]
         # (size first: offset + size could wrap around)
         if np.any(self.size > ends) or np.any(self.offset > ends - self.size) or np.any(self.offset < starts):
             raise IndexFormatError("a sample lies outside its chunk's data")
@@ -202,6 +223,37 @@ class Index:
             if d == 0 and CONTROL_NAME in files + subs:
                 raise IndexFormatError(f"the root holds {CONTROL_NAME.decode()!r}, the name "
                                        "reserved for the mount's control folder")
+
+    @property
+    def in_place(self) -> bool:
+        return self.source is not None
+
+    def data_root(self, dst: str) -> str:
+        """The folder the chunks' paths are relative to: the packed folder dst, or an in-place
+        set's source."""
+        return self.source if self.in_place else dst
+
+    def narrow_modes(self, caps, shown_gid: int) -> None:
+        """Show no member of an in-place set more open than its tar is: caps holds each tar's
+        (mode, gid, reach) as the mount found it (store.ChunkStore.check). Others keep their
+        bits where every folder down to the tar lets them in; the group shown (shown_gid) keeps
+        the tar's group bits if it is the tar's group, else no more than others have. A folder
+        shows what the tars beneath it together allow (and search where read is allowed)."""
+        cap = np.zeros(len(caps), np.uint32)
+        for k, (mode, gid, reach) in enumerate(caps):
+            others = mode & 0o007 if reach == Access.EVERYONE else 0
+            group = mode & 0o070 if gid == shown_gid and reach in (Access.EVERYONE, gid) else others << 3
+            cap[k] = (mode & 0o700) | group | others
+        if not self.n_files:
+            return
+        self.mode = self.mode & cap[self.chunk]
+        held = np.zeros(self.n_dirs, np.uint32)
+        np.bitwise_or.at(held, self.file_dir, cap[self.chunk])
+        parents = self.dir_parent.tolist()
+        for d in range(self.n_dirs - 1, 0, -1):  # (breadth-first: a folder after its parent)
+            held[parents[d]] |= held[d]
+        held |= (held & 0o444) >> 2
+        self.dir_mode = np.where(held > 0, self.dir_mode & held, self.dir_mode & 0o755).astype(np.uint32)
 
     # ---- names and paths -----------------------------------------------------------
     def file_name(self, i: int) -> bytes:
@@ -255,6 +307,8 @@ class Index:
         meta = {"classes": self.classes, "nodes": self.nodes,
                 "chunks": [[c.path, c.node, c.size, c.count] for c in self.chunks],
                 "arrays": {}}
+        if self.in_place:
+            meta["in_place"] = {"source": self.source, "tars": [[t.head, t.mtime_ns] for t in self.tars]}
         # Array offsets depend on the metadata's length; lay them out relative first.
         rel = 0
         for key, arr in arrays.items():
@@ -273,7 +327,7 @@ class Index:
             except PermissionError:
                 os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) & ~0o070)
         with open(fd, "wb") as f:
-            f.write(_HEAD.pack(MAGIC, VERSION, 0, len(blob), xxhash.xxh3_64_intdigest(blob)))
+            f.write(_HEAD.pack(MAGIC, VERSION, IN_PLACE if self.in_place else 0, len(blob), xxhash.xxh3_64_intdigest(blob)))
             f.write(blob)
             for key, arr in arrays.items():
                 f.seek(base + meta["arrays"][key][2])
@@ -317,6 +371,8 @@ class Index:
             raise IndexFormatError("not a fusefs index (bad magic number)")
         if version != VERSION:
             raise IndexFormatError(f"unsupported index format version {version} (this fusefs reads {VERSION})")
+        if flags & ~IN_PLACE:
+            raise IndexFormatError(f"unknown index flags {flags:#x} (a newer fusefs wrote it?)")
         if meta_len > len(data) - _HEAD.size:
             raise IndexFormatError("truncated metadata")
         blob = data[_HEAD.size:_HEAD.size + meta_len]
@@ -351,9 +407,19 @@ class Index:
                        and all(type(x) is int for x in c[1:]) for c in meta["chunks"]):
                 raise IndexFormatError("malformed metadata (a chunk is not [path, node, size, count])")
             chunks = [ChunkInfo(p, n, s, c) for p, n, s, c in meta["chunks"]]
+            source, tars = None, []
+            if flags & IN_PLACE:
+                place = meta.get("in_place")
+                if not (isinstance(place, dict) and isinstance(place.get("source"), str)
+                        and isinstance(place.get("tars"), list)
+                        and all(isinstance(t, list) and len(t) == 2 and all(type(x) is int for x in t)
+                                for t in place["tars"])):
+                    raise IndexFormatError("malformed metadata (an in-place index without its "
+                                           "source and tars)")
+                source, tars = place["source"], [TarInfo(h, m) for h, m in place["tars"]]
             names = arrays.pop("names").tobytes()
             return cls(arrays, names, [str(c) for c in meta["classes"]], chunks,
-                       [str(n) for n in meta["nodes"]])
+                       [str(n) for n in meta["nodes"]], source=source, tars=tars)
         except IndexFormatError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError) as e:
@@ -370,6 +436,14 @@ def _read_file(path: str) -> bytes:
         os.close(folder)
     with os.fdopen(fd, "rb") as f:
         return f.read()
+
+
+def _plain(rel: str) -> bool:
+    try:
+        beneath.components(rel)
+    except ValueError:
+        return False
+    return True
 
 
 def _runs_partition(first, count, parent_of, lo: int, hi: int) -> bool:

@@ -45,16 +45,21 @@ class MountError(UserError):
 INDEX_RETRIES = 16
 
 
-def open_dataset(dst: str, fetch: FetchConfig = DEFAULTS.fetch) -> tuple[Index, ChunkStore]:
-    """Load the index and check every chunk file (with fetch's retries, at least
-    INDEX_RETRIES), or raise naming what is wrong."""
+def open_dataset(dst: str, fetch: FetchConfig = DEFAULTS.fetch,
+                 shown_gid: int | None = None) -> tuple[Index, ChunkStore]:
+    """Load the index and check every chunk file, or an in-place set's every tar (with
+    fetch's retries, at least INDEX_RETRIES), or raise naming what is wrong. An in-place
+    set's members are shown no more open than their tars (shown_gid: the files' group,
+    default this process's)."""
     retries = max(fetch.retries, INDEX_RETRIES)
     try:
         index = Index.load(os.path.join(dst, INDEX_NAME), retries=retries)
-        store = ChunkStore(dst, index, willneed=fetch.willneed)
+        store = ChunkStore(index.data_root(dst), index, willneed=fetch.willneed)
         store.check(retries=retries)
     except (IndexFormatError, StoreError) as e:
         raise MountError(str(e)) from None
+    if index.in_place:
+        index.narrow_modes(store.caps, os.getgid() if shown_gid is None else shown_gid)
     return index, store
 
 

@@ -10,15 +10,19 @@ import errno
 import io
 import os
 import resource
+import stat
 import threading
 import time
 
 import numpy as np
 
+import xxhash
+
 from . import beneath
 from . import chunk as chunkfmt
+from .access import Access, others_can_change
 from .errors import UserError
-from .index import Index
+from .index import TAR_BLOCK, Index
 
 try:  # the compiled reads (setup.py); without them (FUSEFS_NO_NATIVE=1), reads are made in Python
     from . import _fetchio
@@ -70,14 +74,18 @@ class ChunkStore:
 
     def __init__(self, root: str, index: Index, *, willneed: bool = True,
                  native: bool | None = None):
-        """root: the packed folder (opened here, and every chunk beneath its descriptor, no
-        link followed: beneath.py); native: read with fusefs._fetchio (None: where it is
-        built)."""
+        """root: the packed folder, or an in-place set's source (opened here, that one from /
+        without following a link, and every chunk beneath its descriptor, no link followed:
+        beneath.py); native: read with fusefs._fetchio (None: where it is built)."""
         self.root = root
         try:
-            self.root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            self.root_fd = beneath.open_absolute(root) if index.in_place else \
+                os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as e:
-            raise StoreError(f"{root}: cannot open the packed folder: {e.strerror}") from None
+            what = "the in-place set's source folder" if index.in_place else "the packed folder"
+            raise StoreError(f"{root}: cannot open {what}: {beneath.why(e)}") from None
+        self.caps: list[tuple[int, int, int]] = []  # an in-place set's tars: (mode, gid, reach)
+        self._folders: dict[str, tuple[int, bool]] = {}  # (check) folder -> (reach, others may change it)
         self.index = index
         self.willneed = willneed
         if native and _fetchio is None:
@@ -102,10 +110,14 @@ class ChunkStore:
         are then a chunk's own, as its header says, never a stranger's. Reads each chunk's
         header and tables (32 bytes a sample); a read that fails is tried again `retries`
         times, the wait doubling from `backoff` seconds up to `max_wait` (as the index's)."""
+        self.caps = []
         for k in range(len(self.index.chunks)):
             for attempt in range(retries + 1):
                 try:
-                    self._check_chunk(k)
+                    if self.index.in_place:
+                        self.caps.append(self._check_tar(k))
+                    else:
+                        self._check_chunk(k)
                     break
                 except OSError as e:  # (a read that failed: the backend may answer again)
                     if attempt == retries:
@@ -119,15 +131,7 @@ class ChunkStore:
         """check() of chunk k: StoreError for what is wrong with it, OSError for a read that
         failed."""
         ix, info, path = self.index, self.index.chunks[k], self.chunk_path(k)
-        try:
-            fd = self.open_chunk(k)
-        except FileNotFoundError:
-            raise StoreError(f"{path}: chunk file is missing") from None
-        except OSError as e:
-            if isinstance(e, beneath.NotRegular) or e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EACCES,
-                                                                  errno.EPERM):
-                raise StoreError(f"{path}: cannot open chunk: {beneath.why(e)}") from None
-            raise
+        fd = self._open_checked(k, "chunk", "missing")
         try:
             size = os.fstat(fd).st_size
             if size != info.size:
@@ -150,6 +154,73 @@ class ChunkStore:
                 and np.array_equal(head.checksums, ix.checksum[mine])):
             raise StoreError(f"{path}: the chunk's header does not list the index's samples of "
                              "it (another chunk, or a crafted index)")
+
+    def _open_checked(self, k: int, what: str, missing: str) -> int:
+        """open_chunk(k) for check(): StoreError for a file that is missing or refused (a link
+        on the way, not a regular file, no access), OSError for an open that failed."""
+        try:
+            return self.open_chunk(k)
+        except FileNotFoundError:
+            raise StoreError(f"{self.chunk_path(k)}: {what} file is {missing}") from None
+        except OSError as e:
+            if isinstance(e, beneath.NotRegular) or e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EACCES,
+                                                                  errno.EPERM):
+                raise StoreError(f"{self.chunk_path(k)}: cannot open {what}: {beneath.why(e)}") from None
+            raise
+
+    def _check_tar(self, k: int) -> tuple[int, int, int]:
+        """check() of an in-place set's tar k: a regular file beneath the source, no link on the
+        way, of the size and first block it had when indexed, and (under a root daemon) one
+        that no other user can change, nor any folder from / down to it. Returns (mode, gid,
+        reach) of it, what the mount may show of its members (Index.narrow_modes)."""
+        info, path = self.index.chunks[k], self.chunk_path(k)
+        fd = self._open_checked(k, "tar", "missing (moved or removed since it was indexed)")
+        try:
+            st = os.fstat(fd)
+            if st.st_size != info.size:
+                raise StoreError(f"{path}: tar file is {st.st_size} bytes, the index says {info.size} "
+                                 f"({'truncated' if st.st_size < info.size else 'altered'}): index it "
+                                 "again (fusefs pack --in-place --force)")
+            head = os.pread(fd, TAR_BLOCK, 0)
+            os.posix_fadvise(fd, 0, TAR_BLOCK, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        if xxhash.xxh3_64_intdigest(head) != self.index.tars[k].head:
+            raise StoreError(f"{path}: not the tar the index describes (its first header differs: "
+                             "rewritten since it was indexed?): index it again (fusefs pack --in-place --force)")
+        if st.st_mtime_ns != self.index.tars[k].mtime_ns:
+            log.warning("%s: changed since it was indexed (its mtime): every sample is checked by its "
+                        "checksum, and one that changed is an I/O error", path)
+        reach, changeable = self._folder(os.path.dirname(info.path))
+        if os.geteuid() == 0 and (changeable or others_can_change(st, 0)):
+            raise StoreError(f"{path}: another user can change {'it' if not changeable else 'a folder above it'} "
+                             "(owner, or group or others may write): a root mount refuses such a tar. "
+                             "Mount it as that user, or make the tar and its folders root's and "
+                             "writable by no one else")
+        return stat.S_IMODE(st.st_mode), st.st_gid, reach
+
+    def _folder(self, rel: str) -> tuple[int, bool]:
+        """(reach, whether a user but root or this one could change it or a folder above it)
+        of the source's folder rel (every folder from / down to it)."""
+        got = self._folders.get(rel)
+        if got is None:
+            if not rel:
+                reach, changeable, here = Access.EVERYONE, False, "/"
+                for part in [""] + [p for p in self.root.split("/") if p]:
+                    here = os.path.join(here, part)
+                    st = os.lstat(here)
+                    reach = Access.reach(reach, st)
+                    changeable = changeable or others_can_change(st, os.geteuid())
+            else:
+                (reach, changeable), fd = self._folder(os.path.dirname(rel)), beneath.open_dir(self.root_fd, rel)
+                try:
+                    st = os.fstat(fd)
+                finally:
+                    os.close(fd)
+                reach = Access.reach(reach, st)
+                changeable = changeable or others_can_change(st, os.geteuid())
+            got = self._folders[rel] = (reach, changeable)
+        return got
 
     def _acquire(self, k: int) -> "_OpenChunk":
         with self._lock:
@@ -422,7 +493,8 @@ def _raise_fd_limit(want: int) -> None:
 
 
 def verify(root: str, index: Index, progress: bool | None = None) -> list[str]:
-    """Check every chunk header and every sample checksum; return what is bad."""
+    """Check every chunk header (an in-place set's tars: their sizes) and every sample
+    checksum; return what is bad. root: Index.data_root's."""
     from tqdm import tqdm
 
     problems = []
@@ -435,7 +507,13 @@ def verify(root: str, index: Index, progress: bool | None = None) -> list[str]:
             path = store.chunk_path(k)
             try:
                 with open(store.open_chunk(k), "rb") as f:
-                    head = chunkfmt.read_header(f, os.fstat(f.fileno()).st_size)
+                    size = os.fstat(f.fileno()).st_size
+                    if index.in_place:  # (a tar: no header of fusefs's; its size, and each sample)
+                        if size != info.size:
+                            raise chunkfmt.ChunkError(f"tar file is {size} bytes, the index says {info.size}")
+                        count = info.count
+                    else:
+                        count = chunkfmt.read_header(f, size).n
             except chunkfmt.ChunkError as e:
                 problems.append(f"{path}: {e}")
                 bar.update(int(index.size[order[bounds[k]:bounds[k + 1]]].sum()))
@@ -453,7 +531,7 @@ def verify(root: str, index: Index, progress: bool | None = None) -> list[str]:
                 except OSError as e:
                     problems.append(f"{path}: sample {os.fsdecode(index.file_path(sid))}: {e.strerror}")
                 bar.update(int(index.size[sid]))
-            if head.n != info.count:
-                problems.append(f"{path}: header holds {head.n} samples, the index says {info.count}")
+            if count != info.count:
+                problems.append(f"{path}: header holds {count} samples, the index says {info.count}")
     store.close()
     return problems

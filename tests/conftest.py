@@ -106,6 +106,29 @@ async def read_whole(core, sid):
         core.release(fh)
 
 
+def flip_byte(path, at: int, mask: int = 0x55) -> None:
+    """Change the byte at offset `at` of the file at path in place (xor mask)."""
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ mask]))
+
+
+IMAGEFOLDER_READER = os.path.join(REPO, "scripts", "workloads", "imagefolder_reader.py")
+
+
+def read_with_imagefolder(root, *args) -> dict:
+    """What scripts/workloads/imagefolder_reader.py (torchvision's ImageFolder + DataLoader
+    with 2 workers, run by Debian's /usr/bin/python3) prints for the tree at root."""
+    import json
+    import subprocess
+    r = subprocess.run(["/usr/bin/python3", IMAGEFOLDER_READER, str(root), "--workers", "2", *args],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
 def corrupt_sample(dst, copy, rel: str, at: int = 0):
     """Copy the packed folder dst to copy and flip a byte of sample rel's stored bytes
     (at: offset into the sample, negative from its end); return (index, sid, chunk path)."""
@@ -129,7 +152,7 @@ SLOW_MODULES = {"test_abuse", "test_cli", "test_clients", "test_demo", "test_fau
                 "test_hints", "test_hybrid", "test_imagefolder", "test_importance", "test_local",
                 "test_metrics", "test_mount", "test_orders", "test_pack", "test_package",
                 "test_pyfuse3_patched", "test_swap", "test_untrusted", "test_fastpath_threads",
-                "test_harness"}
+                "test_harness", "test_inplace"}
 
 
 def _remove_dead_runs_folders(base: str) -> None:

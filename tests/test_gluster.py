@@ -133,6 +133,51 @@ def test_pack_onto_gluster_names_each_chunks_brick_and_mounts(volume, tricky, tm
         shutil.rmtree(dst, ignore_errors=True)
 
 
+def test_tars_on_gluster_indexed_in_place_name_each_tars_brick_and_read_by_brick(volume, tmp_path):
+    """`pack --in-place` over shards on the volume: each tar's node is its brick (pathinfo),
+    and reads along an order go to the bricks by tar."""
+    import io
+    import tarfile
+    base = os.path.join(volume, f"inplace-{uuid.uuid4().hex[:8]}")
+    files = {}
+    try:
+        os.makedirs(os.path.join(base, "shards"))
+        for s in range(12):
+            with tarfile.open(os.path.join(base, "shards", f"shard-{s:04d}.tar"), "w") as t:
+                for k in range(10):
+                    data = os.urandom(3000 + 17 * k)
+                    ti = tarfile.TarInfo(f"{s:02d}{k:02d}.jpg")
+                    ti.size = len(data)
+                    t.addfile(ti, io.BytesIO(data))
+                    files[f"shard-{s:04d}/{s:02d}{k:02d}.jpg"] = data
+        dst = os.path.join(base, "index")
+        r = subprocess.run(fusefs_cmd("pack", "--in-place", "-q", os.path.join(base, "shards"), dst),
+                           capture_output=True, text=True, cwd=REPO, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert os.listdir(dst) == [INDEX_NAME]
+        ix = Index.load(os.path.join(dst, INDEX_NAME))
+        bricks = set()
+        for c in ix.chunks:
+            raw = os.getxattr(os.path.join(ix.source, c.path), PATHINFO_XATTR).decode()
+            assert ix.nodes[c.node] == parse_pathinfo(raw)
+            bricks.add(ix.nodes[c.node])
+        assert len(bricks) >= 2  # (DHT spreads a dozen tars over several bricks)
+        mnt = str(tmp_path / "mnt")
+        with running_mount(dst, mnt, "--cache-size", "30%", "--batch", "4"):
+            ids = list(range(ix.n_files))[::-1]
+            write_order(mnt, ids)
+            for i in ids:
+                rel = os.fsdecode(ix.file_path(i))
+                with open(os.path.join(mnt, rel), "rb") as f:
+                    assert f.read() == files[rel]
+            stats = mount_stats(mnt)
+        nodes = {k: v for k, v in stats["nodes"].items() if v["requests"]}
+        assert set(nodes) == bricks and stats["eio"] == 0
+        assert sum(v["samples"] for v in nodes.values()) == ix.n_files
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def test_pack_names_the_bricks_its_chunks_missed(volume, tricky, tmp_path, caplog):
     """With every brick below cluster.min-free-disk (set to 99% here, as a disk filled by
     other data does at 10%), DHT puts every new file on one brick: pack says which bricks

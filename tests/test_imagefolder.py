@@ -11,17 +11,10 @@ from testkit.synth import make_imagefolder
 
 from testkit.mounts import running_mount
 
-from conftest import REPO
+from conftest import REPO, read_with_imagefolder
 
-READER = os.path.join(REPO, "scripts", "workloads", "imagefolder_reader.py")
 SYSTEM_PYTHON = "/usr/bin/python3"
-
-
-def _read(root, *args):
-    r = subprocess.run([SYSTEM_PYTHON, READER, str(root), "--workers", "2", *args],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout)
+_read = read_with_imagefolder
 
 
 @pytest.fixture(scope="module")

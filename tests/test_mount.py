@@ -19,7 +19,7 @@ from fusefs.kernel_view import DROP_SHARE, DROP_WINDOW
 from testkit.mounts import is_mounted, resolve, running_mount, stop_mount
 from trainer.hints import mount_stats
 
-from conftest import REPO, as_root, attack, fusefs_cmd, read_tree, refused_mount
+from conftest import REPO, as_root, attack, flip_byte, fusefs_cmd, read_tree, refused_mount
 
 
 def test_every_file_is_byte_identical_with_same_metadata(tricky_mount):
@@ -190,11 +190,7 @@ def test_corrupt_chunk_gives_eio_and_a_log_line_and_the_rest_is_served(tricky, t
     victim = resolve(ix, "zz/img 003.jpg")[1]
     assert int(ix.size[victim]) > 10
     chunk_path = copy / ix.chunks[int(ix.chunk[victim])].path
-    with open(chunk_path, "r+b") as f:
-        f.seek(int(ix.offset[victim]) + 5)
-        b = f.read(1)
-        f.seek(int(ix.offset[victim]) + 5)
-        f.write(bytes([b[0] ^ 0x55]))
+    flip_byte(chunk_path, int(ix.offset[victim]) + 5)
     mnt = tmp_path / "mnt"
     with running_mount(str(copy), mnt) as (proc, log):
         for _ in range(2):

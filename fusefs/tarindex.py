@@ -1,0 +1,477 @@
+"""`fusefs pack --in-place SRC DST`: index uncompressed tar files where they lie, no copy.
+
+SRC is one tar file, whose members make the tree, or a folder: each `NAME.tar` beneath it
+becomes the folder NAME at its place, its members inside. A member that is itself a tar
+(`n01440764.tar` inside ImageNet's training archive) becomes a folder the same way, so the
+per-class tars of ImageNet's archive are the class folders ImageFolder sees, and a
+WebDataset shard's keys stay as they are inside its shard's folder. Each tar is read once,
+sequentially, every member's bytes checksummed (xxh3-64, as pack's samples), and DST gets
+only the index: its chunks are the tars (a nested member's offset is its place in the
+outermost tar), read where they are. Members that are not regular files are skipped and
+reported, as `pack` reports what it does not pack; a later member of a name replaces an
+earlier one, as extracting would. Compressed tars are refused: their members have no place
+to be read from.
+
+The index names the source folder by its absolute path without links (realpath at
+indexing); the mount opens it and every tar beneath it without following one
+(store.ChunkStore), and shows no member more open than its tar is (`Access`, at indexing
+and again at mount).
+"""
+from __future__ import annotations
+
+import os
+import stat
+import tarfile
+import time
+from array import array
+
+import numpy as np
+import xxhash
+from tqdm import tqdm
+
+from . import beneath
+from . import nodes as nodesmod
+from .access import Access
+from .index import CONTROL_NAME, INDEX_NAME, ChunkInfo, Index, TarInfo
+from .pack import PackError, PackResult, _fsync_dir, _prepare_dst
+
+TAR_SUFFIX = b".tar"
+BLOCK = tarfile.BLOCKSIZE  # 512
+READ_BUFFER = 1 << 20  # the sequential reader's buffer
+HASH_BLOCK = 8 << 20  # a member larger than this is hashed in blocks, never held whole
+MAX_NESTING = 8  # tars inside tars, at most this deep (deeper ones are kept as files)
+# what a compressed tar starts with, and the suffixes that name one
+COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"\xfd7zXZ\x00", "xz"),
+              (b"BZh", "bzip2"), (b"\x04\x22\x4d\x18", "lz4"))
+COMPRESSED_SUFFIXES = (b".tar.gz", b".tgz", b".tar.zst", b".tzst", b".tar.xz", b".txz",
+                       b".tar.bz2", b".tbz2", b".tar.lz4")
+
+
+class InPlaceError(PackError):
+    """The in-place index cannot be made; the message says why."""
+
+
+def refuse_compressed(path: str, what: str) -> InPlaceError:
+    return InPlaceError(f"{path} is {what}-compressed: its members cannot be read in place. "
+                        f"Decompress it to a plain .tar (e.g. `{ {'gzip': 'gunzip', 'zstd': 'unzstd', 'xz': 'unxz', 'bzip2': 'bunzip2', 'lz4': 'unlz4'}[what]} FILE`) "
+                        "and index that, or `fusefs pack` the extracted tree")
+
+
+def compression(head: bytes) -> str | None:
+    """The compression whose magic number head starts with, or None."""
+    for magic, name in COMPRESSED:
+        if head.startswith(magic):
+            return name
+    return None
+
+
+def dir_mode(mode: int) -> int:
+    """A folder's mode from a file's: search where read is allowed."""
+    mode &= 0o777
+    return mode | ((mode & 0o444) >> 2)
+
+
+class _Window:
+    """A nested tar: the bytes [base, base + size) of the outer reader, as a file."""
+
+    def __init__(self, f, base: int, size: int):
+        self.f, self.base, self.size, self.pos = f, base, size, 0
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self.pos = pos if whence == 0 else (self.pos + pos if whence == 1 else self.size + pos)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.size - self.pos if n is None or n < 0 else min(n, self.size - self.pos)
+        if n <= 0:
+            return b""
+        self.f.seek(self.base + self.pos)
+        data = self.f.read(n)
+        self.pos += len(data)
+        return data
+
+
+class _Members:
+    """What the tars hold, as compact arrays (no Python object per member but its path)."""
+
+    def __init__(self):
+        self.paths: dict[bytes, int] = {}  # path -> its slot (a later member replaces it)
+        self.chunk, self.offset, self.size = array("I"), array("Q"), array("Q")
+        self.checksum, self.mtime, self.mode = array("Q"), array("q"), array("I")
+        self.dirs: dict[bytes, tuple[int, int]] = {}  # a folder the tars name -> (mtime_ns, mode)
+
+    def add(self, path: bytes, k: int, offset: int, size: int, checksum: int, mtime: int,
+            mode: int, skipped: list) -> None:
+        if path in self.paths:
+            skipped.append((os.fsdecode(path), "replaced by a later member of the same name"))
+        self.paths[path] = len(self.size)
+        for a, v in ((self.chunk, k), (self.offset, offset), (self.size, size),
+                     (self.checksum, checksum), (self.mtime, mtime), (self.mode, mode)):
+            a.append(v)
+
+
+class Indexer:
+    """Reads tars into _Members: each sequentially, once, through one buffered reader."""
+
+    def __init__(self, bar, skipped: list):
+        self.members, self.bar, self.skipped = _Members(), bar, skipped
+
+    def tar(self, fd: int, k: int, name: str, prefix: bytes, cap: int, mtime_ns: int) -> int:
+        """Index the tar open as fd (chunk k, called name in messages) into the folder prefix
+        of the tree, its members' modes within cap. Returns the xxh3-64 of its first block."""
+        size = os.fstat(fd).st_size
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        with open(fd, "rb", buffering=READ_BUFFER, closefd=False) as f:
+            head = f.read(BLOCK)
+            what = compression(head)
+            if what:
+                raise refuse_compressed(name, what)
+            if not _is_tar_header(head):
+                raise InPlaceError(f"{name}: not a tar file (no tar header at its start)")
+            f.seek(0)
+            self._walk(f, f, 0, size, k, name, prefix, cap, mtime_ns, 0)
+        return xxhash.xxh3_64_intdigest(head)
+
+    def _walk(self, f, view, base: int, size: int, k: int, name: str, prefix: bytes, cap: int,
+              mtime_ns: int, depth: int) -> None:
+        """The members of the tar read through view (base: its place in the outer file f)."""
+        self.members.dirs.setdefault(prefix, (mtime_ns, dir_mode(cap)))
+        try:
+            tf = tarfile.open(fileobj=view, mode="r:")
+        except tarfile.ReadError as e:
+            raise InPlaceError(f"{name}: not a tar file ({e})") from None
+        done = 0
+        try:
+            while True:
+                try:
+                    ti = tf.next()
+                except tarfile.ReadError as e:  # (data cut short: the tar is truncated)
+                    self.skipped.append((name, f"ends early ({e}): the members before are indexed"))
+                    break
+                tf.members.clear()  # (tarfile keeps every member it read: no list of them)
+                if ti is None:
+                    self._check_end(view, tf.offset, size, name)
+                    break
+                if depth == 0:
+                    self.bar.update(tf.offset - done)
+                    done = tf.offset
+                self._member(f, base, size, ti, k, name, prefix, cap, depth)
+        finally:
+            if depth == 0:
+                self.bar.update(size - done)
+
+    def _member(self, f, base, size, ti, k, name, prefix, cap, depth) -> None:
+        rel = _clean(os.fsencode(ti.name))
+        where = f"{name}: {ti.name}"
+        if rel is None:
+            self.skipped.append((where, "a path that leaves the archive or has no name, not indexed"))
+            return
+        path = prefix + b"/" + rel if prefix else rel
+        if not prefix and rel.split(b"/")[0] == CONTROL_NAME:
+            self.skipped.append((where, "reserved name: the mount shows its hidden control folder there"))
+            return
+        mtime = int(ti.mtime * 1_000_000_000)
+        if ti.isdir():
+            self.members.dirs[path] = (mtime, dir_mode(ti.mode & cap))
+            return
+        if not ti.isreg() or ti.issparse():
+            kind = "a sparse file" if ti.issparse() else ("a link" if ti.issym() or ti.islnk() else "a special file")
+            self.skipped.append((where, f"{kind}, not indexed"))
+            return
+        if ti.offset_data + ti.size > size:
+            self.skipped.append((where, f"its bytes run past the tar's end ({size} bytes): truncated"))
+            return
+        start = base + ti.offset_data
+        if depth < MAX_NESTING and rel.lower().endswith(TAR_SUFFIX) and len(rel) > 4 \
+                and ti.size >= 2 * BLOCK and _is_tar_header(_pread(f, start, BLOCK)):
+            folder = path[:-len(TAR_SUFFIX)]
+            self._walk(f, _Window(f, start, ti.size), start, ti.size, k, where, folder, cap & ti.mode,
+                       mtime, depth + 1)
+            return
+        self.members.add(path, k, start, ti.size, _hash(f, start, ti.size), mtime, ti.mode & cap & 0o777,
+                         self.skipped)
+
+    def _check_end(self, view, offset: int, size: int, name: str) -> None:
+        """Where tarfile stopped: the end of the file, or zero blocks; else what follows is not
+        a tar header (a damaged one), and nothing after it is indexed."""
+        if offset >= size:
+            return
+        view.seek(offset)
+        block = view.read(BLOCK)
+        if block.strip(b"\0"):
+            self.skipped.append((name, f"not a tar header at byte {offset} (damaged?): the members "
+                                 "before it are indexed, none after"))
+
+
+def _pread(f, offset: int, n: int) -> bytes:
+    f.seek(offset)
+    return f.read(n)
+
+
+def _hash(f, offset: int, size: int) -> int:
+    f.seek(offset)
+    if size <= HASH_BLOCK:
+        data = f.read(size)
+        if len(data) != size:
+            raise InPlaceError("a tar changed while it was indexed (read short)")
+        return xxhash.xxh3_64_intdigest(data)
+    h, left = xxhash.xxh3_64(), size
+    while left:
+        block = f.read(min(left, HASH_BLOCK))
+        if not block:
+            raise InPlaceError("a tar changed while it was indexed (read short)")
+        h.update(block)
+        left -= len(block)
+    return h.intdigest()
+
+
+def _is_tar_header(block: bytes) -> bool:
+    if len(block) < BLOCK or not block.strip(b"\0"):
+        return False
+    try:
+        tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
+    except tarfile.HeaderError:
+        return False
+    return True
+
+
+def _clean(name: bytes) -> bytes | None:
+    """A member's path relative to its archive (`./`, leading and doubled slashes dropped),
+    or None for one with `..` or no name."""
+    parts = [p for p in name.split(b"/") if p not in (b"", b".")]
+    if not parts or b".." in parts or b"\0" in name:
+        return None
+    return b"/".join(parts)
+
+
+def _stem(name: bytes) -> bytes:
+    return name[:-len(TAR_SUFFIX)]
+
+
+class _Source:
+    """The tars to index: [(relative path, folder they become, stat, reach)], found beneath
+    the source folder without following a link."""
+
+    def __init__(self, src: str, skipped: list):
+        real = os.path.realpath(src)
+        st = os.stat(real)
+        if stat.S_ISDIR(st.st_mode):
+            self.root, tops = real, [b""]
+        elif stat.S_ISREG(st.st_mode):
+            self.root, tops = os.path.dirname(real), None
+        else:
+            raise InPlaceError(f"{src} is neither a folder nor a tar file")
+        self.fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.reach = Access.of_path(os.fsencode(self.root))
+        self.tars: list[tuple[bytes, bytes, os.stat_result, int]] = []
+        self.dirs: dict[bytes, os.stat_result] = {}  # the source's own folders, by tree path
+        if tops is None:
+            name = os.fsencode(os.path.basename(real))
+            _refuse_by_name(name, src)
+            self.tars.append((name, b"", st, self.reach))
+        else:
+            self._walk(skipped)
+
+    def _walk(self, skipped: list) -> None:
+        queue = [(b"", self.reach)]
+        while queue:
+            rel, reach = queue.pop(0)
+            try:
+                fd = beneath.open_dir(self.fd, rel) if rel else os.dup(self.fd)
+            except OSError as e:
+                skipped.append((os.fsdecode(rel), f"cannot list: {beneath.why(e)}"))
+                continue
+            try:
+                self.dirs[rel] = os.fstat(fd)
+                with os.scandir(fd) as it:
+                    entries = sorted((os.fsencode(e.name), e) for e in it)
+                self._entries(fd, rel, reach, entries, queue, skipped)
+            except OSError as e:
+                skipped.append((os.fsdecode(rel), f"cannot list: {e.strerror}"))
+            finally:
+                os.close(fd)
+
+    def _entries(self, fd: int, rel: bytes, reach: int, entries, queue: list, skipped: list) -> None:
+        for name, e in entries:
+            path = os.path.join(rel, name) if rel else name
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    queue.append((path, Access.reach(reach, st)))
+                elif stat.S_ISREG(st.st_mode):
+                    _refuse_by_name(name, os.path.join(self.root, os.fsdecode(path)))
+                    if name.lower().endswith(TAR_SUFFIX) and len(name) > len(TAR_SUFFIX):
+                        self.tars.append((path, _stem(path), st, reach))
+                    else:
+                        skipped.append((os.fsdecode(path), "not a tar file (in-place indexes "
+                                        "NAME.tar files; `fusefs pack` copies loose files)"))
+                else:
+                    skipped.append((os.fsdecode(path), "a link or special file, not indexed"))
+            except OSError as err:
+                skipped.append((os.fsdecode(path), f"cannot stat: {err.strerror}"))
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _refuse_by_name(name: bytes, path: str) -> None:
+    low = name.lower()
+    for suffix in COMPRESSED_SUFFIXES:
+        if low.endswith(suffix):
+            what = {b"gz": "gzip", b"zst": "zstd", b"xz": "xz", b"bz2": "bzip2", b"lz4": "lz4"}.get(
+                suffix.rsplit(b".", 1)[1], None) or {b".tgz": "gzip", b".tzst": "zstd", b".txz": "xz",
+                                                     b".tbz2": "bzip2"}[suffix]
+            raise refuse_compressed(path, what)
+
+
+def index_in_place(src: str, dst: str, *, nodes: int | None = None, strict: bool = False,
+                   force: bool = False, progress: bool | None = None,
+                   mode: int | None = None) -> PackResult:
+    """Index the tars at src (a tar file, or a folder of them) into dst/index.fusefs."""
+    t0 = time.perf_counter()
+    if nodes is not None and nodes < 1:
+        raise InPlaceError("--nodes must be at least 1")
+    if mode is not None and not 0 <= mode <= 0o777:
+        raise InPlaceError(f"--mode must be permission bits (0 to 0777), got {mode:o}")
+    if not os.path.exists(src):
+        raise InPlaceError(f"{src} does not exist")
+    skipped: list = []
+    source = _Source(src, skipped)
+    try:
+        if not source.tars:
+            raise InPlaceError(f"{src}: no tar file to index")
+        if strict and skipped:
+            raise InPlaceError(f"{skipped[0][0]}: {skipped[0][1]} (--strict)")
+        total = sum(st.st_size for _, _, st, _ in source.tars)
+        bar = tqdm(total=total, unit="iB", unit_scale=True, unit_divisor=1024, desc="index",
+                   disable=(None if progress is None else not progress), dynamic_ncols=True)
+        indexer = Indexer(bar, skipped)
+        chunks, tars, caps = [], [], []
+        try:
+            for k, (rel, folder, st, reach) in enumerate(source.tars):
+                name = os.fsdecode(rel)  # (as the source's other entries are reported)
+                try:
+                    fd = beneath.open_file(source.fd, rel)
+                except OSError as e:
+                    raise InPlaceError(f"{name}: cannot open: {beneath.why(e)}") from None
+                try:
+                    st = os.fstat(fd)
+                    cap = stat.S_IMODE(st.st_mode) & 0o777
+                    head = indexer.tar(fd, k, name, folder, cap, st.st_mtime_ns)
+                finally:
+                    os.close(fd)
+                chunks.append((os.fsdecode(rel), st.st_size))
+                tars.append(TarInfo(head, st.st_mtime_ns))
+                caps.append((cap, st.st_gid, reach))
+        finally:
+            bar.close()
+        if strict and skipped:
+            raise InPlaceError(f"{skipped[0][0]}: {skipped[0][1]} (--strict)")
+        files = [os.path.join(source.root, rel) for rel, _ in chunks]
+        if nodes:
+            node_names, node_of = [f"node-{j}" for j in range(nodes)], [k % nodes for k in range(len(files))]
+        else:
+            node_names, node_of = nodesmod.discover(files)
+        index = build(indexer.members, source, chunks, node_of, node_names, tars, skipped)
+        _prepare_dst(dst, force)
+        if mode is None:
+            tar_modes, gids, reaches = zip(*caps)
+            mode, group = Access.mode(tar_modes, gids, reaches)
+        else:
+            group = None
+        index.save(os.path.join(dst, INDEX_NAME), mode=mode, group=group)
+        _fsync_dir(dst)
+    finally:
+        source.close()
+    return PackResult(index.n_files, index.total_bytes, len(index.chunks), time.perf_counter() - t0, skipped)
+
+
+_DTYPES = {"I": np.uint32, "Q": np.uint64, "q": np.int64}
+
+
+def build(m: _Members, source: _Source, chunks, node_of, node_names, tars, skipped: list) -> Index:
+    """The index of the members m, their folders numbered breadth-first and every run sorted
+    by name (the layout index.py describes); chunks: each tar's (path, size)."""
+    paths = dict(m.paths)  # (the members a later one replaced are no longer named)
+    folders: dict[bytes, tuple[int, int]] = {}  # every folder -> (mtime_ns, mode)
+
+    def folder(path: bytes) -> None:
+        while path not in folders:
+            if path in m.dirs:
+                folders[path] = m.dirs[path]
+            else:
+                st = source.dirs.get(path)
+                folders[path] = (st.st_mtime_ns, stat.S_IMODE(st.st_mode)) if st is not None \
+                    else (0, 0o755)
+            if not path:
+                return
+            path = path.rpartition(b"/")[0]
+
+    folder(b"")
+    for path in list(m.dirs):
+        folder(path)
+    for path in paths:
+        folder(path.rpartition(b"/")[0])
+    for path in [p for p in paths if p in folders]:  # (a file where the tars also have a folder)
+        skipped.append((os.fsdecode(path), "a file of the same name as a folder, not indexed"))
+        del paths[path]
+    children: dict[bytes, list[bytes]] = {}
+    for path in folders:
+        if path:
+            children.setdefault(path.rpartition(b"/")[0], []).append(path)
+    files_of: dict[bytes, list[bytes]] = {}
+    for path in paths:
+        files_of.setdefault(path.rpartition(b"/")[0], []).append(path)
+    names = bytearray()
+    order: list[bytes] = [b""]
+    d_parent, d_name, d_len, d_first_sub, d_nsubs = [-1], [0], [0], [], []
+    number = {b"": 0}
+    f_slots, f_name, f_len, f_dir, d_first_file, d_nfiles = [], [], [], [], [], []
+    d = 0
+    while d < len(order):
+        here = order[d]
+        subs = sorted(children.get(here, ()), key=lambda p: p.rpartition(b"/")[2])
+        d_first_sub.append(len(order)); d_nsubs.append(len(subs))
+        for p in subs:
+            number[p] = len(order)
+            order.append(p)
+            base = p.rpartition(b"/")[2]
+            d_parent.append(d); d_name.append(len(names)); d_len.append(len(base))
+            names += base
+        mine = sorted(files_of.get(here, ()), key=lambda p: p.rpartition(b"/")[2])
+        d_first_file.append(len(f_slots)); d_nfiles.append(len(mine))
+        for p in mine:
+            base = p.rpartition(b"/")[2]
+            f_slots.append(paths[p]); f_name.append(len(names)); f_len.append(len(base)); f_dir.append(d)
+            names += base
+        d += 1
+    top = np.zeros(len(order), np.int64)
+    for i in range(1, len(order)):
+        top[i] = i if d_parent[i] == 0 else top[d_parent[i]]
+    d_class = np.where(top > 0, top - 1, -1)
+    s = np.asarray(f_slots, np.int64)
+    f_dir_a = np.asarray(f_dir, np.uint32)
+
+    def col(a, dtype):
+        return np.frombuffer(a, _DTYPES[a.typecode])[s].astype(dtype) if len(s) else np.zeros(0, dtype)
+
+    arrays = {
+        "file_name_off": np.asarray(f_name, np.uint64), "file_name_len": np.asarray(f_len, np.uint32),
+        "file_dir": f_dir_a, "chunk": col(m.chunk, np.uint32), "offset": col(m.offset, np.uint64),
+        "size": col(m.size, np.uint64), "label": d_class[f_dir_a].astype(np.int32) if len(s) else np.zeros(0, np.int32),
+        "checksum": col(m.checksum, np.uint64), "mtime_ns": col(m.mtime, np.int64),
+        "mode": col(m.mode, np.uint32),
+        "dir_name_off": np.asarray(d_name, np.uint64), "dir_name_len": np.asarray(d_len, np.uint32),
+        "dir_parent": np.asarray(d_parent, np.int32),
+        "dir_mtime_ns": np.asarray([folders[p][0] for p in order], np.int64),
+        "dir_mode": np.asarray([folders[p][1] & 0o777 for p in order], np.uint32),
+        "dir_first_file": np.asarray(d_first_file, np.uint64), "dir_nfiles": np.asarray(d_nfiles, np.uint64),
+        "dir_first_sub": np.asarray(d_first_sub, np.uint32), "dir_nsubs": np.asarray(d_nsubs, np.uint32),
+    }
+    classes = [os.fsdecode(order[i]) for i in range(1, 1 + d_nsubs[0])]
+    counts = np.bincount(arrays["chunk"], minlength=len(chunks))
+    infos = [ChunkInfo(rel, node_of[k], size, int(counts[k])) for k, (rel, size) in enumerate(chunks)]
+    return Index(arrays, bytes(names), classes, infos, node_names, source=source.root, tars=tars)

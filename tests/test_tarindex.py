@@ -1,0 +1,307 @@
+"""`fusefs pack --in-place` without a mount: tars indexed where they lie (fusefs/tarindex.py),
+the index's in-place fields, the checks the mount makes of the tars (store.ChunkStore.check)
+and the modes it shows (Index.narrow_modes)."""
+import io
+import os
+import tarfile
+
+import numpy as np
+import pytest
+
+from fusefs.access import Access
+from fusefs.index import INDEX_NAME, Index, IndexFormatError
+from fusefs.store import ChunkStore, CorruptSample, StoreError
+from fusefs.tarindex import InPlaceError, index_in_place
+
+from conftest import craft_index
+
+
+def make_tar(path, members, fmt=tarfile.PAX_FORMAT, encoding="utf-8"):
+    """members: [(name, bytes)], or (name, TarInfo-editing function, bytes) for other kinds."""
+    with tarfile.open(path, "w", format=fmt, encoding=encoding) as t:
+        for m in members:
+            name, data = m[0], m[-1]
+            ti = tarfile.TarInfo(name)
+            ti.size, ti.mtime, ti.mode = len(data), 1_700_000_000, 0o644
+            if len(m) == 3:
+                m[1](ti)
+            t.addfile(ti, io.BytesIO(data) if ti.isreg() else None)
+    return path
+
+
+def nested(path, inner: dict):
+    """A tar of tars (ImageNet's training archive): inner maps a member tar's name to its
+    members."""
+    buf = {}
+    for name, members in inner.items():
+        b = io.BytesIO()
+        with tarfile.open(fileobj=b, mode="w", format=tarfile.PAX_FORMAT) as t:
+            for n, data in members:
+                ti = tarfile.TarInfo(n)
+                ti.size, ti.mode = len(data), 0o644
+                t.addfile(ti, io.BytesIO(data))
+        buf[name] = b.getvalue()
+    return make_tar(path, list(buf.items()))
+
+
+def load(dst):
+    return Index.load(os.path.join(dst, INDEX_NAME))
+
+
+def served(dst) -> dict:
+    """relative path -> bytes of every sample, as the store reads and checks them."""
+    ix = load(dst)
+    store = ChunkStore(ix.data_root(str(dst)), ix)
+    try:
+        store.check()
+        return {os.fsdecode(ix.file_path(i)): store.read_sample(i) for i in range(ix.n_files)}
+    finally:
+        store.close()
+
+
+def test_a_tar_of_per_class_tars_becomes_the_class_folders(tmp_path):
+    rng = np.random.default_rng(1)
+    want = {f"n0{c}": [(f"n0{c}_{i}.JPEG", rng.bytes(int(rng.integers(1, 3000)))) for i in range(7)]
+            for c in range(3)}
+    nested(tmp_path / "train.tar", {f"{c}.tar": m for c, m in want.items()})
+    r = index_in_place(str(tmp_path / "train.tar"), str(tmp_path / "dst"), progress=False)
+    ix = load(tmp_path / "dst")
+    assert ix.classes == ["n00", "n01", "n02"] and r.files == 21 and r.chunks == 1
+    assert os.listdir(tmp_path / "dst") == [INDEX_NAME]  # (nothing copied)
+    assert ix.source == str(tmp_path) and ix.chunks[0].path == "train.tar"
+    got = served(tmp_path / "dst")
+    assert got == {f"{c}/{n}": d for c, m in want.items() for n, d in m}
+    labels = {os.fsdecode(ix.file_path(i)).split("/")[0]: int(ix.label[i]) for i in range(ix.n_files)}
+    assert labels == {"n00": 0, "n01": 1, "n02": 2}
+
+
+def test_a_folder_of_webdataset_shards_keeps_each_shards_keys(tmp_path):
+    src = tmp_path / "shards"
+    os.makedirs(src / "train")
+    want = {}
+    for s in range(3):
+        members = []
+        for k in range(4):
+            key = f"{s:03d}{k:03d}"
+            for ext, data in (("jpg", os.urandom(500 + k)), ("cls", str(k).encode()),
+                              ("json", b'{"k": %d}' % k)):
+                members.append((f"{key}.{ext}", data))
+                want[f"train/shard-{s:06d}/{key}.{ext}"] = data
+        make_tar(src / "train" / f"shard-{s:06d}.tar", members)
+    with open(src / "README.txt", "w") as f:
+        f.write("not a tar")
+    r = index_in_place(str(src), str(tmp_path / "dst"), nodes=2, progress=False)
+    assert served(tmp_path / "dst") == want
+    ix = load(tmp_path / "dst")
+    assert [c.path for c in ix.chunks] == [f"train/shard-{s:06d}.tar" for s in range(3)]
+    assert [c.node for c in ix.chunks] == [0, 1, 0] and ix.nodes == ["node-0", "node-1"]
+    assert [c.count for c in ix.chunks] == [12, 12, 12]
+    assert ("README.txt", "not a tar file (in-place indexes NAME.tar files; `fusefs pack` "
+            "copies loose files)") in r.skipped
+
+
+def test_names_that_need_care_and_every_size_near_a_block_round_trip(tmp_path):
+    long_dir = "d" * 120
+    members = [(f"{long_dir}/{'f' * 150}.bin", b"long"), ("ünïcode/日本.jpg", b"utf8"),
+               ("./lead/./dot//x", b"dots")]
+    members += [(f"sizes/{n:04d}", os.urandom(n)) for n in (0, 1, 511, 512, 513, 1023, 1024, 4097)]
+    make_tar(tmp_path / "pax.tar", members, fmt=tarfile.PAX_FORMAT)
+    make_tar(tmp_path / "gnu.tar", [(b"raw-\xff\xfe.bin".decode("utf-8", "surrogateescape"), b"bytes"),
+                                    ("g" * 200, b"gnu long")], fmt=tarfile.GNU_FORMAT)
+    index_in_place(str(tmp_path), str(tmp_path / "dst"), progress=False)
+    got = served(tmp_path / "dst")
+    want = {f"pax/{n.replace('./', '').replace('//', '/')}": d for n, d in members}
+    want.update({os.fsdecode(b"gnu/raw-\xff\xfe.bin"): b"bytes", "gnu/" + "g" * 200: b"gnu long"})
+    assert got == want
+    ix = load(tmp_path / "dst")
+    offsets = {int(ix.offset[i]) % 4096 for i in range(ix.n_files)}
+    assert len(offsets) > 4  # (members at many places within a page)
+
+
+def test_what_is_not_a_regular_file_is_skipped_and_a_later_member_replaces_an_earlier(tmp_path):
+    def link(ti):
+        ti.type, ti.linkname = tarfile.SYMTYPE, "/etc/passwd"
+
+    def fifo(ti):
+        ti.type = tarfile.FIFOTYPE
+
+    def folder(ti):
+        ti.type, ti.mode = tarfile.DIRTYPE, 0o750
+    make_tar(tmp_path / "a.tar", [("x/link", link, b""), ("x/pipe", fifo, b""), ("x/f", b"old"),
+                                  ("x/f", b"new"), ("../escape", b"no"), ("empty", folder, b""),
+                                  (".fusefs/ids", b"reserved")])
+    r = index_in_place(str(tmp_path / "a.tar"), str(tmp_path / "dst"), progress=False)
+    assert served(tmp_path / "dst") == {"x/f": b"new"}
+    reasons = dict(r.skipped)
+    assert reasons["a.tar: x/link"] == "a link, not indexed"
+    assert reasons["a.tar: x/pipe"] == "a special file, not indexed"
+    assert reasons["x/f"] == "replaced by a later member of the same name"
+    assert "leaves the archive" in reasons["a.tar: ../escape"]
+    assert "reserved name" in reasons["a.tar: .fusefs/ids"]
+    ix = load(tmp_path / "dst")
+    empty = ix.lookup_dir(0, b"empty")
+    assert empty is not None and ix.dir_mode[empty] == 0o750 and ix.dir_nfiles[empty] == 0
+    with pytest.raises(InPlaceError, match="--strict"):
+        index_in_place(str(tmp_path / "a.tar"), str(tmp_path / "dst2"), strict=True, progress=False)
+
+
+@pytest.mark.parametrize("what,name,magic", [("gzip", "s.tar.gz", b"\x1f\x8b\x08"),
+                                             ("zstd", "s.tar.zst", b"\x28\xb5\x2f\xfd"),
+                                             ("xz", "s.tar.xz", b"\xfd7zXZ\x00"),
+                                             ("gzip", "s.tar", b"\x1f\x8b\x08")])
+def test_a_compressed_tar_is_refused_with_what_to_do(tmp_path, what, name, magic):
+    os.makedirs(tmp_path / "src")
+    with open(tmp_path / "src" / name, "wb") as f:
+        f.write(magic + bytes(2000))
+    with pytest.raises(InPlaceError) as e:
+        index_in_place(str(tmp_path / "src"), str(tmp_path / "dst"), progress=False)
+    msg = str(e.value)
+    assert f"is {what}-compressed" in msg and "Decompress it" in msg and "fusefs pack" in msg
+    assert not os.path.exists(tmp_path / "dst" / INDEX_NAME)
+
+
+def test_a_tar_cut_short_is_indexed_up_to_its_cut_and_says_so(tmp_path):
+    make_tar(tmp_path / "t.tar", [(f"f{i}", os.urandom(3000)) for i in range(4)])
+    with open(tmp_path / "t.tar", "r+b") as f:
+        f.truncate(512 * 16)  # (inside the third member's bytes)
+    r = index_in_place(str(tmp_path / "t.tar"), str(tmp_path / "dst"), progress=False)
+    assert sorted(served(tmp_path / "dst")) == ["f0", "f1"]
+    assert any("truncated" in why or "ends early" in why for _, why in r.skipped), r.skipped
+
+
+def test_a_tar_changed_after_indexing_is_refused_or_its_changed_member_is_an_error(tmp_path):
+    members = [(f"f{i}", os.urandom(2000)) for i in range(3)]
+    tar = make_tar(tmp_path / "t.tar", members)
+    index_in_place(str(tar), str(tmp_path / "dst"), progress=False)
+    ix = load(tmp_path / "dst")
+    raw = bytearray(open(tar, "rb").read())
+    i = int(ix.lookup_file(0, b"f1"))
+    raw[int(ix.offset[i]) + 5] ^= 1  # (a member's byte, rewritten in place)
+    open(tar, "wb").write(raw)
+    store = ChunkStore(ix.source, ix)
+    store.check()
+    assert store.read_sample(int(ix.lookup_file(0, b"f0"))) == members[0][1]
+    with pytest.raises(CorruptSample, match="t.tar: sample f1: checksum mismatch"):
+        store.read_sample(i)
+    store.close()
+    raw[0] ^= 1  # (its first header: another tar)
+    open(tar, "wb").write(raw)
+    with pytest.raises(StoreError, match="not the tar the index describes"):
+        ChunkStore(ix.source, ix).check()
+    open(tar, "wb").write(raw[:-512])
+    with pytest.raises(StoreError, match="truncated.*index it again"):
+        ChunkStore(ix.source, ix).check()
+
+
+def test_a_link_on_the_way_to_a_tar_or_to_the_source_is_not_followed(tmp_path):
+    os.makedirs(tmp_path / "data" / "sub")
+    make_tar(tmp_path / "data" / "sub" / "t.tar", [("f", b"x")])
+    index_in_place(str(tmp_path / "data"), str(tmp_path / "dst"), progress=False)
+    ix = load(tmp_path / "dst")
+    os.rename(tmp_path / "data" / "sub", tmp_path / "data" / "real")
+    os.symlink("real", tmp_path / "data" / "sub")
+    with pytest.raises(StoreError, match="symbolic link"):
+        ChunkStore(ix.source, ix).check()
+    os.unlink(tmp_path / "data" / "sub")
+    os.rename(tmp_path / "data" / "real", tmp_path / "data" / "sub")
+    ChunkStore(ix.source, ix).check()
+    os.rename(tmp_path / "data", tmp_path / "moved")
+    os.symlink("moved", tmp_path / "data")
+    with pytest.raises(StoreError, match="source folder: a symbolic link"):
+        ChunkStore(ix.source, ix)
+
+
+def test_a_source_indexed_through_a_link_is_named_by_its_real_path(tmp_path):
+    os.makedirs(tmp_path / "real")
+    make_tar(tmp_path / "real" / "t.tar", [("f", b"x")])
+    os.symlink("real", tmp_path / "alias")
+    index_in_place(str(tmp_path / "alias"), str(tmp_path / "dst"), progress=False)
+    assert load(tmp_path / "dst").source == str(tmp_path / "real")
+
+
+@pytest.mark.parametrize("source", ["relative/path", "/a/../etc", "/a//b", "/a/./b"])
+def test_a_crafted_in_place_source_that_is_not_a_plain_absolute_path_is_refused(tmp_path, source):
+    make_tar(tmp_path / "t.tar", [("f", b"x")])
+    index_in_place(str(tmp_path / "t.tar"), str(tmp_path / "dst"), progress=False)
+    raw = open(tmp_path / "dst" / INDEX_NAME, "rb").read()
+    bad = craft_index(raw, lambda k, a: None, lambda meta: meta["in_place"].update(source=source))
+    with pytest.raises(IndexFormatError, match="not an absolute path"):
+        Index.from_bytes(bad)
+    bad = craft_index(raw, lambda k, a: None, lambda meta: meta["in_place"].update(tars=[]))
+    with pytest.raises(IndexFormatError, match="0 tars described for 1 chunks"):
+        Index.from_bytes(bad)
+    bad = craft_index(raw, lambda k, a: None, lambda meta: meta.pop("in_place"))
+    with pytest.raises(IndexFormatError, match="without its source"):
+        Index.from_bytes(bad)
+
+
+def test_a_crafted_member_inside_a_tars_first_block_is_refused(tmp_path):
+    make_tar(tmp_path / "t.tar", [("f", b"x" * 600)])
+    index_in_place(str(tmp_path / "t.tar"), str(tmp_path / "dst"), progress=False)
+    raw = open(tmp_path / "dst" / INDEX_NAME, "rb").read()
+
+    def at(off):
+        def edit(key, arr):
+            if key == "offset":
+                arr[0] = off
+        return edit
+    with pytest.raises(IndexFormatError, match="outside its chunk's data"):
+        Index.from_bytes(craft_index(raw, at(511)))
+    Index.from_bytes(craft_index(raw, at(512)))
+
+
+def test_members_are_shown_no_more_open_than_their_tar(tmp_path):
+    os.makedirs(tmp_path / "src")
+    make_tar(tmp_path / "src" / "open.tar", [("a/f", b"x")])
+    make_tar(tmp_path / "src" / "shut.tar", [("b/g", b"y")])
+    os.chmod(tmp_path / "src" / "shut.tar", 0o600)
+    index_in_place(str(tmp_path / "src"), str(tmp_path / "dst"), progress=False)
+    ix = load(tmp_path / "dst")
+    f, g = (int(ix.lookup_file(ix.lookup_dir(ix.lookup_dir(0, t), d), n))
+            for t, d, n in ((b"open", b"a", b"f"), (b"shut", b"b", b"g")))
+    assert ix.mode[f] == 0o644 and ix.mode[g] == 0o600  # (at indexing)
+    os.chmod(tmp_path / "src" / "open.tar", 0o640)  # (and at mount: as the tar is now)
+    store = ChunkStore(ix.source, ix)
+    store.check()
+    st = os.stat(tmp_path / "src" / "open.tar")
+    ix.narrow_modes(store.caps, st.st_gid + 1)  # (another group shown: no group bits)
+    assert ix.mode[f] == 0o600 and ix.mode[g] == 0o600
+    shut = ix.lookup_dir(0, b"shut")
+    assert ix.dir_mode[shut] == 0o700
+    ix = load(tmp_path / "dst")
+    ix.narrow_modes([(0o644, 5, 5), (0o644, 5, Access.EVERYONE)], 5)
+    assert ix.mode[f] == 0o640 and ix.mode[g] == 0o600  # (a folder above lets group 5 in only)
+    store.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root daemon's refusal (CI runs as root)")
+def test_a_root_mount_refuses_a_tar_another_user_can_change(tmp_path):
+    os.makedirs(tmp_path / "src" / "sub")
+    tar = make_tar(tmp_path / "src" / "sub" / "t.tar", [("f", b"x")])
+    index_in_place(str(tmp_path / "src"), str(tmp_path / "dst"), progress=False)
+    ix = load(tmp_path / "dst")
+    ChunkStore(ix.source, ix).check()
+    for change, undo in ((lambda: os.chown(tar, 54321, -1), lambda: os.chown(tar, 0, -1)),
+                         (lambda: os.chmod(tar, 0o666), lambda: os.chmod(tar, 0o644)),
+                         (lambda: os.chown(tmp_path / "src" / "sub", 54321, -1),
+                          lambda: os.chown(tmp_path / "src" / "sub", 0, -1))):
+        change()
+        with pytest.raises(StoreError, match="another user can change"):
+            ChunkStore(ix.source, ix).check()
+        undo()
+    os.chmod(tmp_path / "src" / "sub", 0o1777)  # (sticky: others cannot swap root's tar)
+    ChunkStore(ix.source, ix).check()
+
+
+def _read_chars() -> int:
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+def test_indexing_reads_each_tar_once(tmp_path):
+    make_tar(tmp_path / "t.tar", [(f"f{i:05d}", os.urandom(700)) for i in range(3000)])
+    size = os.path.getsize(tmp_path / "t.tar")
+    before = _read_chars()
+    r = index_in_place(str(tmp_path / "t.tar"), str(tmp_path / "dst"), progress=False)
+    read = _read_chars() - before
+    assert r.files == 3000 and size <= read < size * 1.1 + (1 << 20), (read, size)
