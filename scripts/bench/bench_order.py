@@ -17,6 +17,9 @@ dataset larger than memory), and every fusefs setting gets a fresh daemon:
       of pushing fetched samples into the kernel page cache
   (r) the peer a user would pick instead: ratarmount (PyPI) over one tar of the same loose
       files on the same volume, read by the same loader (shuffled, no hints)
+  (t) as (c) over that same tar indexed in place (`fusefs pack --in-place`: the index alone
+      beside it, nothing copied); its indexing is timed against `cat` of the tar, page
+      cache dropped before each, in the same run
 
 Every daemon's CPU per sample (fusefs: its own getrusage; ratarmount: /proc) is printed,
 and with it the CPU per sample the others spent meanwhile: the loader's processes (the page
@@ -27,7 +30,7 @@ was bound by the CPU or by waiting for the storage.
 With --against REF each fusefs setting runs twice, REF's daemon first, then this tree's (the
 rows carry their version; the figures after the table are this tree's).
 
-usage: .venv/bin/python scripts/bench/bench_order.py [--files N] [--delay-ms MS] [--settings acdr] [--out DIR] [--against REF]
+usage: .venv/bin/python scripts/bench/bench_order.py [--files N] [--delay-ms MS] [--settings acdrt] [--out DIR] [--against REF]
 """
 from __future__ import annotations
 
@@ -116,6 +119,31 @@ def ratarmount_setting(tar: str, mnt: str, index_dir: str) -> dict:
     return res
 
 
+def drop_caches() -> None:
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def index_against_cat(tar: str, dst: str) -> dict:
+    """`fusefs pack --in-place TAR DST` timed against `cat TAR > /dev/null`, the page cache
+    dropped before each (the backend's sequential rate, same run)."""
+    size = os.path.getsize(tar)
+    subprocess.run(["sync"], check=True)
+    drop_caches()
+    t = time.perf_counter()
+    subprocess.run(["cat", tar], stdout=subprocess.DEVNULL, check=True)
+    cat_s = time.perf_counter() - t
+    drop_caches()
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "fusefs", "pack", "--in-place", "-q", "--force", tar, dst],
+                   check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    index_s = time.perf_counter() - t
+    return {"index_s": round(index_s, 2), "cat_s": round(cat_s, 2),
+            "index_mb_per_s": size / 1e6 / index_s, "cat_mb_per_s": size / 1e6 / cat_s,
+            "index_over_cat": cat_s / index_s,
+            "index_bytes": os.path.getsize(os.path.join(dst, "index.fusefs"))}
+
+
 def summarize(name: str, res: dict) -> dict:
     eps = res["epochs"]
     row = {"setting": name, "samples_per_s": [e["samples_per_s"] for e in eps]}
@@ -183,12 +211,18 @@ def main() -> int:
         pack(src, local_packed, force=True)
     index_bytes = os.path.getsize(os.path.join(packed, "index.fusefs"))
     tar = os.path.join(base, "loose.tar")
-    if "r" in a.settings and not os.path.exists(tar):
+    if ("r" in a.settings or "t" in a.settings) and not os.path.exists(tar):
         t = time.perf_counter()
         sh("tar", "-cf", tar + ".part", "-C", src, ".")
         os.replace(tar + ".part", tar)
         print(f"wrote one tar of the loose files to GlusterFS in {time.perf_counter() - t:.0f} s")
 
+    in_place = os.path.join(base, "inplace")
+    indexing = {}
+    if "t" in a.settings:
+        indexing = index_against_cat(tar, in_place)
+        print(f"indexed the tar in place: {indexing['index_mb_per_s']:.0f} MB/s, cat of it "
+              f"{indexing['cat_mb_per_s']:.0f} MB/s ({indexing['index_over_cat']:.2f} of cat's rate)")
     mnt = os.path.join(a.out, "mnt")
     results = {"probe": probe, "files": a.files, "delay_ms": a.delay_ms, "commit": common_commit()}
     print(f"commit {results['commit']}")
@@ -212,12 +246,15 @@ def main() -> int:
         settings += [(name, version, lambda run=run, env=env: run(env)) for version, env in versions.items()]
     settings.append(("r: ratarmount, one tar on GlusterFS", None, lambda: ratarmount_setting(
         tar, mnt + "-ratarmount", os.path.join(a.out, "ratarmount-index"))))
+    settings.append(("t: fusefs + HintedSampler, that tar in place, cache 10%", None,
+                     lambda: dict(fusefs_setting(in_place, mnt, "10%", True), **indexing)))
     for name, version, run in settings:
         if name[0] not in a.settings:
             continue
         res = run()
-        res["index_bytes"] = index_bytes
+        res.setdefault("index_bytes", index_bytes)
         row = summarize(name, res)
+        row.update({k: v for k, v in res.items() if k.startswith(("index_", "cat_"))})
         if version is not None and a.against:
             row["version"] = version
         if version is None or version == here:
@@ -249,6 +286,14 @@ def main() -> int:
     results["c_over_d"] = best(by["c"]) / best(by["d"])
     print(f"c/a per epoch: {' / '.join(f'{x:.2f}' for x in results['c_over_a'])}; "
           f"c/d (best epochs): {results['c_over_d']:.2f}")
+    if "t" in by:
+        results["t_over_c"] = [t / x for t, x in zip(by["t"]["samples_per_s"], by["c"]["samples_per_s"])]
+        print(f"t/c (in place over packed chunks) per epoch: "
+              f"{' / '.join(f'{x:.2f}' for x in results['t_over_c'])}")
+    if "t" in by and "r" in by:
+        results["t_over_r"] = [t / x for t, x in zip(by["t"]["samples_per_s"], by["r"]["samples_per_s"])]
+        print(f"t/r (in place over ratarmount, the same tar) per epoch: "
+              f"{' / '.join(f'{x:.2f}' for x in results['t_over_r'])}")
     if "r" in by:
         results["c_over_r"] = [c / x for c, x in zip(by["c"]["samples_per_s"], by["r"]["samples_per_s"])]
         print(f"c/r (fusefs over the ratarmount peer) per epoch: "
