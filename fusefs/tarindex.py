@@ -5,7 +5,8 @@ becomes the folder NAME at its place, its members inside. A member that is itsel
 (`n01440764.tar` inside ImageNet's training archive) becomes a folder the same way, so the
 per-class tars of ImageNet's archive are the class folders ImageFolder sees, and a
 WebDataset shard's keys stay as they are inside its shard's folder. Each tar is read once,
-sequentially, every member's bytes checksummed (xxh3-64, as pack's samples), and DST gets
+sequentially (plain ustar and GNU headers parsed here, extension records, links and the like
+by tarfile), every member's bytes checksummed (xxh3-64, as pack's samples), and DST gets
 only the index: its chunks are the tars (a nested member's offset is its place in the
 outermost tar), read where they are. Members that are not regular files are skipped and
 reported, as `pack` reports what it does not pack; a later member of a name replaces an
@@ -71,6 +72,120 @@ def dir_mode(mode: int) -> int:
     return mode | ((mode & 0o444) >> 2)
 
 
+PLAIN = (b"0", b"\0", b"7", b"5")  # regular files (and contiguous ones), folders
+POSIX_MAGIC, GNU_MAGIC = b"ustar\x0000", b"ustar  \x00"
+
+
+class Entry:
+    """A tar member as the index needs it: raw name, mode, size, mtime (ns), kind ("file",
+    "dir" or why it is not indexed) and where its bytes start in its tar."""
+    __slots__ = ("name", "mode", "size", "mtime", "kind", "offset_data")
+
+    def __init__(self, name, mode, size, mtime, kind, offset_data):
+        self.name, self.mode, self.size, self.mtime = name, mode, size, mtime
+        self.kind, self.offset_data = kind, offset_data
+
+
+def _octal(field: bytes) -> int:
+    return int(field.strip(b" \0") or b"0", 8)
+
+
+def plain_header(block: bytes, offset: int):
+    """The Entry of a plain ustar or GNU header at offset (a file or folder, numbers in
+    octal, its checksum right), or None: tarfile reads anything else."""
+    kind = block[156:157]
+    magic = block[257:265]
+    if kind not in PLAIN or (magic != POSIX_MAGIC and magic != GNU_MAGIC) or block[124] & 0x80 \
+            or block[136] & 0x80:
+        return None
+    try:
+        chk, size = _octal(block[148:156]), _octal(block[124:136])
+        mode, mtime = _octal(block[100:108]), _octal(block[136:148])
+    except ValueError:
+        return None
+    if chk != sum(block) - sum(block[148:156]) + 256:
+        return None
+    name = block[:100].split(b"\0", 1)[0]
+    if block[345]:
+        if magic == GNU_MAGIC:
+            return None
+        name = block[345:500].split(b"\0", 1)[0] + b"/" + name
+    is_dir = kind == b"5" or (kind == b"\0" and name.endswith(b"/"))
+    return Entry(name.rstrip(b"/") if is_dir else name, mode, 0 if is_dir else size,
+                 mtime * 1_000_000_000, "dir" if is_dir else "file", offset + BLOCK)
+
+
+def _from_tarinfo(ti) -> Entry:
+    if ti.isdir():
+        kind = "dir"
+    elif ti.issparse():
+        kind = "a sparse file"
+    elif ti.isreg():
+        kind = "file"
+    elif ti.issym() or ti.islnk():
+        kind = "a link"
+    else:
+        kind = "a special file"
+    return Entry(os.fsencode(ti.name), ti.mode, ti.size, int(ti.mtime * 1_000_000_000), kind,
+                 ti.offset_data)
+
+
+class Headers:
+    """The members of the tar read through view (size bytes), in order: plain headers parsed
+    here, anything else (pax and GNU extension records, links, devices) by tarfile, which
+    takes over the rest of a tar that holds a global pax header. `end`: where the last header
+    stopped, `short`: why the tar ended early (None if it did not)."""
+
+    def __init__(self, view, size: int):
+        self.view, self.size = view, size
+        self.tf = None
+        self.end, self.short = 0, None
+        self.tarfile_only = False
+
+    def __iter__(self):
+        view, size, offset = self.view, self.size, 0
+        while True:
+            self.end = offset
+            if offset + BLOCK > size:
+                return
+            if not self.tarfile_only:
+                view.seek(offset)
+                block = view.read(BLOCK)
+                if len(block) < BLOCK:
+                    return
+                if block[156:157] == b"g":
+                    self.tarfile_only = True
+                e = None if self.tarfile_only else plain_header(block, offset)
+                if e is not None:
+                    yield e
+                    offset = e.offset_data + -(-e.size // BLOCK) * BLOCK
+                    continue
+                if not block.strip(b"\0"):
+                    return
+            ti = self._tarfile_next(offset)
+            if ti is None:
+                return
+            e = _from_tarinfo(ti)
+            yield e
+            offset = self.tf.offset
+
+    def _tarfile_next(self, offset: int):
+        try:
+            if self.tf is None:
+                self.view.seek(offset)
+                self.tf = tarfile.TarFile(fileobj=self.view, mode="r")
+                ti = self.tf.firstmember
+                self.tf.firstmember = None
+            else:
+                self.tf.offset = offset
+                ti = self.tf.next()
+        except tarfile.ReadError as e:
+            self.short = str(e)
+            return None
+        self.tf.members.clear()
+        return ti
+
+
 class _Window:
     """A nested tar: the bytes [base, base + size) of the outer reader, as a file."""
 
@@ -131,7 +246,6 @@ class Indexer:
                 raise refuse_compressed(name, what)
             if not _is_tar_header(head):
                 raise InPlaceError(f"{name}: not a tar file (no tar header at its start)")
-            f.seek(0)
             self._walk(f, f, 0, size, k, name, prefix, cap, mtime_ns, 0)
         return xxhash.xxh3_64_intdigest(head)
 
@@ -139,59 +253,44 @@ class Indexer:
               mtime_ns: int, depth: int) -> None:
         """The members of the tar read through view (base: its place in the outer file f)."""
         self.members.dirs.setdefault(prefix, (mtime_ns, dir_mode(cap)))
+        headers, done = Headers(view, size), 0
         try:
-            tf = tarfile.open(fileobj=view, mode="r:")
-        except tarfile.ReadError as e:
-            raise InPlaceError(f"{name}: not a tar file ({e})") from None
-        done = 0
-        try:
-            while True:
-                try:
-                    ti = tf.next()
-                except tarfile.ReadError as e:  # (data cut short: the tar is truncated)
-                    self.skipped.append((name, f"ends early ({e}): the members before are indexed"))
-                    break
-                tf.members.clear()  # (tarfile keeps every member it read: no list of them)
-                if ti is None:
-                    self._check_end(view, tf.offset, size, name)
-                    break
-                if depth == 0:
-                    self.bar.update(tf.offset - done)
-                    done = tf.offset
-                self._member(f, base, size, ti, k, name, prefix, cap, depth)
+            for e in headers:
+                if depth == 0 and e.offset_data - done >= READ_BUFFER:
+                    self.bar.update(e.offset_data - done)
+                    done = e.offset_data
+                self._member(f, base, size, e, k, name, prefix, cap, depth)
         finally:
             if depth == 0:
                 self.bar.update(size - done)
+        if headers.short is not None:
+            self.skipped.append((name, f"ends early ({headers.short}): the members before are indexed"))
+        else:
+            self._check_end(view, headers.end, size, name)
 
-    def _member(self, f, base, size, ti, k, name, prefix, cap, depth) -> None:
-        rel = _clean(os.fsencode(ti.name))
-        where = f"{name}: {ti.name}"
+    def _member(self, f, base: int, size: int, e: Entry, k: int, name: str, prefix: bytes, cap: int,
+                depth: int) -> None:
+        rel = _clean(e.name)
+        skip = lambda why: self.skipped.append((f"{name}: {os.fsdecode(e.name)}", why))  # noqa: E731
         if rel is None:
-            self.skipped.append((where, "a path that leaves the archive or has no name, not indexed"))
-            return
+            return skip("a path that leaves the archive or has no name, not indexed")
         path = prefix + b"/" + rel if prefix else rel
         if not prefix and rel.split(b"/")[0] == CONTROL_NAME:
-            self.skipped.append((where, "reserved name: the mount shows its hidden control folder there"))
+            return skip("reserved name: the mount shows its hidden control folder there")
+        if e.kind == "dir":
+            self.members.dirs[path] = (e.mtime, dir_mode(e.mode & cap))
             return
-        mtime = int(ti.mtime * 1_000_000_000)
-        if ti.isdir():
-            self.members.dirs[path] = (mtime, dir_mode(ti.mode & cap))
+        if e.kind != "file":
+            return skip(f"{e.kind}, not indexed")
+        if e.offset_data + e.size > size:
+            return skip(f"its bytes run past the tar's end ({size} bytes): truncated")
+        start = base + e.offset_data
+        if depth < MAX_NESTING and rel.lower().endswith(TAR_SUFFIX) and len(rel) > len(TAR_SUFFIX) \
+                and e.size >= 2 * BLOCK and _is_tar_header(_pread(f, start, BLOCK)):
+            self._walk(f, _Window(f, start, e.size), start, e.size, k, f"{name}: {os.fsdecode(e.name)}",
+                       path[:-len(TAR_SUFFIX)], cap & e.mode, e.mtime, depth + 1)
             return
-        if not ti.isreg() or ti.issparse():
-            kind = "a sparse file" if ti.issparse() else ("a link" if ti.issym() or ti.islnk() else "a special file")
-            self.skipped.append((where, f"{kind}, not indexed"))
-            return
-        if ti.offset_data + ti.size > size:
-            self.skipped.append((where, f"its bytes run past the tar's end ({size} bytes): truncated"))
-            return
-        start = base + ti.offset_data
-        if depth < MAX_NESTING and rel.lower().endswith(TAR_SUFFIX) and len(rel) > 4 \
-                and ti.size >= 2 * BLOCK and _is_tar_header(_pread(f, start, BLOCK)):
-            folder = path[:-len(TAR_SUFFIX)]
-            self._walk(f, _Window(f, start, ti.size), start, ti.size, k, where, folder, cap & ti.mode,
-                       mtime, depth + 1)
-            return
-        self.members.add(path, k, start, ti.size, _hash(f, start, ti.size), mtime, ti.mode & cap & 0o777,
+        self.members.add(path, k, start, e.size, _hash(f, start, e.size), e.mtime, e.mode & cap & 0o777,
                          self.skipped)
 
     def _check_end(self, view, offset: int, size: int, name: str) -> None:
