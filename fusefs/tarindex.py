@@ -273,6 +273,9 @@ class Indexer:
         rel = _clean(e.name)
         skip = lambda why: self.skipped.append((f"{name}: {os.fsdecode(e.name)}", why))  # noqa: E731
         if rel is None:
+            if e.kind == "dir" and not e.name.strip(b"./"):  # (`./`: the archive's own folder)
+                self.members.dirs[prefix] = (e.mtime, dir_mode(e.mode & cap))
+                return
             return skip("a path that leaves the archive or has no name, not indexed")
         path = prefix + b"/" + rel if prefix else rel
         if not prefix and rel.split(b"/")[0] == CONTROL_NAME:

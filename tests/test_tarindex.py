@@ -127,7 +127,9 @@ def test_what_is_not_a_regular_file_is_skipped_and_a_later_member_replaces_an_ea
 
     def folder(ti):
         ti.type, ti.mode = tarfile.DIRTYPE, 0o750
-    make_tar(tmp_path / "a.tar", [("x/link", link, b""), ("x/pipe", fifo, b""), ("x/f", b"old"),
+    def top(ti):
+        ti.type, ti.mode = tarfile.DIRTYPE, 0o700
+    make_tar(tmp_path / "a.tar", [("./", top, b""), ("x/link", link, b""), ("x/pipe", fifo, b""), ("x/f", b"old"),
                                   ("x/f", b"new"), ("../escape", b"no"), ("empty", folder, b""),
                                   (".fusefs/ids", b"reserved")])
     r = index_in_place(str(tmp_path / "a.tar"), str(tmp_path / "dst"), progress=False)
@@ -141,6 +143,7 @@ def test_what_is_not_a_regular_file_is_skipped_and_a_later_member_replaces_an_ea
     ix = load(tmp_path / "dst")
     empty = ix.lookup_dir(0, b"empty")
     assert empty is not None and ix.dir_mode[empty] == 0o750 and ix.dir_nfiles[empty] == 0
+    assert ix.dir_mode[0] == 0o700 and len(r.skipped) == 5  # (`./` is the archive's folder, no entry)
     with pytest.raises(InPlaceError, match="--strict"):
         index_in_place(str(tmp_path / "a.tar"), str(tmp_path / "dst2"), strict=True, progress=False)
 
