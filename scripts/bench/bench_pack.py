@@ -5,9 +5,11 @@ A tree of tiny files (1,000 class folders as ImageNet's, 100 bytes each; made on
 the page cache warm (what is measured is pack's own work a file, not the disk's): its wall
 seconds, its CPU seconds (user and system, getrusage of the child) a file, and its peak
 resident memory against the index it writes. With --against REF the same for REF's
-fusefs, alternating by round, side by side.
+fusefs, alternating by round, side by side. With --in-place the same files lie in one tar
+(written once with Python's tarfile, as CLASS/NAME members) and `fusefs pack --in-place`
+indexes it instead.
 
-usage: .venv/bin/python scripts/bench/bench_pack.py [--files N] [--rounds R] [--against REF]
+usage: .venv/bin/python scripts/bench/bench_pack.py [--files N] [--rounds R] [--against REF] [--in-place]
 """
 from __future__ import annotations
 
@@ -45,10 +47,31 @@ def make_tree(root: str, n: int) -> str:
     return src
 
 
-def pack_once(src: str, dst: str, env: dict, version: str, n: int) -> dict:
-    """One `fusefs pack` of src into dst in a child with env (its fusefs): the row."""
+def make_tar(root: str, n: int) -> str:
+    """One tar of n members of FILE_BYTES in CLASSES folders at root (reused when complete)."""
+    import io
+    import tarfile
+    path = os.path.join(root, "tree.tar")
+    if os.path.exists(path):
+        return path
+    os.makedirs(root, exist_ok=True)
+    body = b"x" * FILE_BYTES
+    with tarfile.open(path + ".part", "w", format=tarfile.GNU_FORMAT) as t:
+        for c in range(CLASSES):
+            for i in range(c, n, CLASSES):
+                ti = tarfile.TarInfo(f"class{c:04d}/img{i:08d}.jpg")
+                ti.size, ti.mode = FILE_BYTES, 0o644
+                t.addfile(ti, io.BytesIO(body))
+    os.replace(path + ".part", path)
+    return path
+
+
+def pack_once(src: str, dst: str, env: dict, version: str, n: int, in_place: bool = False) -> dict:
+    """One `fusefs pack` (--in-place: of the tar src) of src into dst in a child with env (its
+    fusefs): the row."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "fusefs", "pack", src, dst, "--force"], env=env,
+    extra = ["--in-place"] if in_place else []
+    proc = subprocess.Popen([sys.executable, "-m", "fusefs", "pack", *extra, src, dst, "--force"], env=env,
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     err = proc.stderr.read()
     _, status, usage = os.wait4(proc.pid, 0)
@@ -57,7 +80,7 @@ def pack_once(src: str, dst: str, env: dict, version: str, n: int) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"bench_pack.py: pack with {version} failed: {err.decode(errors='replace')[-400:]}")
     index = os.path.getsize(os.path.join(dst, "index.fusefs"))
-    return {"bench": "bench_pack", "regime": "pack", "version": version, "files": n, "seconds": round(seconds, 2),
+    return {"bench": "bench_pack", "regime": "in_place" if in_place else "pack", "version": version, "files": n, "seconds": round(seconds, 2),
             "files_per_s": round(n / seconds), "cpu_us_per_file": round(1e6 * (usage.ru_utime + usage.ru_stime) / n, 1),
             "peak_rss_mb": round(usage.ru_maxrss / 1024, 1), "index_mb": round(index / 2**20, 1)}
 
@@ -68,15 +91,17 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--out", default=os.path.join(REPO, "out", "bench_pack"))
     p.add_argument("--against", metavar="REF", help="also pack with REF's fusefs, alternating by round")
+    p.add_argument("--in-place", action="store_true", help="index one tar of the files in place instead")
     JsonLines.argument(p, "bench_pack")
     a = p.parse_args()
     results = JsonLines(a.results)
-    src = make_tree(os.path.join(a.out, f"tree-{a.files}"), a.files)
+    src = make_tar(os.path.join(a.out, f"tar-{a.files}"), a.files) if a.in_place else \
+        make_tree(os.path.join(a.out, f"tree-{a.files}"), a.files)
     dst = os.path.join(a.out, f"packed-{a.files}")
     with side_by_side(a.against) as versions:
         for i in range(a.rounds):  # (REF first in even rounds, last in odd ones)
             for version, env in (list(versions.items()) if i % 2 == 0 else list(versions.items())[::-1]):
-                row = pack_once(src, dst, env, version, a.files)
+                row = pack_once(src, dst, env, version, a.files, a.in_place)
                 print(json.dumps(row), flush=True)
                 results.write(**row)
     shutil.rmtree(dst, ignore_errors=True)

@@ -106,13 +106,20 @@ def order(rows: list[dict]) -> str:
                    f"| {100 * r['machine_busy']:.0f}% | {reqs} | {waited} | {rss} | {where(r)} |")
     by = {r["setting"][0]: r for r in run if r.get("version", r["commit"]) == r["commit"]}
     ratios = []
-    for other in "ar":
-        if "c" in by and other in by:
-            ratios.append(f"c/{other} = " + slashed([x / y for x, y in zip(by["c"]["samples_per_s"],
-                                                                         by[other]["samples_per_s"])], "{:.2f}"))
+    for num, den in (("c", "a"), ("c", "r"), ("t", "c"), ("t", "s")):
+        if num in by and den in by:
+            ratios.append(f"{num}/{den} = " + slashed([x / y for x, y in zip(by[num]["samples_per_s"],
+                                                                          by[den]["samples_per_s"])], "{:.2f}"))
     if ratios:
         out += ["", f"{' and '.join(ratios)} (epoch 1 / 2); {run[0]['files']:,} files, "
                     f"{run[0]['delay_ms']:g} ms per operation ({run[0]['probe']})."]
+    if "t" in by and "index_s" in by["t"]:
+        t = by["t"]
+        out += ["", f"Indexing the tar shards in place (t): {t['index_s']:.1f} s, {t['index_mb_per_s']:,.0f} "
+                    f"MB/s ({t['index_wall_s']:.1f} s with Python's start), against `cat` of them "
+                    f"{t['cat_s']:.1f} s, {t['cat_mb_per_s']:,.0f} MB/s "
+                    f"({t['index_over_cat']:.2f} of cat's rate), page cache dropped before each; "
+                    f"the index {t['index_bytes'] / 1e6:.1f} MB."]
     return "\n".join(out)
 
 
@@ -556,9 +563,11 @@ def pack_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-TABLES = {"mount": (mount, "bench_mount.jsonl"), "pack": (pack_table, "bench_pack.jsonl"), "unbiased": (unbiased, "bench_unbiased.jsonl"), "memory": (memory, "bench_memory.jsonl"), "hammer": (hammer, "bench_hammer.jsonl"),
+TABLES = {"mount": (mount, "bench_mount.jsonl"), "pack": (pack_table, "bench_pack.jsonl"),
+          "pack-inplace": (pack_table, "bench_pack_inplace.jsonl"), "unbiased": (unbiased, "bench_unbiased.jsonl"), "memory": (memory, "bench_memory.jsonl"), "hammer": (hammer, "bench_hammer.jsonl"),
           "commit": (commit, "bench_commit.jsonl"), "scale": (scale, "bench_scale.jsonl"), "scale-drop": (scale_drop, "bench_scale.jsonl"),
-          "scale-epochs": (scale_epochs, "bench_scale.jsonl"), "uring": (uring, "bench_uring.jsonl"), "order": (order, "bench_order.jsonl"), "ranks": (ranks, "bench_ranks.jsonl"),
+          "scale-epochs": (scale_epochs, "bench_scale.jsonl"), "uring": (uring, "bench_uring.jsonl"), "order": (order, "bench_order.jsonl"),
+          "inplace": (order, "bench_order_inplace.jsonl"), "ranks": (ranks, "bench_ranks.jsonl"),
           "clients": (clients, "bench_clients.jsonl"), "faults": (faults, "faults.jsonl"),
           "soak": (soak, "soak.jsonl"), "gpu-node": (gpu_node, "gpu-node.jsonl"), "gpu-hybrid": (gpu_hybrid, "gpu-node.jsonl"),
           "gpu-swap": (gpu_swap, "gpu-node.jsonl"), "gpu-importance": (gpu_importance, "gpu-node.jsonl"),
