@@ -106,6 +106,16 @@ async def read_whole(core, sid):
         core.release(fh)
 
 
+class Clock:
+    """A clock that moves only when a test moves it (`clock.t += seconds`)."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
 def flip_byte(path, at: int, mask: int = 0x55) -> None:
     """Change the byte at offset `at` of the file at path in place (xor mask)."""
     with open(path, "r+b") as f:

@@ -21,6 +21,8 @@ from trainer import (
     cpu_gain,
 )
 
+from conftest import Clock
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -76,12 +78,6 @@ def slow_cpu_trainer(cpu_gate, **kw):
                          accel="cpu", **kw)
 
 
-def test_gain_from_given_times():
-    assert cpu_gain(4.0, 1.0) == 0.25  # the CPU is 4x slower: it adds a quarter
-    with pytest.raises(ValueError):
-        cpu_gain(0.0, 1.0)
-
-
 def test_the_accelerator_never_waits_for_the_cpu_replica():
     gate = Gate()
     ht = slow_cpu_trainer(gate, merge_every=2)
@@ -99,14 +95,6 @@ def test_the_accelerator_never_waits_for_the_cpu_replica():
     ht.close()
     for (n1, t1), (n2, t2) in zip(ht.nc.state_dict().items(), ht.ng.state_dict().items()):
         assert torch.equal(t1, t2), n1  # close() merged the CPU's last batch
-
-
-class Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
 
 
 class Stall(nn.Module):
@@ -147,45 +135,6 @@ def test_a_cpu_too_slow_to_help_is_left_out():
     row = ht.train_epoch()
     assert row["samples_cpu"] == 0 and row["samples_accel"] == 256
     ht.close()
-
-
-def run_probe(probe, clock, seconds_per_batch):
-    """Feed the probe batches of 10 samples taking seconds_per_batch[on/off] each."""
-    while probe.verdict is None:
-        clock.t += seconds_per_batch["on" if probe.cpu_allowed else "off"]
-        probe.count(10)
-
-
-def test_on_off_probe_keeps_the_cpu_only_when_it_measurably_helps():
-    for on, off, keep in ((0.010, 0.012, True), (0.012, 0.010, False), (0.0099, 0.0100, False)):
-        clock = Clock()
-        probe = OnOffProbe(windows=4, batches=5, min_gain=0.02, clock=clock)
-        assert probe.cpu_allowed  # the first window is "on"
-        run_probe(probe, clock, {"on": on, "off": off})
-        assert probe.verdict is keep and probe.cpu_allowed is keep
-        assert len(probe.rates["on"]) == len(probe.rates["off"]) == 2
-        assert probe.rates["on"][0] == pytest.approx(10 / on) and probe.rates["off"][0] == pytest.approx(10 / off)
-
-
-def test_an_off_window_starts_once_the_cpu_replica_is_idle():
-    """The CPU replica's batch given in an "on" window may still run when the "off" window
-    comes: the off window's clock starts only once it is done, so its tail is not counted
-    as the cost of "off" (seen in CI: "off" windows of 473 and 611 samples/s against
-    39,566 once the replica was idle, and the probe kept a replica that slowed training)."""
-    clock = Clock()
-    probe = OnOffProbe(windows=2, batches=2, min_gain=0.02, clock=clock)
-    for _ in range(3):  # "on": a start and two batches of 10 samples, 0.1 s each
-        clock.t += 0.1
-        probe.count(10, cpu_busy=True)
-    assert probe.rates["on"] == [pytest.approx(100)] and not probe.cpu_allowed
-    for _ in range(5):  # the replica's batch still runs: slow batches, not counted
-        clock.t += 1.0
-        probe.count(10, cpu_busy=True)
-    assert probe.rates["off"] == [] and probe.verdict is None
-    for _ in range(3):  # idle now: the off window starts, then two batches of 0.01 s
-        clock.t += 0.01
-        probe.count(10)
-    assert probe.rates["off"] == [pytest.approx(1000)] and probe.verdict is False
 
 
 def test_a_cpu_replica_that_slows_training_is_switched_off_by_the_probe():

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from fusefs import order as orderfmt
 from testkit.mounts import running_mount
-from trainer import ImportanceSampler, LossTracker, WithIndex, reevaluate, split_fluctuating
+from trainer import ImportanceSampler, LossTracker, WithIndex, reevaluate
 from trainer.hints import mount_stats
 
 from conftest import make_core
@@ -23,49 +23,6 @@ from conftest import exact_within_budget, run_epoch
 
 class Paths(list):
     """A dataset that is just its file paths (what the samplers look at)."""
-
-
-def _histories(n_stable=900, n_fluct=100, epochs=3, seed=0):
-    """Loss histories with a known answer: stable samples drift by little, fluctuating
-    ones jump between high and low losses."""
-    rng = np.random.default_rng(seed)
-    n = n_stable + n_fluct
-    fluct = np.zeros(n, dtype=bool)
-    fluct[rng.choice(n, n_fluct, replace=False)] = True
-    tracker = LossTracker(n, window=epochs)
-    base = rng.uniform(0.05, 2.0, n)
-    for e in range(epochs):
-        loss = base + rng.normal(0, 0.01, n)
-        loss[fluct] = np.where((np.arange(n_fluct) + e) % 2, 3.0, 0.1) + rng.normal(0, 0.2, n_fluct)
-        tracker.record(np.arange(n), loss)
-        tracker.end_epoch()
-    return tracker, fluct
-
-
-def test_variance_over_the_window_is_numpys():
-    tracker, _ = _histories(epochs=3)
-    assert np.allclose(tracker.variance(), np.var(tracker.history, axis=0), atol=1e-6)
-    half = LossTracker(4, window=3)
-    half.record([0, 1], [1.0, 2.0])
-    half.end_epoch()
-    assert np.all(half.variance() == 0)  # one epoch known: no variance yet
-
-
-def test_kmeans_split_finds_the_fluctuating_samples():
-    tracker, fluct = _histories()
-    got = split_fluctuating(tracker.variance())
-    assert np.array_equal(got, fluct)
-    assert not split_fluctuating(np.full(50, 0.3)).any()  # all alike: nothing fluctuates
-
-
-def test_tracker_takes_tensors_without_waiting_and_fits_in_tens_of_mb():
-    t = LossTracker(10, collect_every=1000)
-    t.record(torch.tensor([3, 1]), torch.tensor([0.5, 0.25]))
-    assert np.isnan(t.last[3])  # still pending: no copy in the training step
-    t.end_epoch()
-    assert t.last[3] == 0.5 and t.last[1] == 0.25 and t.history[0, 3] == 0.5
-    big = LossTracker(1_280_000)
-    assert big.last.nbytes + big.history.nbytes <= 25 << 20
 
 
 def _sampler(n=100, keep=0.7, explore=0.0, warmup=3):
@@ -81,6 +38,16 @@ def _warm(s, tracker, losses_per_epoch):
         assert sorted(s) == list(range(s.n))  # warm-up: every sample, shuffled
         tracker.record(np.arange(s.n), losses)
         tracker.end_epoch()
+
+
+def test_tracker_takes_tensors_without_waiting_and_fits_in_tens_of_mb():
+    t = LossTracker(10, collect_every=1000)
+    t.record(torch.tensor([3, 1]), torch.tensor([0.5, 0.25]))
+    assert np.isnan(t.last[3])  # still pending: no copy in the training step
+    t.end_epoch()
+    assert t.last[3] == 0.5 and t.last[1] == 0.25 and t.history[0, 3] == 0.5
+    big = LossTracker(1_280_000)
+    assert big.last.nbytes + big.history.nbytes <= 25 << 20
 
 
 def test_selection_keeps_the_most_important_share_shuffled():

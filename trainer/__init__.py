@@ -18,14 +18,14 @@ _WHERE = {
     "find_mount": "fusefs.client", "mount_chunks": "fusefs.client", "mount_ids": "fusefs.client",
     "mount_stats": "fusefs.client", "paths_to_ids": "fusefs.client", "write_order": "fusefs.client",
     "HintedSampler": "trainer.hints",
-    "ImportanceSampler": "trainer.importance", "LossTracker": "trainer.importance",
+    "ImportanceSampler": "trainer.importance", "LossTracker": "trainer.losses",
     "WithIndex": "trainer.importance", "reevaluate": "trainer.importance",
-    "split_fluctuating": "trainer.importance",
+    "split_fluctuating": "trainer.losses",
     "chunk_block_order": "trainer.orders", "echo_order": "trainer.orders",
     # the accelerator methods
-    "HybridTrainer": "trainer.accel.hybrid", "OnOffProbe": "trainer.accel.hybrid",
+    "HybridTrainer": "trainer.accel.hybrid", "OnOffProbe": "trainer.accel.probe",
     "SnapshotWriter": "trainer.accel.hybrid", "average_into": "trainer.accel.hybrid",
-    "cpu_gain": "trainer.accel.hybrid",
+    "cpu_gain": "trainer.accel.probe",
     "PinnedPool": "trainer.accel.swap", "SwapHooks": "trainer.accel.swap",
     "SwapScheduler": "trainer.accel.swap",
 }

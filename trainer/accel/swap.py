@@ -56,6 +56,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from .qplan import PlanLearner, largest_batch, segments  # noqa: F401 (largest_batch: part of the API)
+
 log = logging.getLogger("trainer.accel.swap")
 
 DEFAULT_TYPES = (nn.Conv2d, nn.BatchNorm2d, nn.ReLU, nn.Linear, nn.MaxPool2d,
@@ -274,18 +276,7 @@ class SwapHooks:
             self._bring_back(prev)
 
 
-def segments(saved_by: dict, k: int) -> dict:
-    """{module: segment} for k contiguous segments of the forward (saved_by's order) with
-    about equal saved bytes each (no segment skipped; the last may stay empty)."""
-    total = sum(saved_by.values()) or 1
-    out, acc, prev = {}, 0, -1
-    for m, n in saved_by.items():
-        prev = out[m] = min(k - 1, prev + 1, int(k * (acc + n / 2) / total))  # no empty one between
-        acc += n
-    return out
-
-
-class SwapScheduler:
+class SwapScheduler(PlanLearner):
     """Learns a swap plan for model (see the module docstring).
 
     units: "segments" (default): the modules of the chosen types, in forward order, split
@@ -302,10 +293,6 @@ class SwapScheduler:
                  alpha: float = 0.5, gamma: float = 0.9, epsilon: float = 0.5,
                  epsilon_decay: float = 0.9, epsilon_min: float = 0.02, steps_per_round: int = 2,
                  patience: int = 5, seed: int = 0, device=None, host_limit: int | None = None):
-        if not 0.0 <= w <= 1.0:
-            raise ValueError(f"w must lie in [0, 1], got {w}")
-        if budget is not None and budget <= 0:
-            raise ValueError(f"budget must be positive (bytes, or a share <= 1), got {budget}")
         if units not in ("segments", "types"):
             raise ValueError(f"units must be 'segments' or 'types', got {units!r}")
         present = {type(m) for m in model.modules()}
@@ -313,96 +300,27 @@ class SwapScheduler:
         self.hooks = SwapHooks(model, self.types, host_limit)
         self.unit_kind = units
         if units == "segments":
-            self.units = list(range(max(1, segments)))
             self.hooks.set_units({})  # nothing swappable until the first step has measured
             self._profiled = False
         else:
-            self.units = list(self.types)
             self._profiled = True
-        self.n_actions = len(self.units) + 1  # flip unit i, or keep the plan
-        self.q = np.zeros((2 ** len(self.units), self.n_actions))
-        self.budget = budget
-        self.w, self.alpha, self.gamma = w, alpha, gamma
-        self.epsilon, self.epsilon_decay, self.epsilon_min = epsilon, epsilon_decay, epsilon_min
-        self.steps_per_round, self.patience = steps_per_round, patience
-        self.rng = np.random.default_rng(seed)
+        super().__init__(list(range(max(1, segments))) if units == "segments" else list(self.types),
+                         budget=budget, w=w, alpha=alpha, gamma=gamma, epsilon=epsilon,
+                         epsilon_decay=epsilon_decay, epsilon_min=epsilon_min, patience=patience,
+                         seed=seed)
+        self.steps_per_round = steps_per_round
         self.device = device
-        self.plan = 0
-        self.baseline: tuple[float, float] | None = None  # (t0, m0) of the no-swap plan
-        self.best: tuple[float, int] | None = None         # (reward, plan), within the budget
-        self.lowest: tuple[float, int] | None = None       # (memory, plan): if none is within
-        self.measured: dict[int, tuple[float, float]] = {}  # plan -> (step s, memory), last
-        self.failed: set[int] = set()                       # plans that ran out of memory
-        self.converged = False
-        self.rounds = 0
-        self._kept = 0
         self._times: list[float] = []
         self._mems: list[float] = []
-        self._action: int | None = None
-        self._prev_plan = 0
         self.apply_plan()
-
-    # ---- plans ---------------------------------------------------------------------------
-    def unit_name(self, u) -> str:
-        return u.__name__ if isinstance(u, type) else f"segment {u}"
-
-    def plan_dict(self, plan: int | None = None) -> dict:
-        plan = self.plan if plan is None else plan
-        return {self.unit_name(u): bool(plan >> i & 1) for i, u in enumerate(self.units)}
 
     def apply_plan(self) -> None:
         """Set the hooks to the current plan (after `plan` was changed by hand)."""
         for i, u in enumerate(self.units):
             self.hooks.swap[u] = bool(self.plan >> i & 1) and u not in self.hooks.unswappable
 
-    def allowed(self, plan: int, action: int) -> bool:
-        """An action may not turn on swapping for a unit marked unswappable, nor lead to a
-        plan that ran out of memory."""
-        if action == len(self.units):
-            return True
-        u = self.units[action]
-        if u in self.hooks.unswappable and not plan >> action & 1:
-            return False
-        return self.next_plan(plan, action) not in self.failed
-
-    def next_plan(self, plan: int, action: int) -> int:
-        return plan if action == len(self.units) else plan ^ (1 << action)
-
-    def choose(self, plan: int) -> int:
-        """Epsilon-greedy over the allowed actions."""
-        acts = [a for a in range(self.n_actions) if self.allowed(plan, a)]
-        if self.rng.random() < self.epsilon:
-            return int(self.rng.choice(acts))
-        q = self.q[plan, acts]
-        return int(acts[int(np.flatnonzero(q == q.max())[0])])
-
-    def update(self, s: int, a: int, r: float, s2: int, a2: int) -> float:
-        """Q(s,a) <- Q(s,a) + alpha (r + gamma Q(s',a') - Q(s,a)); returns the new value."""
-        self.q[s, a] += self.alpha * (r + self.gamma * self.q[s2, a2] - self.q[s, a])
-        return float(self.q[s, a])
-
-    def budget_bytes(self) -> float | None:
-        if self.budget is None or self.baseline is None:
-            return None
-        return self.budget * self.baseline[1] if self.budget <= 1 else float(self.budget)
-
-    def within_budget(self, m: float) -> bool:
-        limit = self.budget_bytes()
-        return limit is None or m <= limit
-
-    def reward(self, t: float, m: float) -> float:
-        """With a budget: 1 - t / t0 for a plan within it (the no-swap plan, if within,
-        scores 0; slower plans less), and 1 + (m - budget) / m0 less for one over it, so
-        every plan within the budget beats every plan over it and, over it, less memory
-        scores more. Without: r_time + w (r_mem - r_time) + 1, r_time = -t / t0,
-        r_mem = -m / m0."""
-        t0, m0 = self.baseline
-        if self.budget is not None:
-            r = 1.0 - t / t0
-            limit = self.budget_bytes()
-            return r if m <= limit else r - 1.0 - (m - limit) / max(m0, 1.0)
-        r_time, r_mem = -t / t0, -m / max(m0, 1.0)
-        return 1.0 + r_time + self.w * (r_mem - r_time)
+    def blocked(self, u) -> bool:
+        return u in self.hooks.unswappable
 
     # ---- measuring -----------------------------------------------------------------------
     def _cuda(self) -> bool:
@@ -462,55 +380,8 @@ class SwapScheduler:
         self.hooks.reset_counts()  # (the pool stays: it is sized once)
         if self._cuda():
             torch.cuda.empty_cache()
-        self.failed.add(self.plan)
-        if self._action is not None:
-            self.q[self._prev_plan, self._action] += self.alpha * (-10.0 - self.q[self._prev_plan, self._action])
-        self._action = None
-        self.plan = self.best[1] if self.best is not None else 0
-        self.apply_plan()
+        self.penalise()
         log.warning("swap plan ran out of memory (%s): back to %s", error, self.plan_dict())
-
-    def observe(self, t: float, m: float) -> None:
-        """End of a round with the current plan's step time t and memory m: learn, move."""
-        self.rounds += 1
-        if self.baseline is None:  # the first round runs the no-swap plan: the reference
-            self.baseline = (t, m)
-        self.measured[self.plan] = (t, m)
-        r = self.reward(t, m)
-        if self.within_budget(m) and (self.best is None or r > self.best[0]):
-            self.best = (r, self.plan)
-        if self.lowest is None or m < self.lowest[0]:
-            self.lowest = (m, self.plan)
-        if self.converged:
-            return
-        if self._action is None:
-            self._action = self.choose(self.plan)
-        else:  # r is the reward of the previous action, which led to this plan
-            a2 = self.choose(self.plan)
-            self.update(self._prev_plan, self._action, r, self.plan, a2)
-            self._action = a2
-        self.epsilon = max(self.epsilon_min, self.epsilon * self.epsilon_decay)
-        greedy_keep = int(np.argmax(self.q[self.plan])) == len(self.units) and self.q[self.plan].any()
-        self._kept = self._kept + 1 if greedy_keep else 0
-        if self._kept >= self.patience:
-            self.use_best()
-            return
-        self._prev_plan = self.plan
-        self.plan = self.next_plan(self.plan, self._action)
-        self.apply_plan()
-
-    def chosen(self) -> int:
-        """The plan to train with: the best measured within the budget, else the one with
-        the least memory measured."""
-        if self.best is not None:
-            return self.best[1]
-        return self.lowest[1] if self.lowest is not None else 0
-
-    def use_best(self) -> None:
-        """Stop learning and use the chosen plan."""
-        self.converged = True
-        self.plan = self.chosen()
-        self.apply_plan()
 
     def pretrain(self, step_fn, batches, rounds: int = 30) -> int:
         """Learn on a subset before real training: step_fn(batch) does forward + backward
@@ -521,34 +392,3 @@ class SwapScheduler:
             k += 1
         return self.plan
 
-    # ---- persistence ---------------------------------------------------------------------
-    def save(self, path: str) -> None:
-        np.savez(path, q=self.q, types=np.array([self.unit_name(u) for u in self.units]),
-                 plan=self.plan, best_plan=-1 if self.best is None else self.best[1])
-
-    def load(self, path: str) -> None:
-        with np.load(path) as z:
-            names = [str(n) for n in z["types"]]
-            mine = [self.unit_name(u) for u in self.units]
-            if names != mine:
-                raise ValueError(f"Q table is for units {names}, this scheduler has {mine}")
-            self.q = z["q"].copy()
-            self.plan = int(z["plan"])
-        self.apply_plan()
-
-
-def largest_batch(fits, start: int, limit: int = 1 << 20) -> int:
-    """The largest batch size b <= limit with fits(b) true, to within 1/16 of it, for a
-    fits() that is monotone (true up to some size, false beyond): doubles from start, then
-    bisects. fits(b) runs one training step at batch b and says whether it had the memory.
-    Returns 0 when not even a batch of 1 fits."""
-    lo, hi = 0, max(1, start)  # fits(lo) (or lo == 0), and hi is still to be tried
-    while fits(hi):
-        lo = hi
-        if hi >= limit:
-            return lo
-        hi = min(2 * hi, limit)
-    while hi - lo > max(1, lo // 16):  # now not fits(hi)
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
