@@ -131,6 +131,51 @@ def test_the_sdist_needs_no_libfuse_and_its_wheel_installs_without_any_dev_packa
     assert "native fetch (fusefs._fetchio): built in" in r.stdout and "libfuse: 3." in r.stdout
 
 
+def _glibc_needed(so: str) -> tuple:
+    """The newest GLIBC_x.y symbol version the shared object so needs (objdump -T)."""
+    out = subprocess.run(["objdump", "-T", so], capture_output=True, text=True, check=True, timeout=60).stdout
+    import re
+    return max((tuple(int(x) for x in v.split(".")) for v in re.findall(r"GLIBC_([0-9.]+)", out)),
+               default=(0,))
+
+
+def test_the_manylinux_2_28_wheel_is_built_here_and_mounts(tmp_path):
+    """GLIBC=2.28 scripts/build_wheel.sh: the vendored libfuse and fusefs's compiled parts
+    built for glibc 2.28 by zig's compiler, tagged manylinux_2_28 by auditwheel (which
+    checks every symbol version); no shared object in the wheel needs a newer glibc, the
+    binding loads the wheel's libfuse3, and a mount through the installed wheel serves a
+    packed file's bytes (the fast path built in)."""
+    from fusefs.pack import pack
+    from testkit.mounts import running_mount
+    src = _copy(tmp_path)
+    r = subprocess.run(["bash", str(src / "scripts" / "build_wheel.sh"), str(tmp_path / "dist")],
+                       capture_output=True, text=True, timeout=900,
+                       env=dict(os.environ, PYTHON=sys.executable, GLIBC="2.28"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("fusefs-*.whl")
+    assert wheel.name.endswith("-manylinux_2_28_x86_64.whl"), wheel.name
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
+                    str(site), str(wheel)], check=True, capture_output=True, timeout=300)
+    objects = [os.path.join(d, f) for d, _, fs in os.walk(site) for f in fs if ".so" in f]
+    assert len(objects) == 4, objects  # the binding, the fetch reads, libfuse3, libxxhash
+    assert all(_glibc_needed(so) <= (2, 28) for so in objects), {so: _glibc_needed(so) for so in objects}
+    env = dict(os.environ, PYTHONPATH=str(site), PYTHONSAFEPATH="1")  # (the wheel's fusefs, not the checkout's)
+    r = subprocess.run([sys.executable, "-m", "fusefs", "--version"], capture_output=True, text=True,
+                       cwd=tmp_path, env=env, timeout=60)
+    assert r.returncode == 0 and "fast path: built in" in r.stdout and "libfuse: 3.14.0" in r.stdout, r
+    data = os.urandom(50_000)
+    os.makedirs(tmp_path / "tree" / "a")
+    (tmp_path / "tree" / "a" / "x.bin").write_bytes(data)
+    pack(str(tmp_path / "tree"), str(tmp_path / "packed"), progress=False)
+    with running_mount(tmp_path / "packed", tmp_path / "mnt", env=env) as (proc, _):
+        assert (tmp_path / "mnt" / "a" / "x.bin").read_bytes() == data
+        assert (tmp_path / "mnt" / "a" / "x.bin").read_bytes() == data  # (again: the fast path's)
+        with open(f"/proc/{proc.pid}/maps") as f:
+            maps = f.read()
+    assert f"{site}/fusefs.libs/libfuse3-" in maps and f"{site}/fusefs/pyfuse3/__init__" in maps
+
+
 def _one_line(r) -> str:
     """The build's one line about it (pip frames it with its own lines): no compiler
     diagnostics, no traceback."""
