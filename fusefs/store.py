@@ -109,7 +109,8 @@ class ChunkStore:
         exactly the index's samples of it (offsets, sizes, checksums): a sample's bytes
         are then a chunk's own, as its header says, never a stranger's. Reads each chunk's
         header and tables (32 bytes a sample); a read that fails is tried again `retries`
-        times, the wait doubling from `backoff` seconds up to `max_wait` (as the index's)."""
+        times, the wait doubling from `backoff` seconds up to `max_wait` (as the index's).
+        Each chunk's descriptor stays open for the reads."""
         self.caps = []
         for k in range(len(self.index.chunks)):
             for attempt in range(retries + 1):
@@ -144,16 +145,29 @@ class ChunkStore:
                 head = chunkfmt.read_header(f, size)
             read = chunkfmt.data_start(head.n) + io.DEFAULT_BUFFER_SIZE  # (what the buffer took)
             os.posix_fadvise(fd, 0, -(-read // PAGE) * PAGE, os.POSIX_FADV_DONTNEED)
-        except chunkfmt.ChunkError as e:
-            raise StoreError(f"{path}: not the chunk the index describes: {e}") from None
-        finally:
+            mine = ix.by_chunk[ix.chunk_start[k]:ix.chunk_start[k + 1]]
+            if not (head.n == info.count == len(mine) and np.array_equal(head.offsets, ix.offset[mine])
+                    and np.array_equal(head.sizes, ix.size[mine])
+                    and np.array_equal(head.checksums, ix.checksum[mine])):
+                raise StoreError(f"{path}: the chunk's header does not list the index's samples of "
+                                 "it (another chunk, or a crafted index)")
+        except BaseException as e:
             os.close(fd)
-        mine = ix.by_chunk[ix.chunk_start[k]:ix.chunk_start[k + 1]]
-        if not (head.n == info.count == len(mine) and np.array_equal(head.offsets, ix.offset[mine])
-                and np.array_equal(head.sizes, ix.size[mine])
-                and np.array_equal(head.checksums, ix.checksum[mine])):
-            raise StoreError(f"{path}: the chunk's header does not list the index's samples of "
-                             "it (another chunk, or a crafted index)")
+            if isinstance(e, chunkfmt.ChunkError):
+                raise StoreError(f"{path}: not the chunk the index describes: {e}") from None
+            raise
+        self._keep(k, fd)
+
+    def _keep(self, k: int, fd: int) -> None:
+        """Keep chunk k's descriptor that check() opened for the reads (a first read then
+        costs no open: on a network filesystem, a lookup and an open round trip a chunk),
+        its read-ahead as the kernel's default again."""
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_NORMAL)
+        with self._lock:
+            if k not in self._fds:
+                self._fds[k] = _OpenChunk(fd)
+                return
+        os.close(fd)
 
     def _open_checked(self, k: int, what: str, missing: str) -> int:
         """open_chunk(k) for check(): StoreError for a file that is missing or refused (a link
@@ -183,20 +197,22 @@ class ChunkStore:
                                  "again (fusefs pack --in-place --force)")
             head = os.pread(fd, TAR_BLOCK, 0)
             os.posix_fadvise(fd, 0, TAR_BLOCK, os.POSIX_FADV_DONTNEED)
-        finally:
+            if xxhash.xxh3_64_intdigest(head) != self.index.tars[k].head:
+                raise StoreError(f"{path}: not the tar the index describes (its first header differs: "
+                                 "rewritten since it was indexed?): index it again (fusefs pack --in-place --force)")
+            reach, changeable = self._folder(os.path.dirname(info.path))
+            if os.geteuid() == 0 and (changeable or others_can_change(st, 0)):
+                raise StoreError(f"{path}: another user can change {'it' if not changeable else 'a folder above it'} "
+                                 "(owner, or group or others may write): a root mount refuses such a tar. "
+                                 "Mount it as that user, or make the tar and its folders root's and "
+                                 "writable by no one else")
+        except BaseException:
             os.close(fd)
-        if xxhash.xxh3_64_intdigest(head) != self.index.tars[k].head:
-            raise StoreError(f"{path}: not the tar the index describes (its first header differs: "
-                             "rewritten since it was indexed?): index it again (fusefs pack --in-place --force)")
+            raise
         if st.st_mtime_ns != self.index.tars[k].mtime_ns:
             log.warning("%s: changed since it was indexed (its mtime): every sample is checked by its "
                         "checksum, and one that changed is an I/O error", path)
-        reach, changeable = self._folder(os.path.dirname(info.path))
-        if os.geteuid() == 0 and (changeable or others_can_change(st, 0)):
-            raise StoreError(f"{path}: another user can change {'it' if not changeable else 'a folder above it'} "
-                             "(owner, or group or others may write): a root mount refuses such a tar. "
-                             "Mount it as that user, or make the tar and its folders root's and "
-                             "writable by no one else")
+        self._keep(k, fd)
         return stat.S_IMODE(st.st_mode), st.st_gid, reach
 
     def _folder(self, rel: str) -> tuple[int, bool]:

@@ -64,13 +64,13 @@ def whole_set(index) -> int:
 
 
 def make_core(dst, *, local=None, kernel=None, **config):
-    """A filesystem core (no mount) over the packed folder dst."""
+    """A filesystem core (no mount) over the packed folder dst (or an in-place set's index)."""
     from fusefs.config import MountConfig
     from fusefs.core import Core
     from fusefs.index import INDEX_NAME, Index
     from fusefs.store import ChunkStore
     ix = Index.load(os.path.join(dst, INDEX_NAME))
-    return Core(ix, ChunkStore(dst, ix), MountConfig.of(**config), local=local, kernel=kernel)
+    return Core(ix, ChunkStore(ix.data_root(str(dst)), ix), MountConfig.of(**config), local=local, kernel=kernel)
 
 
 class Kernel:

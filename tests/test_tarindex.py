@@ -308,3 +308,69 @@ def test_indexing_reads_each_tar_once(tmp_path):
     r = index_in_place(str(tmp_path / "t.tar"), str(tmp_path / "dst"), progress=False)
     read = _read_chars() - before
     assert r.files == 3000 and size <= read < size * 1.1 + (1 << 20), (read, size)
+
+
+def test_the_descriptors_check_opened_serve_the_first_reads(tmp_path, monkeypatch):
+    """check() keeps each chunk's (or tar's) descriptor: the first read of each opens
+    nothing (on a network filesystem an open is a lookup and an open round trip)."""
+    from fusefs.pack import pack
+    os.makedirs(tmp_path / "tars")
+    for s in range(3):
+        make_tar(tmp_path / "tars" / f"s{s}.tar", [(f"f{i}", os.urandom(700)) for i in range(4)])
+    index_in_place(str(tmp_path / "tars"), str(tmp_path / "inplace"), progress=False)
+    os.makedirs(tmp_path / "tree" / "a")
+    for i in range(6):
+        (tmp_path / "tree" / "a" / f"{i}").write_bytes(os.urandom(900))
+    pack(str(tmp_path / "tree"), str(tmp_path / "packed"), chunk_count=2, progress=False)
+    for dst in ("inplace", "packed"):
+        ix = load(tmp_path / dst)
+        store = ChunkStore(ix.data_root(str(tmp_path / dst)), ix)
+        store.check()
+        assert len(ix.chunks) == 3
+        monkeypatch.setattr(store, "open_chunk", lambda k: pytest.fail(f"chunk {k} opened again"))
+        got = store.read_batch(list(range(ix.n_files)))[0]
+        assert all(isinstance(v, bytes) for v in got.values()) and len(got) == ix.n_files
+        store.close()
+
+
+def test_an_in_place_set_reads_along_chunk_block_orders_with_importance_and_a_local_tier(tmp_path):
+    """The order modes, importance and the local tier are the index's, not the chunk
+    format's: an in-place set of six shards on three nodes read along a chunk-block order
+    with importance values, through a local tier half its size, twice: every byte right, the
+    cache within budget, batches per node, and the second epoch's reads of what the tier
+    kept never reaching the tars."""
+    import trio
+    from fusefs import order as orderfmt
+    from fusefs.local import LocalTier
+    from trainer.orders import chunk_block_order
+    from conftest import exact_within_budget, make_core, run_epoch
+    os.makedirs(tmp_path / "shards")
+    files = {}
+    for s in range(6):
+        members = [(f"{s}-{k:02d}.jpg", os.urandom(1000 + 97 * k)) for k in range(10)]
+        make_tar(tmp_path / "shards" / f"shard-{s}.tar", members)
+        files.update({f"shard-{s}/{n}": d for n, d in members})
+    dst = tmp_path / "dst"
+    index_in_place(str(tmp_path / "shards"), str(dst), nodes=3, progress=False)
+    ix = load(dst)
+    rng = np.random.default_rng(4)
+    ids = chunk_block_order(ix.chunk, 2, rng)
+    importance = rng.uniform(0, 1, ix.n_files).astype(np.float32)
+    budget = ix.total_bytes // 2
+    stats = []
+    for epoch in range(2):
+        tier = LocalTier(str(tmp_path / "local"), budget, ix)
+        core = make_core(dst, cache_bytes=ix.total_bytes // 2, local=tier)
+        try:
+            data = orderfmt.encode(ids, importance=importance[ids])
+            got = trio.run(run_epoch, core, list(ids), 3, 8, 0, exact_within_budget(core, files), data)
+            assert sorted(got) == list(range(ix.n_files))
+            assert tier.wait_written()
+            stats.append((core.statistics(), int(np.count_nonzero(tier.held))))
+        finally:
+            tier.close()
+    (first, held), (second, _) = stats
+    assert first["backend_requests"] < first["backend_samples"] / 2  # (batched)
+    assert sorted(k for k, v in first["nodes"].items() if v["requests"]) == ["node-0", "node-1", "node-2"]
+    assert held > 0 and 0 < second["local_hits"] <= held
+    assert second["backend_samples"] == ix.n_files - second["local_hits"]
