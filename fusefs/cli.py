@@ -80,6 +80,8 @@ def cmd_info(a) -> int:
     info = {"samples": ix.n_files, "classes": len(ix.classes), "directories": ix.n_dirs,
             "chunks": len(ix.chunks), "bytes": ix.total_bytes, "nodes": len(ix.nodes),
             "chunks_per_node": ix.chunks_per_node()}
+    if ix.in_place:
+        info["in_place"] = ix.source  # (the chunks are the tars beneath it)
     if a.chunks:
         info["chunk_nodes"] = {c.path: ix.nodes[c.node] for c in ix.chunks}
     if a.json:
@@ -90,6 +92,8 @@ def cmd_info(a) -> int:
           f"nodes:    {len(ix.nodes)}")
     for name, count in info["chunks_per_node"].items():
         print(f"  {name}: {count} chunks")
+    if ix.in_place:
+        print(f"in place: the chunks are tars beneath {ix.source}")
     if a.chunks:
         for c in ix.chunks:
             print(f"{c.path}\t{ix.nodes[c.node]}\t{c.count} samples\t{c.size} bytes")

@@ -70,6 +70,7 @@ def test_info_and_verify_read_an_in_place_set_where_it_lies(imagenet):
                        text=True, timeout=60, cwd=REPO)
     info = json.loads(r.stdout)
     assert info["samples"] == 160 and info["chunks"] == 1 and info["classes"] == 5
+    assert info["in_place"] == str(imagenet / "archive")
     r = subprocess.run(fusefs_cmd("verify", "-q", imagenet / "dst"), capture_output=True,
                        text=True, timeout=60, cwd=REPO)
     assert r.returncode == 0 and "all good" in r.stdout, r.stdout + r.stderr
