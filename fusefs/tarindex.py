@@ -52,6 +52,10 @@ class InPlaceError(PackError):
     """The in-place index cannot be made; the message says why."""
 
 
+class NotATar(Exception):
+    """A file named NAME.tar that holds no tar (skipped and reported)."""
+
+
 def refuse_compressed(path: str, what: str) -> InPlaceError:
     return InPlaceError(f"{path} is {what}-compressed: its members cannot be read in place. "
                         f"Decompress it to a plain .tar (e.g. `{ {'gzip': 'gunzip', 'zstd': 'unzstd', 'xz': 'unxz', 'bzip2': 'bunzip2', 'lz4': 'unlz4'}[what]} FILE`) "
@@ -245,7 +249,7 @@ class Indexer:
             if what:
                 raise refuse_compressed(name, what)
             if not _is_tar_header(head):
-                raise InPlaceError(f"{name}: not a tar file (no tar header at its start)")
+                raise NotATar("not a tar file (no tar header at its start), not indexed")
             self._walk(f, f, 0, size, k, name, prefix, cap, mtime_ns, 0)
         return xxhash.xxh3_64_intdigest(head)
 
@@ -453,16 +457,22 @@ def index_in_place(src: str, dst: str, *, nodes: int | None = None, strict: bool
         indexer = Indexer(bar, skipped)
         chunks, tars, caps = [], [], []
         try:
-            for k, (rel, folder, st, reach) in enumerate(source.tars):
+            for rel, folder, st, reach in source.tars:
                 name = os.fsdecode(rel)  # (as the source's other entries are reported)
                 try:
                     fd = beneath.open_file(source.fd, rel)
-                except OSError as e:
-                    raise InPlaceError(f"{name}: cannot open: {beneath.why(e)}") from None
+                except OSError as e:  # (skipped and reported, as pack skips what it cannot read)
+                    skipped.append((name, f"cannot open: {beneath.why(e)}"))
+                    bar.update(st.st_size)
+                    continue
                 try:
                     st = os.fstat(fd)
                     cap = stat.S_IMODE(st.st_mode) & 0o777
-                    head = indexer.tar(fd, k, name, folder, cap, st.st_mtime_ns)
+                    head = indexer.tar(fd, len(chunks), name, folder, cap, st.st_mtime_ns)
+                except NotATar as e:
+                    skipped.append((name, str(e)))
+                    bar.update(st.st_size)
+                    continue
                 finally:
                     os.close(fd)
                 chunks.append((os.fsdecode(rel), st.st_size))
@@ -470,6 +480,8 @@ def index_in_place(src: str, dst: str, *, nodes: int | None = None, strict: bool
                 caps.append((cap, st.st_gid, reach))
         finally:
             bar.close()
+        if not chunks:
+            raise InPlaceError(f"{src}: no tar could be indexed ({skipped[0][0]}: {skipped[0][1]})")
         if strict and skipped:
             raise InPlaceError(f"{skipped[0][0]}: {skipped[0][1]} (--strict)")
         files = [os.path.join(source.root, rel) for rel, _ in chunks]

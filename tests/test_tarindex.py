@@ -163,6 +163,20 @@ def test_a_compressed_tar_is_refused_with_what_to_do(tmp_path, what, name, magic
     assert not os.path.exists(tmp_path / "dst" / INDEX_NAME)
 
 
+def test_a_file_named_tar_that_holds_none_is_skipped_and_reported(tmp_path):
+    os.makedirs(tmp_path / "src")
+    make_tar(tmp_path / "src" / "good.tar", [("f", b"x")])
+    (tmp_path / "src" / "empty.tar").write_bytes(b"")
+    (tmp_path / "src" / "text.tar").write_bytes(b"not a tar at all\n" * 100)
+    r = index_in_place(str(tmp_path / "src"), str(tmp_path / "dst"), progress=False)
+    assert served(tmp_path / "dst") == {"good/f": b"x"}
+    reasons = dict(r.skipped)
+    assert reasons["empty.tar"].startswith("not a tar file") and reasons["text.tar"].startswith("not a tar file")
+    assert [c.path for c in load(tmp_path / "dst").chunks] == ["good.tar"]
+    with pytest.raises(InPlaceError, match="no tar could be indexed .*text.tar: not a tar file"):
+        index_in_place(str(tmp_path / "src" / "text.tar"), str(tmp_path / "dst2"), progress=False)
+
+
 def test_a_tar_cut_short_is_indexed_up_to_its_cut_and_says_so(tmp_path):
     make_tar(tmp_path / "t.tar", [(f"f{i}", os.urandom(3000)) for i in range(4)])
     with open(tmp_path / "t.tar", "r+b") as f:
