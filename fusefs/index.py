@@ -77,7 +77,7 @@ class ChunkInfo:
 
 
 @dataclass(frozen=True)
-class TarInfo:
+class TarStamp:
     """What the index knows of an in-place set's tar besides its ChunkInfo: the xxh3-64 of
     its first block and its mtime when it was indexed."""
     head: int
@@ -87,7 +87,7 @@ class TarInfo:
 class Index:
     """A packed dataset's index, held in numpy arrays. An in-place one (`source` set) reads
     its chunks, tar files, beneath the folder `source` (an absolute path without links);
-    `tars` holds their TarInfo."""
+    `tars` holds their TarStamp."""
 
     def __init__(self, arrays: dict, names: bytes, classes, chunks, nodes, *,
                  source: str | None = None, tars=()):
@@ -416,7 +416,7 @@ class Index:
                                 for t in place["tars"])):
                     raise IndexFormatError("malformed metadata (an in-place index without its "
                                            "source and tars)")
-                source, tars = place["source"], [TarInfo(h, m) for h, m in place["tars"]]
+                source, tars = place["source"], [TarStamp(h, m) for h, m in place["tars"]]
             names = arrays.pop("names").tobytes()
             return cls(arrays, names, [str(c) for c in meta["classes"]], chunks,
                        [str(n) for n in meta["nodes"]], source=source, tars=tars)

@@ -20,6 +20,7 @@ and again at mount).
 """
 from __future__ import annotations
 
+import collections
 import os
 import stat
 import tarfile
@@ -33,7 +34,7 @@ from tqdm import tqdm
 from . import beneath
 from . import nodes as nodesmod
 from .access import Access
-from .index import CONTROL_NAME, INDEX_NAME, ChunkInfo, Index, TarInfo
+from .index import CONTROL_NAME, INDEX_NAME, ChunkInfo, Index, TarStamp
 from .pack import PackError, PackResult, _fsync_dir, _prepare_dst
 
 TAR_SUFFIX = b".tar"
@@ -44,8 +45,13 @@ MAX_NESTING = 8  # tars inside tars, at most this deep (deeper ones are kept as 
 # what a compressed tar starts with, and the suffixes that name one
 COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"\xfd7zXZ\x00", "xz"),
               (b"BZh", "bzip2"), (b"\x04\x22\x4d\x18", "lz4"))
-COMPRESSED_SUFFIXES = (b".tar.gz", b".tgz", b".tar.zst", b".tzst", b".tar.xz", b".txz",
-                       b".tar.bz2", b".tbz2", b".tar.lz4")
+COMPRESSED_SUFFIXES = {b".tar.gz": "gzip", b".tgz": "gzip", b".tar.zst": "zstd", b".tzst": "zstd",
+                       b".tar.xz": "xz", b".txz": "xz", b".tar.bz2": "bzip2", b".tbz2": "bzip2",
+                       b".tar.lz4": "lz4"}
+DECOMPRESS = {"gzip": "gunzip", "zstd": "unzstd", "xz": "unxz", "bzip2": "bunzip2", "lz4": "unlz4"}
+# the most a tar's extension record (a pax header, a GNU long name) may hold: tarfile reads
+# one whole into memory, and a crafted tar could make it gigabytes
+MAX_EXTENSION = 1 << 20
 
 
 class InPlaceError(PackError):
@@ -58,7 +64,7 @@ class NotATar(Exception):
 
 def refuse_compressed(path: str, what: str) -> InPlaceError:
     return InPlaceError(f"{path} is {what}-compressed: its members cannot be read in place. "
-                        f"Decompress it to a plain .tar (e.g. `{ {'gzip': 'gunzip', 'zstd': 'unzstd', 'xz': 'unxz', 'bzip2': 'bunzip2', 'lz4': 'unlz4'}[what]} FILE`) "
+                        f"Decompress it to a plain .tar (e.g. `{DECOMPRESS[what]} FILE`) "
                         "and index that, or `fusefs pack` the extracted tree")
 
 
@@ -191,7 +197,8 @@ class Headers:
 
 
 class _Window:
-    """A nested tar: the bytes [base, base + size) of the outer reader, as a file."""
+    """A tar's bytes, [base, base + size) of the outer reader (a nested tar's, or the whole
+    file), as a file for the header reads: none larger than an extension record's bound."""
 
     def __init__(self, f, base: int, size: int):
         self.f, self.base, self.size, self.pos = f, base, size, 0
@@ -205,6 +212,9 @@ class _Window:
 
     def read(self, n: int = -1) -> bytes:
         n = self.size - self.pos if n is None or n < 0 else min(n, self.size - self.pos)
+        if n > MAX_EXTENSION + BLOCK:  # (only tarfile reads more than a block, for a record)
+            raise tarfile.ReadError(f"an extension record of {n:,} bytes, past the bound of "
+                                    f"{MAX_EXTENSION:,}")
         if n <= 0:
             return b""
         self.f.seek(self.base + self.pos)
@@ -250,7 +260,7 @@ class Indexer:
                 raise refuse_compressed(name, what)
             if not _is_tar_header(head):
                 raise NotATar("not a tar file (no tar header at its start), not indexed")
-            self._walk(f, f, 0, size, k, name, prefix, cap, mtime_ns, 0)
+            self._walk(f, _Window(f, 0, size), 0, size, k, name, prefix, cap, mtime_ns, 0)
         return xxhash.xxh3_64_intdigest(head)
 
     def _walk(self, f, view, base: int, size: int, k: int, name: str, prefix: bytes, cap: int,
@@ -275,7 +285,9 @@ class Indexer:
     def _member(self, f, base: int, size: int, e: Entry, k: int, name: str, prefix: bytes, cap: int,
                 depth: int) -> None:
         rel = _clean(e.name)
-        skip = lambda why: self.skipped.append((f"{name}: {os.fsdecode(e.name)}", why))  # noqa: E731
+
+        def skip(why: str) -> None:
+            self.skipped.append((f"{name}: {os.fsdecode(e.name)}", why))
         if rel is None:
             if e.kind == "dir" and not e.name.strip(b"./"):  # (`./`: the archive's own folder)
                 self.members.dirs[prefix] = (e.mtime, dir_mode(e.mode & cap))
@@ -382,9 +394,9 @@ class _Source:
             self._walk(skipped)
 
     def _walk(self, skipped: list) -> None:
-        queue = [(b"", self.reach)]
+        queue = collections.deque([(b"", self.reach)])
         while queue:
-            rel, reach = queue.pop(0)
+            rel, reach = queue.popleft()
             try:
                 fd = beneath.open_dir(self.fd, rel) if rel else os.dup(self.fd)
             except OSError as e:
@@ -425,11 +437,8 @@ class _Source:
 
 def _refuse_by_name(name: bytes, path: str) -> None:
     low = name.lower()
-    for suffix in COMPRESSED_SUFFIXES:
+    for suffix, what in COMPRESSED_SUFFIXES.items():
         if low.endswith(suffix):
-            what = {b"gz": "gzip", b"zst": "zstd", b"xz": "xz", b"bz2": "bzip2", b"lz4": "lz4"}.get(
-                suffix.rsplit(b".", 1)[1], None) or {b".tgz": "gzip", b".tzst": "zstd", b".txz": "xz",
-                                                     b".tbz2": "bzip2"}[suffix]
             raise refuse_compressed(path, what)
 
 
@@ -476,7 +485,7 @@ def index_in_place(src: str, dst: str, *, nodes: int | None = None, strict: bool
                 finally:
                     os.close(fd)
                 chunks.append((os.fsdecode(rel), st.st_size))
-                tars.append(TarInfo(head, st.st_mtime_ns))
+                tars.append(TarStamp(head, st.st_mtime_ns))
                 caps.append((cap, st.st_gid, reach))
         finally:
             bar.close()
@@ -509,7 +518,8 @@ _DTYPES = {"I": np.uint32, "Q": np.uint64, "q": np.int64}
 def build(m: _Members, source: _Source, chunks, node_of, node_names, tars, skipped: list) -> Index:
     """The index of the members m, their folders numbered breadth-first and every run sorted
     by name (the layout index.py describes); chunks: each tar's (path, size)."""
-    paths = dict(m.paths)  # (the members a later one replaced are no longer named)
+    paths = m.paths  # (the members a later one replaced are no longer named; files that are
+    # also folders leave it below)
     folders: dict[bytes, tuple[int, int]] = {}  # every folder -> (mtime_ns, mode)
 
     def folder(path: bytes) -> None:

@@ -177,6 +177,18 @@ def test_a_file_named_tar_that_holds_none_is_skipped_and_reported(tmp_path):
         index_in_place(str(tmp_path / "src" / "text.tar"), str(tmp_path / "dst2"), progress=False)
 
 
+def test_an_extension_record_past_its_bound_is_never_read_into_memory(tmp_path, monkeypatch):
+    """A pax header tarfile would read whole: one past tarindex.MAX_EXTENSION ends the tar
+    there (reported), the members before it indexed."""
+    import fusefs.tarindex as ti
+    monkeypatch.setattr(ti, "MAX_EXTENSION", 4096)
+    make_tar(tmp_path / "t.tar", [("a", b"first"), ("p" * 9000, b"long name: a pax record of 9 KB")],
+             fmt=tarfile.PAX_FORMAT)
+    r = index_in_place(str(tmp_path / "t.tar"), str(tmp_path / "dst"), progress=False)
+    assert served(tmp_path / "dst") == {"a": b"first"}
+    assert any("past the bound of" in why for _, why in r.skipped), r.skipped
+
+
 def test_a_tar_cut_short_is_indexed_up_to_its_cut_and_says_so(tmp_path):
     make_tar(tmp_path / "t.tar", [(f"f{i}", os.urandom(3000)) for i in range(4)])
     with open(tmp_path / "t.tar", "r+b") as f:
