@@ -2,10 +2,14 @@
 than its sources) and for what a root daemon may trust."""
 from __future__ import annotations
 
+import errno
 import os
+import pwd
 import stat
 
 import numpy as np
+
+from . import beneath
 
 
 class Access:
@@ -28,13 +32,26 @@ class Access:
         return cls.NOBODY
 
     @classmethod
-    def of_path(cls, path: bytes) -> int:
-        """The reach of the folder at path (every folder from / down to it)."""
-        reach, here = cls.EVERYONE, b"/"
-        for part in [b""] + [p for p in path.split(b"/") if p]:
-            here = os.path.join(here, part)
-            reach = cls.reach(reach, os.stat(here))
-        return reach
+    def open_real(cls, path: str | bytes) -> tuple[bytes, int, int]:
+        """(real path, descriptor, reach) of the folder at path (a command line's source).
+        It may be reached through links, but not through one that a user other than root and
+        this process's owns (another user's `~/ds` linking into a folder only root may enter:
+        AnotherUsersLink). Its real path is opened from / without following a link (one
+        swapped in on the way since is refused: ELOOP), and its reach is judged by the folders
+        of that real path, from the descriptors the walk opened."""
+        real = resolve(path)
+        fd = os.open(b"/", beneath.DIR_FLAGS)
+        try:
+            reach = cls.reach(cls.EVERYONE, os.fstat(fd))
+            for part in [p for p in real.split(b"/") if p]:
+                nxt = os.open(part, beneath.DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+                reach = cls.reach(reach, os.fstat(fd))
+        except BaseException:
+            os.close(fd)
+            raise
+        return real, fd, reach
 
     @classmethod
     def mode(cls, modes, gids, reaches) -> tuple[int, int | None]:
@@ -62,3 +79,57 @@ def others_can_change(st, euid: int) -> bool:
     if st.st_mode & 0o002 and not sticky:
         return True
     return bool(st.st_mode & 0o020 and st.st_gid != 0 and not sticky)
+
+
+class AnotherUsersLink(OSError):
+    """A path given on the command line passes through a symbolic link that another user
+    owns: they could point it anywhere root may read."""
+
+    def __init__(self, path: bytes, link: bytes, owner: int, real: bytes):
+        super().__init__(errno.EPERM, f"{os.fsdecode(link)} is a symbolic link of user {_user(owner)}, "
+                         "not followed (they could point it at what only you may read); give the "
+                         f"path it leads to, {os.fsdecode(real)}, if that is what you mean",
+                         os.fsdecode(path))
+
+
+MAX_LINKS = 40  # as the kernel's bound on links in one path (ELOOP past it)
+
+
+def resolve(path: str | bytes) -> bytes:
+    """The real path of path (as os.path.realpath), or AnotherUsersLink where a link on the
+    way is owned by a user other than root and this process's, or OSError (ENOENT, ELOOP)."""
+    path = os.fsencode(path)
+    if not path.startswith(b"/"):
+        path = os.path.join(os.getcwdb(), path)
+    parts = [p for p in path.split(b"/") if p]
+    parts.reverse()  # (a stack: the next component last)
+    here, links = b"/", 0
+    while parts:
+        part = parts.pop()
+        if part == b".":
+            continue
+        if part == b"..":
+            here = os.path.dirname(here)
+            continue
+        nxt = os.path.join(here, part)
+        st = os.lstat(nxt)
+        if not stat.S_ISLNK(st.st_mode):
+            here = nxt
+            continue
+        links += 1
+        if links > MAX_LINKS:
+            raise OSError(errno.ELOOP, "too many levels of symbolic links", os.fsdecode(path))
+        if st.st_uid not in (0, os.geteuid()):
+            raise AnotherUsersLink(path, nxt, st.st_uid, os.fsencode(os.path.realpath(path)))
+        target = os.readlink(nxt)
+        if target.startswith(b"/"):
+            here = b"/"
+        parts.extend(reversed([p for p in target.split(b"/") if p]))
+    return here
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)

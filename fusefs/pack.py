@@ -107,8 +107,13 @@ class Source:
     following them with follow_symlinks)."""
 
     def __init__(self, src: str, follow_symlinks: bool = False):
-        self.path = os.fsencode(os.path.abspath(src))
-        self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:  # (judged by its real path: see Access.open_real)
+            self.path, self.fd, self.reach = Access.open_real(src)
+        except OSError as e:
+            raise PackError(f"{src}: cannot open the source folder: {beneath.why(e)}") from None
+        if self.path != os.fsencode(os.path.abspath(src)):
+            log.info("%s is reached through a link: packing %s, its files as open as that "
+                     "path lets them be", src, os.fsdecode(self.path))
         self.follow = follow_symlinks
         self._dirs: dict[int, int] = {}  # folder number -> its descriptor
         self._dirs_lock = threading.Lock()
@@ -171,7 +176,7 @@ def scan(source: Source, skipped: list) -> _Tree:
     t.d_name.append(0); t.d_len.append(0); t.d_parent.append(-1)
     t.d_mtime.append(st.st_mtime_ns); t.d_mode.append(stat.S_IMODE(st.st_mode))
     t.d_class.append(-1); t.paths.append(b"")
-    t.d_gid.append(st.st_gid); t.d_reach.append(Access.of_path(source.path))
+    t.d_gid.append(st.st_gid); t.d_reach.append(source.reach)
     d = 0
     while d < len(t.paths):
         rel = t.paths[d]

@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from . import beneath
 from . import nodes as nodesmod
-from .access import Access
+from .access import Access, resolve
 from .index import CONTROL_NAME, INDEX_NAME, ChunkInfo, Index, TarStamp
 from .pack import PackError, PackResult, _fsync_dir, _prepare_dst
 
@@ -374,20 +374,23 @@ class _Source:
     the source folder without following a link."""
 
     def __init__(self, src: str, skipped: list):
-        real = os.path.realpath(src)
-        st = os.stat(real)
-        if stat.S_ISDIR(st.st_mode):
-            self.root, tops = real, [b""]
-        elif stat.S_ISREG(st.st_mode):
-            self.root, tops = os.path.dirname(real), None
-        else:
-            raise InPlaceError(f"{src} is neither a folder nor a tar file")
-        self.fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        self.reach = Access.of_path(os.fsencode(self.root))
+        try:  # (judged by its real path, opened without a link: Access.open_real)
+            real = resolve(src)
+            st = os.lstat(real)
+            if stat.S_ISDIR(st.st_mode):
+                folder, tops = real, [b""]
+            elif stat.S_ISREG(st.st_mode):
+                folder, tops = os.path.dirname(real), None
+            else:
+                raise InPlaceError(f"{src} is neither a folder nor a tar file")
+            root, self.fd, self.reach = Access.open_real(folder)
+        except OSError as e:
+            raise InPlaceError(f"{src}: cannot open the source: {beneath.why(e)}") from None
+        self.root = os.fsdecode(root)
         self.tars: list[tuple[bytes, bytes, os.stat_result, int]] = []
         self.dirs: dict[bytes, os.stat_result] = {}  # the source's own folders, by tree path
         if tops is None:
-            name = os.fsencode(os.path.basename(real))
+            name = os.path.basename(real)
             _refuse_by_name(name, src)
             self.tars.append((name, b"", st, self.reach))
         else:

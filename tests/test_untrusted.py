@@ -244,6 +244,63 @@ def test_pack_follows_links_to_files_when_asked(tmp_path):
     assert resolve(ix, "c/link.bin")[0] == "file" and int(ix.size[resolve(ix, "c/link.bin")[1]]) == 10
 
 
+LINK_TO = """
+import os, sys
+os.symlink(sys.argv[2], sys.argv[1])
+print('made')
+"""
+
+
+def _private_tree(shared_folder) -> tuple[str, str]:
+    """(a dataset folder inside a folder only root may enter, its secret): the dataset
+    itself public (0755 folders, 0644 files), the folder above it 0700."""
+    closed = os.path.join(shared_folder, "roots-only")
+    ds = os.path.join(closed, "ds")
+    secret = "root only " + os.urandom(8).hex()
+    write_tree(ds, {"cls/a.bin": secret.encode(), "cls/b.bin": b"b"})
+    for dirpath, _, files in os.walk(ds):
+        os.chmod(dirpath, 0o755)
+        for name in files:
+            os.chmod(os.path.join(dirpath, name), 0o644)
+    os.chmod(closed, 0o700)
+    return ds, secret
+
+
+@as_root
+@pytest.mark.parametrize("in_place", [False, True])
+def test_pack_refuses_a_source_reached_through_another_users_link(theirs, attacker, shared_folder, in_place):
+    """Issue 87 item 1: another user's `~/ds` links to a folder inside root's 0700 folder;
+    root's `pack ~/ds DST` (before: packed it, chunks and index 0644, the bytes readable
+    by that user) is refused in one line naming the link and the path it leads to, and
+    writes nothing. The same source named by its real path, or through root's own link,
+    is packed as private as that path is (before, through root's link: 0644)."""
+    ds, secret = _private_tree(shared_folder)
+    if in_place:
+        import tarfile
+        with tarfile.open(os.path.join(ds, "shard.tar"), "w") as tf:
+            tf.add(os.path.join(ds, "cls"), arcname="cls")
+        os.chmod(os.path.join(ds, "shard.tar"), 0o644)
+    link, dst = os.path.join(theirs, "ds"), os.path.join(shared_folder, "packed")
+    assert attack(attacker, LINK_TO, link, ds) == "made"
+    extra = ["--in-place"] if in_place else []
+    r = subprocess.run(fusefs_cmd("pack", "-q", *extra, link, dst), capture_output=True, text=True,
+                       timeout=120, cwd=REPO)
+    lines = [x for x in r.stderr.splitlines() if x.startswith("fusefs pack:")]
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(lines) == 1, r.stderr
+    assert "symbolic link of user fusefs-attacker" in lines[0] and ds in lines[0], lines[0]
+    assert not os.path.exists(os.path.join(dst, INDEX_NAME))
+    mine = os.path.join(shared_folder, "roots-link")
+    os.symlink(ds, mine)
+    for src in (ds, mine):
+        r = subprocess.run(fusefs_cmd("pack", "-q", "--force", *extra, src, dst), capture_output=True,
+                           text=True, timeout=120, cwd=REPO)
+        assert r.returncode == 0, r.stderr
+        written = [os.path.join(d, f) for d, _, fs in os.walk(dst) for f in fs]
+        assert written and {stat.S_IMODE(os.stat(p).st_mode) for p in written} == {0o600}, src
+        found, denied = attack(attacker, READ_ALL, dst, secret).split()
+        assert (found, denied) == ("0", str(len(written)))
+
+
 READ_ALL = TRY + """
 found, denied = [], []
 for dirpath, _, files in os.walk(sys.argv[1]):
