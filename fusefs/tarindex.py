@@ -113,6 +113,8 @@ def plain_header(block: bytes, offset: int):
         mode, mtime = _octal(block[100:108]), _octal(block[136:148])
     except ValueError:
         return None
+    if min(chk, size, mode, mtime) < 0:  # (int() takes a sign: tarfile reads and refuses it)
+        return None
     if chk != sum(block) - sum(block[148:156]) + 256:
         return None
     name = block[:100].split(b"\0", 1)[0]
@@ -176,6 +178,11 @@ class Headers:
             if ti is None:
                 return
             e = _from_tarinfo(ti)
+            if e.size < 0 or self.tf.offset <= offset:  # (the next header's place is unknown)
+                e.kind = f"a negative size ({e.size})" if e.size < 0 else "a header that points back"
+                self.short = f"{e.kind} at byte {offset}"
+                yield e
+                return
             yield e
             offset = self.tf.offset
 

@@ -400,3 +400,64 @@ def test_an_in_place_set_reads_along_chunk_block_orders_with_importance_and_a_lo
     assert sorted(k for k, v in first["nodes"].items() if v["requests"]) == ["node-0", "node-1", "node-2"]
     assert held > 0 and 0 < second["local_hits"] <= held
     assert second["backend_samples"] == ix.n_files - second["local_hits"]
+
+
+# ---- issue 87: what a crafted tar may make the indexer do ----------------------------------
+def header(name: bytes, size: int = 0, kind: bytes = b"0", size_field: bytes | None = None,
+           chk_delta: int = 0) -> bytes:
+    """A ustar header block: size in octal, or size_field as given (base-256, a sign);
+    its checksum right, or off by chk_delta."""
+    block = bytearray(tarfile.BLOCKSIZE)
+    block[:len(name)] = name
+    block[100:108] = b"0000644\0"
+    block[108:116] = block[116:124] = b"0000000\0"
+    block[124:136] = size_field if size_field is not None else b"%011o\0" % size
+    block[136:148] = b"%011o\0" % 1_700_000_000
+    block[156:157] = kind
+    block[257:265] = b"ustar\x0000"
+    block[148:156] = b" " * 8
+    block[148:156] = b"%06o\0 " % (sum(block) + chk_delta)
+    return bytes(block)
+
+
+def member(name: bytes, data: bytes, **kw) -> bytes:
+    return header(name, len(data), **kw) + data + bytes(-len(data) % tarfile.BLOCKSIZE)
+
+
+def pax(records: dict) -> bytes:
+    body = b""
+    for k, v in records.items():
+        rec = b" %s=%s\n" % (k, v)
+        n = len(rec) + 1
+        while len(str(n).encode() + rec) != n:
+            n += 1
+        body += str(n).encode() + rec
+    return member(b"././@PaxHeader", body, kind=b"x")
+
+
+END = bytes(2 * tarfile.BLOCKSIZE)
+NEG = (-2048).to_bytes(12, "big", signed=True)  # base-256, negative
+
+
+@pytest.mark.parametrize("case", ["unknown base-256", "unknown pax", "regular base-256", "regular pax",
+                                  "regular octal sign"])
+def test_a_negative_size_is_a_skipped_member_and_the_walk_never_goes_back(tmp_path, case):
+    """Issue 87 item 3: before, an unknown member of negative size sent the walk back to an
+    earlier header (the index never finished, growing), and a regular one killed the pack
+    with a ValueError. Now: skipped with its reason, the members before it indexed, and the
+    tar ends there (where the next header starts is unknown)."""
+    kind = b"Z" if case.startswith("unknown") else b"0"
+    if case.endswith("base-256"):
+        bad = header(b"bad", kind=kind, size_field=NEG)
+    elif case.endswith("pax"):
+        bad = pax({b"size": b"-2048"}) + header(b"bad", kind=kind)
+    else:
+        bad = header(b"bad", kind=kind, size_field=b"-0000004000\0")
+    raw = member(b"a", b"first") + member(b"b", b"second") + bad + member(b"c", b"after") + END
+    (tmp_path / "t.tar").write_bytes(raw)
+    r = index_in_place(str(tmp_path / "t.tar"), str(tmp_path / "dst"), progress=False)
+    assert served(tmp_path / "dst") == {"a": b"first", "b": b"second"}
+    reasons = dict(r.skipped)
+    assert "negative size" in reasons["t.tar: bad"], r.skipped
+    assert "ends early" in reasons["t.tar"], r.skipped
+
