@@ -11,6 +11,13 @@ For users other than root and the daemon's, the stats and metrics texts are rend
 most every RENDER_EVERY seconds, however often they are opened. Who may read what: the
 stats, metrics and chunk table are public; the ids (every sample's path) and the order
 files are readable by the daemon's user and the control group only.
+
+What open control files hold: the ids and chunk tables are rendered per read (idstable.py),
+so an open of them holds nothing; an order file's handle holds the order in force (the one
+copy the order budget counts); a stats or metrics handle holds the text rendered at its
+open. Users other than root and the daemon's may hold at most UNTRUSTED_HANDLES control
+files open, whose texts at most UNTRUSTED_BYTES together: an open past either is refused
+(ENFILE), so holding opens grows the daemon by a bounded amount.
 """
 from __future__ import annotations
 
@@ -29,14 +36,16 @@ from .throttle import throttled
 FH_BASE = 1 << 62  # control handles live far above every inode number
 RENDER_EVERY = 0.25  # seconds: the stats and metrics are rendered at most this often
 FILES = 5 + MAX_RANKS  # stats, metrics, ids, chunks, control and the order files: the inodes it takes
+UNTRUSTED_HANDLES = 1024  # control files that users other than root and the daemon's may hold open
+UNTRUSTED_BYTES = 1 << 20  # ... and the rendered texts those may hold, together
 
 
 @dataclass(frozen=True)
 class ControlHooks:
     """What the control files need from the rest of the daemon, and nothing more."""
     statistics: Callable[[], dict]
-    ids_table: Callable[[], bytes]
-    chunk_table: Callable[[], bytes]
+    ids_read: Callable[[int, int], bytes]     # (offset, size) of the ids table (idstable.py)
+    chunks_read: Callable[[int, int], bytes]  # (offset, size) of the chunk table
     trusted: Callable[[int | None], bool]      # is this uid root or the daemon's user
     control_gid: int | None                    # the group that may set orders too, if any
     started: float                             # the daemon's start (the files' mtime)
@@ -49,10 +58,15 @@ class ControlFile:
     listed = True   # shown by a listing of `.fusefs`
     present = True  # reached by a lookup
     private = False  # readable by the daemon's user and the control group only
+    streamed = False  # rendered per read (read_at), not at each open (render)
 
     def render(self, fresh: bool = False) -> bytes:
         """The file's content for a reader (fresh: a trusted one, see _Throttled)."""
         return b""
+
+    def read_at(self, off: int, size: int) -> bytes:
+        """A streamed file's bytes [off, off + size)."""
+        raise NotImplementedError
 
 
 class _Throttled(ControlFile):
@@ -95,12 +109,13 @@ class IdsFile(ControlFile):
 
     name = protocol.IDS.encode()
     private = True
+    streamed = True
 
     def __init__(self, hooks: ControlHooks):
         self.hooks = hooks
 
-    def render(self, fresh: bool = False) -> bytes:
-        return self.hooks.ids_table()
+    def read_at(self, off: int, size: int) -> bytes:
+        return self.hooks.ids_read(off, size)
 
 
 class ChunksFile(ControlFile):
@@ -108,12 +123,13 @@ class ChunksFile(ControlFile):
     chunk-block orders, trainer/orders.py)."""
 
     name = protocol.CHUNKS.encode()
+    streamed = True
 
     def __init__(self, hooks: ControlHooks):
         self.hooks = hooks
 
-    def render(self, fresh: bool = False) -> bytes:
-        return self.hooks.chunk_table()
+    def read_at(self, off: int, size: int) -> bytes:
+        return self.hooks.chunks_read(off, size)
 
 
 class OrderFile(ControlFile):
@@ -144,11 +160,12 @@ class ControlLink(ControlFile):
 
 
 class _Handle:
-    __slots__ = ("file", "content")
+    __slots__ = ("file", "content", "counted")
 
-    def __init__(self, file: ControlFile, content: bytes):
+    def __init__(self, file: ControlFile, content: bytes | None, counted: int | None):
         self.file = file
-        self.content = content
+        self.content = content  # None: a streamed file's
+        self.counted = counted  # the bytes an untrusted user's handle counts, or None: trusted
 
 
 class ControlNamespace:
@@ -163,6 +180,9 @@ class ControlNamespace:
         self._slots[protocol.ORDER.encode()] = self._slots[protocol.order_name(0).encode()]
         self._handles: dict[int, _Handle] = {}
         self._next_fh = FH_BASE
+        self.untrusted_handles = 0  # control files open by users other than root and the daemon's
+        self.untrusted_bytes = 0    # the texts those hold
+        self.refused = 0            # opens refused past those bounds
 
     def owns(self, ino: int) -> bool:
         return self.base <= ino <= self.base + len(self.files)
@@ -223,9 +243,20 @@ class ControlNamespace:
             raise FsError(errno.EROFS)  # (orders come over the control socket)
         if isinstance(f, ControlLink):
             raise FsError(errno.ELOOP)
+        trusted = self.hooks.trusted(uid)
+        content = None if f.streamed else f.render(fresh=trusted)
+        counted = None
+        if not trusted:
+            counted = 0 if content is None or isinstance(f, OrderFile) else len(content)
+            if self.untrusted_handles >= UNTRUSTED_HANDLES or \
+                    self.untrusted_bytes + counted > UNTRUSTED_BYTES:
+                self.refused += 1
+                raise FsError(errno.ENFILE)
+            self.untrusted_handles += 1
+            self.untrusted_bytes += counted
         fh = self._next_fh
         self._next_fh += 1
-        self._handles[fh] = _Handle(f, f.render(fresh=self.hooks.trusted(uid)))
+        self._handles[fh] = _Handle(f, content, counted)
         return OpenResult(fh=fh, direct_io=True, keep_cache=False)
 
     def _handle(self, fh: int) -> _Handle:
@@ -235,10 +266,16 @@ class ControlNamespace:
         return h
 
     def read(self, fh: int, off: int, size: int) -> bytes:
-        return self._handle(fh).content[off:off + size]
+        h = self._handle(fh)
+        if h.content is None:
+            return h.file.read_at(off, size)
+        return h.content[off:off + size]
 
     def release(self, fh: int) -> None:
-        self._handles.pop(fh, None)
+        h = self._handles.pop(fh, None)
+        if h is not None and h.counted is not None:
+            self.untrusted_handles -= 1
+            self.untrusted_bytes -= h.counted
 
     def show_order(self, rank: int, data: bytes) -> None:
         """rank's order in force is now data: `order.<rank>` shows it."""
@@ -247,3 +284,7 @@ class ControlNamespace:
     @property
     def open_handles(self) -> int:
         return len(self._handles)
+
+    def counters(self) -> dict:
+        return {"control_untrusted_handles": self.untrusted_handles,
+                "control_untrusted_bytes": self.untrusted_bytes, "control_opens_refused": self.refused}

@@ -20,6 +20,7 @@ Errors are FsError(errno); the FUSE adapter (fs.py) turns them into FUSEError.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import resource
@@ -33,6 +34,7 @@ from .dataplane import DataPlane
 from .entries import WRITE_FLAGS, Attr, FsError, OpenResult
 from .handles import EVENT_BITS, READ, READ_END, READ_LOST, RELEASED, SERIAL_WRAP, SID_BITS, SID_MASK
 from .histogram import Histogram
+from .idstable import PathsText, chunks_read
 from .index import Index
 from .namespace import Namespace, control_dir
 from .store import ChunkStore
@@ -127,8 +129,8 @@ class Core:
         self.owner = os.geteuid()  # the daemon's user: trusted, as root is
         self.stats = Stats() if stats is None else stats
         self.control = ControlNamespace(ControlHooks(
-            statistics=self.statistics, ids_table=self.ids_table,
-            chunk_table=lambda: index.chunk.astype("<u4").tobytes(),
+            statistics=self.statistics, ids_read=PathsText(index).read,
+            chunks_read=functools.partial(chunks_read, index.chunk),
             trusted=self.trusted, control_gid=config.control_gid, started=self.stats.started,
             socket_path=control_socket, owner=self.owner), control_dir(index))
         self.namespace = Namespace(index, config.files, self.control)
@@ -147,9 +149,9 @@ class Core:
         self._catch_up = catch_up
         # the parts whose counters() make the statistics (count() adds the FUSE adapter's)
         self.counted = [self.stats, self.cache, self.fetcher, self.prefetcher, self.arrivals,
-                        self.kernel_view, self.orders, *([local] if local is not None else [])]
+                        self.kernel_view, self.orders, self.control,
+                        *([local] if local is not None else [])]
         self.n_files = index.n_files
-        self._ids_table: bytes | None = None
         self._scope = trio.CancelScope()  # run()'s
 
     @property
@@ -379,12 +381,6 @@ class Core:
             if s in cache:
                 cache.rekey(s, key(s))
         passed.clear()
-
-    def ids_table(self) -> bytes:
-        """Every sample's relative path, NUL-terminated, in id order (`.fusefs/ids`)."""
-        if self._ids_table is None:
-            self._ids_table = b"".join(self.index.file_path(i) + b"\0" for i in range(self.index.n_files))
-        return self._ids_table
 
     def count(self, part) -> None:
         """Add part's counters() (a dict of figures) to the statistics: the FUSE adapter's

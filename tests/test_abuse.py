@@ -255,6 +255,72 @@ def test_another_user_opening_the_stats_in_a_loop_gets_them_rendered_at_most_eve
     serves_on(mnt, files)
 
 
+HOLD_CONTROL = """
+import errno, os, resource, sys
+mnt, want = sys.argv[1], int(sys.argv[2])
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+each = max(64, min(hard, 1 << 20) - 64)  # (opens one process may hold: several hold them)
+path = os.path.join(mnt, '.fusefs', 'chunks')
+said_r, said_w = os.pipe()
+go_r, go_w = os.pipe()  # (its end: this process's exit)
+for k in range(-(-want // each)):
+    if os.fork() == 0:
+        os.close(go_w)
+        fds, refused = [], 0
+        for _ in range(min(each, want - k * each)):
+            try:
+                fds.append(os.open(path, os.O_RDONLY))
+            except OSError as e:
+                if e.errno != errno.ENFILE:
+                    raise
+                refused += 1
+        os.write(said_w, b'%d %d,' % (len(fds), refused))
+        os.read(go_r, 1)
+        os._exit(0)
+said = b''
+while said.count(b',') < -(-want // each):
+    said += os.read(said_r, 100)
+got = [x.split() for x in said.decode().split(',') if x]
+print(sum(int(g[0]) for g in got), sum(int(g[1]) for g in got), flush=True)
+sys.stdin.readline()
+"""
+
+
+@as_root
+def test_another_user_holding_control_files_open_grows_the_daemon_by_a_bounded_amount(attacker, shared_mount):
+    """Issue 87 item 2: another user holds 20,000 opens of `.fusefs/chunks` (before, each
+    kept its own copy of the chunk table, and a 2,000-file daemon went from 44 to 203 MB).
+    They get UNTRUSTED_HANDLES opens, the rest ENFILE; the daemon stays within fresh +
+    cache budget + order memory + 5% while they are held and after, and serves on."""
+    import subprocess
+    from fusefs.client import mount_stats
+    from fusefs.control import UNTRUSTED_HANDLES
+    mnt, proc, files = shared_mount
+    stats = mount_stats(mnt)
+    fresh = resident_bytes_of(proc.pid)
+    bound = fresh + stats["cache_budget"] + stats["order_budget"]
+    p = as_attacker(attacker, HOLD_CONTROL, mnt, 20_000, stdin=subprocess.PIPE)
+    try:
+        line = p.stdout.readline()
+        assert line, p.stderr.read() if p.poll() is not None else ""
+        held, refused = map(int, line.split())
+        assert (held, refused) == (UNTRUSTED_HANDLES, 20_000 - UNTRUSTED_HANDLES)
+        assert mount_stats(mnt)["control_untrusted_handles"] == UNTRUSTED_HANDLES
+        assert resident_bytes_of(proc.pid) <= 1.05 * bound, (fresh, resident_bytes_of(proc.pid))
+        serves_on(mnt, files)
+    finally:
+        p.communicate("\n", timeout=120)
+    for _ in range(600):  # (the kernel sends the releases after the closes, in the background)
+        if mount_stats(mnt)["control_untrusted_handles"] == 0:
+            break
+        threading.Event().wait(0.05)
+    assert mount_stats(mnt)["control_untrusted_handles"] == 0
+    assert resident_bytes_of(proc.pid) <= 1.05 * bound
+    assert attack(attacker, "import os, sys; print(len(open(os.path.join(sys.argv[1], '.fusefs', 'chunks'), "
+                  "'rb').read()))", mnt) == str(4 * len([v for v in files.values() if v is not None]))
+
+
 SIGNALLED_READS = """
 import os, signal, sys
 signal.signal(signal.SIGALRM, lambda *a: None)

@@ -194,7 +194,7 @@ def test_a_file_opened_beneath_a_folder_is_never_reached_through_a_link(tmp_path
 # (tests/test_control_socket.py); here, what that leaves the daemon's memory and who may.
 def _hooks(control_gid=None, statistics=dict, socket_path=None):
     from fusefs.control import ControlHooks
-    return ControlHooks(statistics=statistics, ids_table=bytes, chunk_table=bytes,
+    return ControlHooks(statistics=statistics, ids_read=lambda off, size: b"", chunks_read=lambda off, size: b"",
                         trusted=lambda uid: uid in (None, 0), control_gid=control_gid, started=0.0,
                         socket_path=socket_path)
 
