@@ -49,6 +49,11 @@ COMPRESSED_SUFFIXES = {b".tar.gz": "gzip", b".tgz": "gzip", b".tar.zst": "zstd",
                        b".tar.xz": "xz", b".txz": "xz", b".tar.bz2": "bzip2", b".tbz2": "bzip2",
                        b".tar.lz4": "lz4"}
 DECOMPRESS = {"gzip": "gunzip", "zstd": "unzstd", "xz": "unxz", "bzip2": "bunzip2", "lz4": "unlz4"}
+# a member's path in the tree and each of its names, at most (longer ones are skipped: no reader
+# could open them, and the index's names stay bounded by what the tars' headers hold)
+PATH_MAX, NAME_MAX = 4095, 255
+MAX_DEPTH = 256  # folders a member's path may pass through, in the tree (skipped past it)
+SHOWN = 300  # characters of a member's name that a skip's message shows, at most
 # the most a tar's extension record (a pax header, a GNU long name) may hold: tarfile reads
 # one whole into memory, and a crafted tar could make it gigabytes
 MAX_EXTENSION = 1 << 20
@@ -231,19 +236,53 @@ class _Window:
 
 
 class _Members:
-    """What the tars hold, as compact arrays (no Python object per member but its path)."""
+    """What the tars hold, as compact arrays: the folders as a tree of names (a folder is its
+    parent's number and its own name, so a path N folders deep costs N names, never N
+    prefixes of it), each member's file as its folder's number and its name."""
+
+    TAR, SOURCE = 2, 1  # who gave a folder's (mtime, mode): a tar's entry, the source's folder
 
     def __init__(self):
-        self.paths: dict[bytes, int] = {}  # path -> its slot (a later member replaces it)
+        self.sub: dict[tuple[int, bytes], int] = {}  # (folder, name) -> its subfolder
+        self.parent, self.name = array("i", [-1]), [b""]  # folder -> its parent, its name
+        self.length = array("I", [0])                 # folder -> its path's length
+        self.depth = array("I", [0])                  # folder -> the folders its path passes through
+        self.attrs: list = [None]                     # folder -> (mtime_ns, mode) or None
+        self.given = array("B", [0])                  # folder -> who gave attrs (0: nobody)
+        self.files: dict[int, dict[bytes, int]] = {}  # folder -> {name: its slot} (a later member replaces it)
         self.chunk, self.offset, self.size = array("I"), array("Q"), array("Q")
         self.checksum, self.mtime, self.mode = array("Q"), array("q"), array("I")
-        self.dirs: dict[bytes, tuple[int, int]] = {}  # a folder the tars name -> (mtime_ns, mode)
 
-    def add(self, path: bytes, k: int, offset: int, size: int, checksum: int, mtime: int,
-            mode: int, skipped: list) -> None:
-        if path in self.paths:
-            skipped.append((os.fsdecode(path), "replaced by a later member of the same name"))
-        self.paths[path] = len(self.size)
+    def folder(self, at: int, parts) -> int:
+        """The folder at parts beneath folder at, made where it is not yet."""
+        for part in parts:
+            nxt = self.sub.get((at, part))
+            if nxt is None:
+                nxt = self.sub[(at, part)] = len(self.name)
+                self.parent.append(at)
+                self.name.append(part)
+                self.length.append(self.length[at] + (1 if at else 0) + len(part))
+                self.depth.append(self.depth[at] + 1)
+                self.attrs.append(None)
+                self.given.append(0)
+            at = nxt
+        return at
+
+    def give(self, d: int, attrs: tuple[int, int], who: int, replace: bool = True) -> None:
+        """Folder d's (mtime_ns, mode) from who (TAR or SOURCE): a tar's replaces the source's,
+        a later tar entry an earlier one's unless not replace."""
+        if who > self.given[d] or (who == self.given[d] and replace):
+            self.attrs[d], self.given[d] = attrs, who
+
+    def add(self, d: int, name: bytes, tar: str, member: bytes, k: int, offset: int, size: int,
+            checksum: int, mtime: int, mode: int, skipped: list) -> None:
+        """File name of folder d: tar's member (for the message if it replaces one)."""
+        files = self.files.get(d)
+        if files is None:
+            files = self.files[d] = {}
+        elif name in files:
+            skipped.append((f"{tar}: {_shown(member)}", "replaced by a later member of the same name"))
+        files[name] = len(self.size)
         for a, v in ((self.chunk, k), (self.offset, offset), (self.size, size),
                      (self.checksum, checksum), (self.mtime, mtime), (self.mode, mode)):
             a.append(v)
@@ -258,6 +297,7 @@ class Indexer:
     def tar(self, fd: int, k: int, name: str, prefix: bytes, cap: int, mtime_ns: int) -> int:
         """Index the tar open as fd (chunk k, called name in messages) into the folder prefix
         of the tree, its members' modes within cap. Returns the xxh3-64 of its first block."""
+        at = self.members.folder(0, prefix.split(b"/") if prefix else ())
         size = os.fstat(fd).st_size
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         with open(fd, "rb", buffering=READ_BUFFER, closefd=False) as f:
@@ -267,20 +307,21 @@ class Indexer:
                 raise refuse_compressed(name, what)
             if not _is_tar_header(head):
                 raise NotATar("not a tar file (no tar header at its start), not indexed")
-            self._walk(f, _Window(f, 0, size), 0, size, k, name, prefix, cap, mtime_ns, 0)
+            self._walk(f, _Window(f, 0, size), 0, size, k, name, at, cap, mtime_ns, 0)
         return xxhash.xxh3_64_intdigest(head)
 
-    def _walk(self, f, view, base: int, size: int, k: int, name: str, prefix: bytes, cap: int,
+    def _walk(self, f, view, base: int, size: int, k: int, name: str, at: int, cap: int,
               mtime_ns: int, depth: int) -> None:
-        """The members of the tar read through view (base: its place in the outer file f)."""
-        self.members.dirs.setdefault(prefix, (mtime_ns, dir_mode(cap)))
+        """The members of the tar read through view (base: its place in the outer file f)
+        into folder at."""
+        self.members.give(at, (mtime_ns, dir_mode(cap)), _Members.TAR, replace=False)
         headers, done = Headers(view, size), 0
         try:
             for e in headers:
                 if depth == 0 and e.offset_data - done >= READ_BUFFER:
                     self.bar.update(e.offset_data - done)
                     done = e.offset_data
-                self._member(f, base, size, e, k, name, prefix, cap, depth)
+                self._member(f, base, size, e, k, name, at, cap, depth)
         finally:
             if depth == 0:
                 self.bar.update(size - done)
@@ -289,35 +330,47 @@ class Indexer:
         else:
             self._check_end(view, headers.end, size, name)
 
-    def _member(self, f, base: int, size: int, e: Entry, k: int, name: str, prefix: bytes, cap: int,
+    def _member(self, f, base: int, size: int, e: Entry, k: int, name: str, at: int, cap: int,
                 depth: int) -> None:
-        rel = _clean(e.name)
+        m, parts = self.members, _clean(e.name)
 
         def skip(why: str) -> None:
-            self.skipped.append((f"{name}: {os.fsdecode(e.name)}", why))
-        if rel is None:
+            self.skipped.append((f"{name}: {_shown(e.name)}", why))
+        if parts is None:
             if e.kind == "dir" and not e.name.strip(b"./"):  # (`./`: the archive's own folder)
-                self.members.dirs[prefix] = (e.mtime, dir_mode(e.mode & cap))
+                m.give(at, (e.mtime, dir_mode(e.mode & cap)), _Members.TAR)
                 return
             return skip("a path that leaves the archive or has no name, not indexed")
-        path = prefix + b"/" + rel if prefix else rel
-        if not prefix and rel.split(b"/")[0] == CONTROL_NAME:
+        depth_here = m.depth[at] + len(parts) - 1
+        if depth_here > MAX_DEPTH:
+            return skip(f"{depth_here:,} folders deep in the tree, more than {MAX_DEPTH}, not indexed")
+        if len(e.name) > NAME_MAX or m.length[at] + 1 + len(e.name) > PATH_MAX:  # (else within both)
+            long = max(len(p) for p in parts)
+            if long > NAME_MAX:
+                return skip(f"a name of {long:,} bytes, more than NAME_MAX ({NAME_MAX}): no reader could "
+                            "open it")
+            length = m.length[at] + (1 if at else 0) + sum(len(p) for p in parts) + len(parts) - 1
+            if length > PATH_MAX:
+                return skip(f"a path of {length:,} bytes in the tree, more than PATH_MAX ({PATH_MAX}): "
+                            "no reader could open it")
+        if at == 0 and parts[0] == CONTROL_NAME:
             return skip("reserved name: the mount shows its hidden control folder there")
         if e.kind == "dir":
-            self.members.dirs[path] = (e.mtime, dir_mode(e.mode & cap))
+            m.give(m.folder(at, parts), (e.mtime, dir_mode(e.mode & cap)), _Members.TAR)
             return
         if e.kind != "file":
             return skip(f"{e.kind}, not indexed")
         if e.offset_data + e.size > size:
             return skip(f"its bytes run past the tar's end ({size} bytes): truncated")
-        start = base + e.offset_data
-        if depth < MAX_NESTING and rel.lower().endswith(TAR_SUFFIX) and len(rel) > len(TAR_SUFFIX) \
+        start, last = base + e.offset_data, parts[-1]
+        if depth < MAX_NESTING and last.lower().endswith(TAR_SUFFIX) and len(last) > len(TAR_SUFFIX) \
                 and e.size >= 2 * BLOCK and _is_tar_header(_pread(f, start, BLOCK)):
-            self._walk(f, _Window(f, start, e.size), start, e.size, k, f"{name}: {os.fsdecode(e.name)}",
-                       path[:-len(TAR_SUFFIX)], cap & e.mode, e.mtime, depth + 1)
+            inner = m.folder(at, [*parts[:-1], last[:-len(TAR_SUFFIX)]])
+            self._walk(f, _Window(f, start, e.size), start, e.size, k, f"{name}: {_shown(e.name)}",
+                       inner, cap & e.mode, e.mtime, depth + 1)
             return
-        self.members.add(path, k, start, e.size, _hash(f, start, e.size), e.mtime, e.mode & cap & 0o777,
-                         self.skipped)
+        m.add(m.folder(at, parts[:-1]) if len(parts) > 1 else at, last, name, e.name, k, start, e.size,
+              _hash(f, start, e.size), e.mtime, e.mode & cap & 0o777, self.skipped)
 
     def _check_end(self, view, offset: int, size: int, name: str) -> None:
         """Where tarfile stopped: the end of the file, or zero blocks; else what follows is not
@@ -363,13 +416,19 @@ def _is_tar_header(block: bytes) -> bool:
     return True
 
 
-def _clean(name: bytes) -> bytes | None:
-    """A member's path relative to its archive (`./`, leading and doubled slashes dropped),
-    or None for one with `..` or no name."""
+def _clean(name: bytes) -> list[bytes] | None:
+    """A member's path relative to its archive, as its components (`./`, leading and doubled
+    slashes dropped), or None for one with `..` or no name."""
     parts = [p for p in name.split(b"/") if p not in (b"", b".")]
     if not parts or b".." in parts or b"\0" in name:
         return None
-    return b"/".join(parts)
+    return parts
+
+
+def _shown(name: bytes) -> str:
+    """A member's name for a message: its first SHOWN characters."""
+    text = os.fsdecode(name)
+    return text if len(text) <= SHOWN else f"{text[:SHOWN]}... ({len(name):,} bytes)"
 
 
 def _stem(name: bytes) -> bytes:
@@ -527,61 +586,55 @@ _DTYPES = {"I": np.uint32, "Q": np.uint64, "q": np.int64}
 
 def build(m: _Members, source: _Source, chunks, node_of, node_names, tars, skipped: list) -> Index:
     """The index of the members m, their folders numbered breadth-first and every run sorted
-    by name (the layout index.py describes); chunks: each tar's (path, size)."""
-    paths = m.paths  # (the members a later one replaced are no longer named; files that are
-    # also folders leave it below)
-    folders: dict[bytes, tuple[int, int]] = {}  # every folder -> (mtime_ns, mode)
-
-    def folder(path: bytes) -> None:
-        while path not in folders:
-            if path in m.dirs:
-                folders[path] = m.dirs[path]
-            else:
-                st = source.dirs.get(path)
-                folders[path] = (st.st_mtime_ns, stat.S_IMODE(st.st_mode)) if st is not None \
-                    else (0, 0o755)
-            if not path:
-                return
-            path = path.rpartition(b"/")[0]
-
-    folder(b"")
-    for path in list(m.dirs):
-        folder(path)
-    for path in paths:
-        folder(path.rpartition(b"/")[0])
-    for path in [p for p in paths if p in folders]:  # (a file where the tars also have a folder)
-        skipped.append((os.fsdecode(path), "a file of the same name as a folder, not indexed"))
-        del paths[path]
-    children: dict[bytes, list[bytes]] = {}
-    for path in folders:
-        if path:
-            children.setdefault(path.rpartition(b"/")[0], []).append(path)
-    files_of: dict[bytes, list[bytes]] = {}
-    for path in paths:
-        files_of.setdefault(path.rpartition(b"/")[0], []).append(path)
+    by name (the layout index.py describes); chunks: each tar's (path, size). A folder is in
+    it if a tar names it or a file lies beneath it; one no tar gives a mode has its source
+    folder's (mtime, mode), or (0, 0755)."""
+    for rel, st in source.dirs.items():
+        m.give(m.folder(0, rel.split(b"/") if rel else ()), (st.st_mtime_ns, stat.S_IMODE(st.st_mode)),
+               _Members.SOURCE)
+    n = len(m.name)
+    kept = bytearray(n)
+    kept[0] = 1
+    for d in range(n):
+        if m.given[d] == _Members.TAR:
+            kept[d] = 1
+    for d in m.files:
+        kept[d] = 1
+    for d in range(n - 1, 0, -1):  # (a folder is made after its parent)
+        if kept[d]:
+            kept[m.parent[d]] = 1
+    children: dict[int, list[int]] = {}
+    for d in range(1, n):
+        if kept[d]:
+            children.setdefault(m.parent[d], []).append(d)
+    files_of: dict[int, list[tuple[bytes, int]]] = {}
+    for d, files in m.files.items():
+        for name, slot in files.items():
+            sub = m.sub.get((d, name))
+            if sub is not None and kept[sub]:  # (a file where the tars also have a folder)
+                skipped.append((_path(m, sub), "a file of the same name as a folder, not indexed"))
+                continue
+            files_of.setdefault(d, []).append((name, slot))
     names = bytearray()
-    order: list[bytes] = [b""]
+    order: list[int] = [0]
     d_parent, d_name, d_len, d_first_sub, d_nsubs = [-1], [0], [0], [], []
-    number = {b"": 0}
     f_slots, f_name, f_len, f_dir, d_first_file, d_nfiles = [], [], [], [], [], []
     d = 0
     while d < len(order):
-        here = order[d]
-        subs = sorted(children.get(here, ()), key=lambda p: p.rpartition(b"/")[2])
+        subs = sorted(children.get(order[d], ()), key=m.name.__getitem__)
         d_first_sub.append(len(order)); d_nsubs.append(len(subs))
-        for p in subs:
-            number[p] = len(order)
-            order.append(p)
-            base = p.rpartition(b"/")[2]
+        for sub in subs:
+            order.append(sub)
+            base = m.name[sub]
             d_parent.append(d); d_name.append(len(names)); d_len.append(len(base))
             names += base
-        mine = sorted(files_of.get(here, ()), key=lambda p: p.rpartition(b"/")[2])
+        mine = sorted(files_of.get(order[d], ()))
         d_first_file.append(len(f_slots)); d_nfiles.append(len(mine))
-        for p in mine:
-            base = p.rpartition(b"/")[2]
-            f_slots.append(paths[p]); f_name.append(len(names)); f_len.append(len(base)); f_dir.append(d)
+        for base, slot in mine:
+            f_slots.append(slot); f_name.append(len(names)); f_len.append(len(base)); f_dir.append(d)
             names += base
         d += 1
+    attrs = [m.attrs[f] or (0, 0o755) for f in order]
     top = np.zeros(len(order), np.int64)
     for i in range(1, len(order)):
         top[i] = i if d_parent[i] == 0 else top[d_parent[i]]
@@ -600,12 +653,21 @@ def build(m: _Members, source: _Source, chunks, node_of, node_names, tars, skipp
         "mode": col(m.mode, np.uint32),
         "dir_name_off": np.asarray(d_name, np.uint64), "dir_name_len": np.asarray(d_len, np.uint32),
         "dir_parent": np.asarray(d_parent, np.int32),
-        "dir_mtime_ns": np.asarray([folders[p][0] for p in order], np.int64),
-        "dir_mode": np.asarray([folders[p][1] & 0o777 for p in order], np.uint32),
+        "dir_mtime_ns": np.asarray([a[0] for a in attrs], np.int64),
+        "dir_mode": np.asarray([a[1] & 0o777 for a in attrs], np.uint32),
         "dir_first_file": np.asarray(d_first_file, np.uint64), "dir_nfiles": np.asarray(d_nfiles, np.uint64),
         "dir_first_sub": np.asarray(d_first_sub, np.uint32), "dir_nsubs": np.asarray(d_nsubs, np.uint32),
     }
-    classes = [os.fsdecode(order[i]) for i in range(1, 1 + d_nsubs[0])]
+    classes = [os.fsdecode(m.name[order[i]]) for i in range(1, 1 + d_nsubs[0])]
     counts = np.bincount(arrays["chunk"], minlength=len(chunks))
     infos = [ChunkInfo(rel, node_of[k], size, int(counts[k])) for k, (rel, size) in enumerate(chunks)]
     return Index(arrays, bytes(names), classes, infos, node_names, source=source.root, tars=tars)
+
+
+def _path(m: _Members, d: int) -> str:
+    """Folder d's path in the tree (for a message)."""
+    parts = []
+    while d > 0:
+        parts.append(m.name[d])
+        d = m.parent[d]
+    return os.fsdecode(b"/".join(reversed(parts)))

@@ -163,3 +163,43 @@ def test_a_compressed_tar_is_refused_in_one_line(tmp_path):
     assert r.returncode == 2, r
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "gzip-compressed" in lines[0] and "Decompress" in lines[0], r.stderr
+
+
+def _tar_of(members) -> bytes:
+    """A tar (bytes) of [(name, bytes)]."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for name, data in members:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            t.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_reading_the_ids_of_a_deep_set_costs_the_daemon_no_copy_of_them(tmp_path):
+    """Issue 87 item 5: a nested tar under a prefix of 3.8 KB, of 20,000 empty members (a 10
+    MB tar): every path is near PATH_MAX, 77 MB of ids. Before, a trusted reader of
+    `.fusefs/ids` made the daemon render and keep them all (2,000 folders deep: 80 MB, the
+    daemon 47 -> 206 MB); now they are rendered per read, and the daemon stays within fresh
+    + cache budget + order memory + 5% while and after they are read."""
+    from fusefs.client import mount_stats
+    from conftest import resident_bytes_of
+    inner = _tar_of([(f"m{i:05d}", b"") for i in range(20_000)])
+    prefix = "/".join(f"{i:02d}" + "d" * 250 for i in range(15))  # (3.8 KB of path)
+    os.makedirs(tmp_path / "src")
+    (tmp_path / "src" / "deep.tar").write_bytes(_tar_of([(f"{prefix}/inner.tar", inner)]))
+    r = _index(tmp_path / "src", tmp_path / "dst")
+    assert r.returncode == 0 and "indexed 20000 files" in r.stdout, r.stderr
+    with running_mount(tmp_path / "dst", tmp_path / "mnt", "--cache-size", "16MiB") as (proc, _):
+        stats = mount_stats(tmp_path / "mnt")
+        fresh = resident_bytes_of(proc.pid)
+        bound = 1.05 * (fresh + stats["cache_budget"] + stats["order_budget"])
+        peak = 0
+        with open(tmp_path / "mnt" / ".fusefs" / "ids", "rb") as f:
+            got = bytearray()
+            while part := f.read(1 << 17):
+                got += part
+                peak = max(peak, resident_bytes_of(proc.pid))
+        paths = got.split(b"\0")[:-1]
+        assert len(paths) == 20_000 and paths[7] == f"deep/{prefix}/inner/m00007".encode()
+        assert peak <= bound and resident_bytes_of(proc.pid) <= bound, (fresh, peak, bound)

@@ -137,7 +137,7 @@ def test_what_is_not_a_regular_file_is_skipped_and_a_later_member_replaces_an_ea
     reasons = dict(r.skipped)
     assert reasons["a.tar: x/link"] == "a link, not indexed"
     assert reasons["a.tar: x/pipe"] == "a special file, not indexed"
-    assert reasons["x/f"] == "replaced by a later member of the same name"
+    assert reasons["a.tar: x/f"] == "replaced by a later member of the same name"
     assert "leaves the archive" in reasons["a.tar: ../escape"]
     assert "reserved name" in reasons["a.tar: .fusefs/ids"]
     ix = load(tmp_path / "dst")
@@ -460,4 +460,55 @@ def test_a_negative_size_is_a_skipped_member_and_the_walk_never_goes_back(tmp_pa
     reasons = dict(r.skipped)
     assert "negative size" in reasons["t.tar: bad"], r.skipped
     assert "ends early" in reasons["t.tar"], r.skipped
+
+
+def test_a_path_past_the_bounds_is_skipped_and_one_at_them_indexed(tmp_path):
+    """Issue 87 item 4: a member's path in the tree is at most PATH_MAX bytes, MAX_DEPTH
+    folders deep, each name at most NAME_MAX bytes: one at each bound is indexed, one past
+    it skipped with its reason (before, a PAX path 20,000 folders deep took the pack 832 MB)."""
+    from fusefs import tarindex as ti
+    at_depth = b"d/" * ti.MAX_DEPTH + b"f"
+    at_name = b"n" * ti.NAME_MAX
+    at_path = b"/".join([b"%03d" % i + b"p" * 197 for i in range(20)] + [b"r" * (ti.PATH_MAX - 20 * 201)])
+    assert len(at_path) == ti.PATH_MAX
+    members = {b"depth": at_depth, b"name": at_name, b"path": at_path}
+    over = {b"depth": b"d/" * (ti.MAX_DEPTH + 1) + b"f", b"name": at_name + b"n",
+            b"path": at_path + b"r", b"huge": b"x/" * 20_000 + b"f"}
+    raw = b""
+    for name in list(members.values()) + list(over.values()):
+        raw += pax({b"path": name}) + member(b"short", b"bytes of " + name[-8:])
+    (tmp_path / "t.tar").write_bytes(raw + END)
+    r = index_in_place(str(tmp_path / "t.tar"), str(tmp_path / "dst"), progress=False)
+    got = served(tmp_path / "dst")
+    assert sorted(got) == sorted(os.fsdecode(p) for p in members.values())
+    reasons = [why for where, why in r.skipped]
+    assert len(reasons) == 4, r.skipped
+    assert sum("folders deep" in w for w in reasons) == 2  # (depth, and the huge one)
+    assert sum("NAME_MAX" in w for w in reasons) == 1 and sum("PATH_MAX" in w for w in reasons) == 1
+    assert all(len(where) < 400 for where, _ in r.skipped)  # (a name is shown cut short)
+
+
+def _peak_indexing(tmp_path, raw: bytes) -> int:
+    import tracemalloc
+    (tmp_path / "t.tar").write_bytes(raw + END)
+    tracemalloc.start()
+    try:
+        index_in_place(str(tmp_path / "t.tar"), str(tmp_path / "dst"), progress=False, force=True)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_what_a_deep_path_costs_the_indexer_grows_linearly_with_its_depth(tmp_path):
+    """Issue 87 item 4: 40 members, each in its own chain of folders N deep: twice as deep
+    costs about twice the memory, not four times (before, every folder's whole path was
+    kept: the cost grew with N squared)."""
+    from fusefs import tarindex as ti
+
+    def tar(depth):
+        return b"".join(pax({b"path": b"%d/" % i + b"dd/" * depth + b"f"}) + member(b"s", b"x")
+                        for i in range(40))
+    assert 200 < ti.MAX_DEPTH
+    small, large = _peak_indexing(tmp_path, tar(100)), _peak_indexing(tmp_path, tar(200))
+    assert large < 2.2 * small, (small, large)  # (here: 1.9; before, 2.6)
 
