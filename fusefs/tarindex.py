@@ -365,6 +365,9 @@ class Indexer:
         start, last = base + e.offset_data, parts[-1]
         if depth < MAX_NESTING and last.lower().endswith(TAR_SUFFIX) and len(last) > len(TAR_SUFFIX) \
                 and e.size >= 2 * BLOCK and _is_tar_header(_pread(f, start, BLOCK)):
+            if at == 0 and len(parts) == 1 and last[:-len(TAR_SUFFIX)] == CONTROL_NAME:
+                return skip("reserved name: a tar there would be the folder where the mount "
+                            "shows its hidden control folder")
             inner = m.folder(at, [*parts[:-1], last[:-len(TAR_SUFFIX)]])
             self._walk(f, _Window(f, start, e.size), start, e.size, k, f"{name}: {_shown(e.name)}",
                        inner, cap & e.mode, e.mtime, depth + 1)
@@ -490,7 +493,10 @@ class _Source:
                     queue.append((path, Access.reach(reach, st)))
                 elif stat.S_ISREG(st.st_mode):
                     _refuse_by_name(name, os.path.join(self.root, os.fsdecode(path)))
-                    if name.lower().endswith(TAR_SUFFIX) and len(name) > len(TAR_SUFFIX):
+                    if not rel and _stem(name) == CONTROL_NAME and name.lower().endswith(TAR_SUFFIX):
+                        skipped.append((os.fsdecode(path), "reserved name: its folder would be where the "
+                                        "mount shows its hidden control folder (rename the tar)"))
+                    elif name.lower().endswith(TAR_SUFFIX) and len(name) > len(TAR_SUFFIX):
                         self.tars.append((path, _stem(path), st, reach))
                     else:
                         skipped.append((os.fsdecode(path), "not a tar file (in-place indexes "

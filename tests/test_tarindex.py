@@ -512,3 +512,20 @@ def test_what_a_deep_path_costs_the_indexer_grows_linearly_with_its_depth(tmp_pa
     small, large = _peak_indexing(tmp_path, tar(100)), _peak_indexing(tmp_path, tar(200))
     assert large < 2.2 * small, (small, large)  # (here: 1.9; before, 2.6)
 
+
+def test_a_control_folders_name_at_the_top_skips_that_tar_only(tmp_path):
+    """Issue 87 item 6: a `.fusefs.tar` at the top of the source (or inside a tar at its
+    top) would be the mount's control folder: before, the whole pack failed; now that tar
+    is skipped with its reason and the rest is indexed."""
+    os.makedirs(tmp_path / "src" / "sub")
+    make_tar(tmp_path / "src" / ".fusefs.tar", [("ids", b"reserved")])
+    make_tar(tmp_path / "src" / "sub" / ".fusefs.tar", [("ok", b"deeper is fine")])
+    inner = make_tar(tmp_path / "inner.tar", [("f", b"inner")])
+    make_tar(tmp_path / "src" / "good.tar", [("g", b"good")])
+    make_tar(tmp_path / "top.tar", [(".fusefs.tar", inner.read_bytes()), ("h", b"kept")])
+    r = index_in_place(str(tmp_path / "src"), str(tmp_path / "dst"), progress=False)
+    assert served(tmp_path / "dst") == {"good/g": b"good", "sub/.fusefs/ok": b"deeper is fine"}
+    assert "reserved name" in dict(r.skipped)[".fusefs.tar"], r.skipped
+    r = index_in_place(str(tmp_path / "top.tar"), str(tmp_path / "dst2"), progress=False)
+    assert served(tmp_path / "dst2") == {"h": b"kept"}
+    assert "reserved name" in dict(r.skipped)["top.tar: .fusefs.tar"], r.skipped
