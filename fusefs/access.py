@@ -69,16 +69,51 @@ class Access:
         return mode, (group if mode & 0o040 else None)
 
 
-def others_can_change(st, euid: int) -> bool:
+def others_can_change(st, euid: int, acl: bytes | None = None) -> bool:
     """Whether a user other than root and euid could change the file or folder of stat st
-    (its owner, a group-writable one's group other than root's, or anyone where others may
-    write; a sticky folder keeps others from renaming or removing what they do not own)."""
+    (its owner, a group-writable one's group other than root's, anyone where others may
+    write, or a user or group other than root's that its POSIX access ACL lets write; a
+    sticky folder keeps others from renaming or removing what they do not own). acl: the
+    file's `system.posix_acl_access` (acl_of), or None."""
     if st.st_uid not in (0, euid):
         return True
-    sticky = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
-    if st.st_mode & 0o002 and not sticky:
+    if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX:
+        return False
+    if st.st_mode & 0o002:
         return True
-    return bool(st.st_mode & 0o020 and st.st_gid != 0 and not sticky)
+    return bool(st.st_mode & 0o020 and st.st_gid != 0) or _acl_lets_write(acl, euid)
+
+
+ACL_XATTR = "system.posix_acl_access"
+# the kernel's ACL xattr: a u32 version (2), then entries of (u16 tag, u16 perm, u32 id)
+ACL_USER, ACL_GROUP, ACL_MASK = 0x02, 0x08, 0x10
+ACL_WRITE = 0x02
+
+
+def acl_of(target, follow_symlinks: bool = True) -> bytes | None:
+    """The POSIX access ACL of target (a descriptor or a path), or None where it has none
+    (or its filesystem keeps none)."""
+    try:
+        return os.getxattr(target, ACL_XATTR, follow_symlinks=follow_symlinks)
+    except OSError as e:
+        if e.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+            return None
+        raise
+
+
+def _acl_lets_write(acl: bytes | None, euid: int) -> bool:
+    """Whether acl gives write to a named user other than root and euid, or a named group
+    other than root's, through its mask (an ACL that cannot be read counts as giving it)."""
+    if not acl:
+        return False
+    if len(acl) < 4 or (len(acl) - 4) % 8 or int.from_bytes(acl[:4], "little") != 2:
+        return True
+    entries = [(int.from_bytes(acl[i:i + 2], "little"), int.from_bytes(acl[i + 2:i + 4], "little"),
+                int.from_bytes(acl[i + 4:i + 8], "little")) for i in range(4, len(acl), 8)]
+    mask = next((perm for tag, perm, _ in entries if tag == ACL_MASK), 0o7)
+    return any(perm & mask & ACL_WRITE and ((tag == ACL_USER and qid not in (0, euid)) or
+                                            (tag == ACL_GROUP and qid != 0))
+               for tag, perm, qid in entries)
 
 
 class AnotherUsersLink(OSError):

@@ -20,7 +20,7 @@ import xxhash
 
 from . import beneath
 from . import chunk as chunkfmt
-from .access import Access, others_can_change
+from .access import Access, acl_of, others_can_change
 from .errors import UserError
 from .index import TAR_BLOCK, Index
 
@@ -201,7 +201,7 @@ class ChunkStore:
                 raise StoreError(f"{path}: not the tar the index describes (its first header differs: "
                                  "rewritten since it was indexed?): index it again (fusefs pack --in-place --force)")
             reach, changeable = self._folder(os.path.dirname(info.path))
-            if os.geteuid() == 0 and (changeable or others_can_change(st, 0)):
+            if os.geteuid() == 0 and (changeable or others_can_change(st, 0, acl_of(fd))):
                 raise StoreError(f"{path}: another user can change {'it' if not changeable else 'a folder above it'} "
                                  "(owner, or group or others may write): a root mount refuses such a tar. "
                                  "Mount it as that user, or make the tar and its folders root's and "
@@ -226,15 +226,16 @@ class ChunkStore:
                     here = os.path.join(here, part)
                     st = os.lstat(here)
                     reach = Access.reach(reach, st)
-                    changeable = changeable or others_can_change(st, os.geteuid())
+                    changeable = changeable or others_can_change(st, os.geteuid(),
+                                                                 acl_of(here, follow_symlinks=False))
             else:
                 (reach, changeable), fd = self._folder(os.path.dirname(rel)), beneath.open_dir(self.root_fd, rel)
                 try:
-                    st = os.fstat(fd)
+                    st, acl = os.fstat(fd), acl_of(fd)
                 finally:
                     os.close(fd)
                 reach = Access.reach(reach, st)
-                changeable = changeable or others_can_change(st, os.geteuid())
+                changeable = changeable or others_can_change(st, os.geteuid(), acl)
             got = self._folders[rel] = (reach, changeable)
         return got
 

@@ -322,6 +322,41 @@ def test_a_root_mount_refuses_a_tar_another_user_can_change(tmp_path):
     ChunkStore(ix.source, ix).check()
 
 
+def _acl(*entries) -> bytes:
+    """A POSIX access ACL as the kernel's xattr holds it: (tag, perm, id) entries."""
+    import struct
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, perm, qid) for tag, perm, qid in sorted(entries))
+
+
+ANY = 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("who,on", [("user", "tar"), ("group", "tar"), ("user", "folder"),
+                                    ("masked", "tar"), ("root", "tar")])
+def test_an_acl_that_lets_another_user_write_counts_as_another_user_can_change(tmp_path, who, on):
+    """Issue 87 item 7: a root-owned 0644 tar (or a folder above it) whose POSIX ACL gives a
+    user or a group write access was mounted (its mode bits looked closed); now refused as
+    one another user can change. An ACL entry whose write the mask takes away, or one for
+    root, changes nothing."""
+    os.makedirs(tmp_path / "src" / "sub")
+    tar = make_tar(tmp_path / "src" / "sub" / "t.tar", [("f", b"x")])
+    index_in_place(str(tmp_path / "src"), str(tmp_path / "dst"), progress=False)
+    ix = load(tmp_path / "dst")
+    ChunkStore(ix.source, ix).check()
+    target = tar if on == "tar" else tmp_path / "src" / "sub"
+    tag, qid = {"user": (2, 54321), "group": (8, 54321), "masked": (2, 54321), "root": (2, 0)}[who]
+    mask = 4 | (1 if on == "folder" else 0) if who == "masked" else 7
+    own = 7 if on == "folder" else 6
+    os.setxattr(target, "system.posix_acl_access",
+                _acl((1, own, ANY), (tag, 7, qid), (4, 5 if on == "folder" else 4, ANY), (0x10, mask, ANY),
+                     (0x20, 5 if on == "folder" else 4, ANY)))
+    if who in ("masked", "root"):
+        ChunkStore(ix.source, ix).check()
+        return
+    with pytest.raises(StoreError, match="another user can change"):
+        ChunkStore(ix.source, ix).check()
+
+
 def _read_chars() -> int:
     with open("/proc/self/io") as f:
         return int(next(line for line in f if line.startswith("rchar:")).split()[1])
