@@ -25,7 +25,7 @@ import trio
 
 from .config import DEFAULTS, FetchConfig
 from .histogram import Histogram
-from .store import MAX_GAP, ChunkStore, CorruptSample
+from .store import MAX_GAP, ChunkStore, CorruptSample, ShortRead
 
 log = logging.getLogger("fusefs")
 
@@ -287,8 +287,9 @@ class Batch:
         if backend:
             stats.requests += 1
             fetcher.request_hist.observe(now - t0)
+        # (a wrong or short sample is the file's answer, not the node's silence: an EIO now)
         failed = [s for s in todo if isinstance(results[s], OSError)
-                  and not isinstance(results[s], CorruptSample)]
+                  and not isinstance(results[s], (CorruptSample, ShortRead))]
         stats.errors += len(failed)
         tries = self.tries
         if len(failed) < backend:  # the node answered

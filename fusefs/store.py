@@ -58,8 +58,8 @@ class CorruptSample(IOError):
 
 class ShortRead(OSError):
     """The chunk held fewer of the sample's bytes than the index says (a chunk truncated,
-    or being replaced): retried like any failed read, and a chunk that is restored serves
-    again."""
+    or being replaced): the node answered, so it is no outage to wait for: EIO at once with
+    the log line, not remembered (a chunk that is restored serves again)."""
 
     def __init__(self, chunk_path: str, sample_path: str, held: int, size: int):
         super().__init__(errno.EIO, f"{chunk_path}: sample {sample_path}: short read ({held} of {size} bytes)")

@@ -3,6 +3,7 @@ and no second account (the unit tier; test_abuse.py makes the attacks as that us
 folders, files and indexes another user made or changed (owned by `nobody`), who is
 trusted, and the bounds on what a reader can make the daemon hold. Each test asserts that
 the attack fails and that the daemon serves on."""
+import errno
 import os
 import pwd
 import stat
@@ -297,14 +298,19 @@ def test_an_order_past_the_budget_is_refused_on_its_headers_and_let_go_of_at_onc
     assert parsed == [1] and core.statistics()["orders_refused"] == 1
 
 # ---- a short read is not corruption ------------------------------------------------------
-def test_a_truncated_then_restored_chunk_serves_again(tricky, tmp_path):
+def test_a_chunk_cut_short_is_eio_at_once_not_an_outage_and_serves_again_restored(tricky, tmp_path):
+    """A chunk (or a tar) cut short while mounted answers the read of a sample past its new
+    end at once, with EIO and the log line: the node answered, so its reads are not
+    retried as an outage (issue 87 item 8: before, they waited the whole --io-timeout),
+    the node is not marked down, the sample is not remembered as corrupt, and once the
+    chunk is restored it serves again."""
     import shutil
     from fusefs.entries import FsError
     from testkit.mounts import resolve
     _, dst0, files = tricky
     dst = tmp_path / "dst"
     shutil.copytree(dst0, dst)
-    core = make_core(str(dst), retries=0, io_timeout=0)  # (a read gives up after its try)
+    core = make_core(str(dst), retries=3, io_timeout=30)
     rel = max((r for r in files if files[r]), key=lambda r: len(files[r]))
     _, sid = resolve(core.index, rel)
     chunk = core.store.chunk_path(int(core.index.chunk[sid]))
@@ -321,8 +327,12 @@ def test_a_truncated_then_restored_chunk_serves_again(tricky, tmp_path):
             except FsError as e:
                 return e
 
-    assert "short read" in str(trio.run(read))
-    assert core.statistics()["corrupt_samples"] == 0  # (not remembered as corrupt)
+    got = trio.run(read)
+    assert isinstance(got, FsError) and got.errno == errno.EIO and "short read" in str(got)
+    stats = core.statistics()
+    node = stats["nodes"][core.index.nodes[core.index.chunks[int(core.index.chunk[sid])].node]]
+    assert node["retries"] == 0 and not node["down"], node
+    assert stats["corrupt_samples"] == 0  # (not remembered as corrupt)
     with open(chunk, "r+b") as f:
         f.write(whole)
     assert trio.run(read) == files[rel]
