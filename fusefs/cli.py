@@ -174,7 +174,7 @@ def cmd_mount(a) -> int:
     fetch = fetch_config(a)
     index, store = open_dataset(a.dst, fetch, parse_group(a.gid))  # refuses a broken dataset before mounting
     serve(index, store, a.mnt, mount_config(a, index.total_bytes, fetch), options=a.o or [],
-          nonempty=a.nonempty)
+          nonempty=a.nonempty, source=a.dst)
     return 0
 
 

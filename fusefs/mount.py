@@ -123,11 +123,13 @@ class MountInfo:
 
 
 def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAULTS, *,
-          options: list[str] = (), nonempty: bool = False) -> None:
+          options: list[str] = (), nonempty: bool = False, source: str | None = None) -> None:
     """Mount the dataset at mnt and serve until unmounted or a stop signal (foreground);
     a dead mount left at mnt is cleared first. A mount point that holds files is refused
     unless nonempty. Call it before starting any thread: it blocks the stop signals for the
-    daemon's every thread (Stops). Closes store when it returns."""
+    daemon's every thread (Stops). Closes store when it returns. source: the folder the
+    mount table shows (the packed folder DST, an in-place set's too; default: store's)."""
+    shown = os.path.abspath(source if source is not None else store.root)
     tune_malloc()  # (first: a thread that allocated before it would get an arena of its own)
     stops = Stops()
     with contextlib.ExitStack() as stack:
@@ -165,7 +167,7 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
         ops = Operations(core, catch_up=fast.catch_up if fast else None)
         core.count(ops)
         core.count(control)
-        core.count(MountInfo(os.path.abspath(mnt), os.path.abspath(store.root)))
+        core.count(MountInfo(os.path.abspath(mnt), shown))
         loop = {}  # the event loop's token, for the metrics server's thread
         if config.metrics.port is not None:
             from .metrics import serve_http
@@ -178,7 +180,7 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
             stack.callback(server.shutdown)
             log.info("metrics at http://%s:%d/metrics", config.metrics.address, server.server_port)
         try:
-            pyfuse3.init(ops, target, fuse_options(list(options), os.path.abspath(store.root)))
+            pyfuse3.init(ops, target, fuse_options(list(options), shown))
         except RuntimeError:  # (libfuse says why on stderr; this says what to do)
             raise MountError(f"FUSE refused to mount {mnt}: {why_fuse_refused(options)}") from None
         clean = []
@@ -191,7 +193,7 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
                      if stops.later else "")
         stack.callback(unmount)
         _tell_ready()
-        log.info("mounted %s at %s: %d samples, %d chunks on %d node(s)", store.root, mnt,
+        log.info("mounted %s at %s: %d samples, %d chunks on %d node(s)", shown, mnt,
                  index.n_files, len(index.chunks), len(index.nodes))
         threads = config.fast_path.threads or default_fast_threads()
         if fast is not None:

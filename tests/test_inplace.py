@@ -54,9 +54,21 @@ def imagenet(tmp_path_factory):
     return base
 
 
+def _mount_source(mnt) -> str:
+    """The source the mount table shows for mnt (/proc/self/mountinfo)."""
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if fields[4] == str(mnt):
+                return fields[fields.index("-") + 2].replace("\\040", " ")
+    raise AssertionError(f"{mnt} is not mounted")
+
+
 def test_an_imagenet_archive_reads_through_imagefolder_with_identical_bytes(imagenet, tmp_path):
     assert os.listdir(imagenet / "dst") == [INDEX_NAME]
     with running_mount(imagenet / "dst", tmp_path / "mnt", "--cache-size", "10%"):
+        # (issue 87 item 10: DST, as the README says, not the tars' folder)
+        assert _mount_source(tmp_path / "mnt") == str(imagenet / "dst")
         through = _read(tmp_path / "mnt", "--shuffle", "--epochs", "2")
     direct = _read(imagenet / "tree")
     assert through["classes"] == direct["classes"] and len(through["classes"]) == 5
