@@ -129,7 +129,6 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
     unless nonempty. Call it before starting any thread: it blocks the stop signals for the
     daemon's every thread (Stops). Closes store when it returns. source: the folder the
     mount table shows (the packed folder DST, an in-place set's too; default: store's)."""
-    shown = os.path.abspath(source if source is not None else store.root)
     tune_malloc()  # (first: a thread that allocated before it would get an arena of its own)
     stops = Stops()
     with contextlib.ExitStack() as stack:
@@ -167,6 +166,7 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
         ops = Operations(core, catch_up=fast.catch_up if fast else None)
         core.count(ops)
         core.count(control)
+        shown = os.path.abspath(source if source is not None else store.root)
         core.count(MountInfo(os.path.abspath(mnt), shown))
         loop = {}  # the event loop's token, for the metrics server's thread
         if config.metrics.port is not None:
