@@ -3,6 +3,7 @@ disclose, hang or bloat (issue 53): a packed folder they wrote, a tree root pack
 the control socket, the metrics server, an outage, a signal storm. Each attack is made as
 that user (fusefs-attacker, made per module: tests run as root in CI) against a real root
 mount with -o allow_other, or a real `fusefs pack`, and each test asserts the attack fails."""
+import contextlib
 import os
 import shutil
 import stat
@@ -606,20 +607,21 @@ def test_metrics_connections_of_another_user_neither_take_threads_nor_starve_scr
 
 
 # ---- item 5: a reader waiting for a node that does not answer can be killed -------------------
+@contextlib.contextmanager
 def _outage(tricky, folder, *args):
-    """A copy of the tricky set mounted as root with allow_other and `args`, and a sample of
-    its largest chunk: (mount context, the sample's path, the chunk's path); truncate the
-    chunk once mounted, and every read of its samples waits for a node that does not
-    answer (a short read is retried like a failed one)."""
+    """A copy of the tricky set behind a storage node that can stop answering
+    (testkit.outage), mounted as root with allow_other and `args`: yields (the path of a
+    sample of its largest chunk, the node, the mount's daemon and its log). Once node.fail(), every read of that chunk's
+    samples waits for a node that does not answer."""
     from testkit.mounts import running_mount
-    dst = os.path.join(folder, "packed")
-    shutil.copytree(tricky[1], dst)
-    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    from testkit.outage import outage_backend
+    ix = Index.load(os.path.join(tricky[1], INDEX_NAME))
     k = int(np.argmax([c.size for c in ix.chunks]))
     sid = int(max(np.flatnonzero(ix.chunk == k), key=lambda s: int(ix.size[s])))
-    mnt = os.path.join(folder, "mnt")
-    return (running_mount(dst, mnt, "-o", "allow_other", "--retries", "0", *args),
-            os.path.join(mnt, os.fsdecode(ix.file_path(sid))), os.path.join(dst, ix.chunks[k].path))
+    mnt, backend = os.path.join(folder, "mnt"), os.path.join(folder, "node")
+    with outage_backend(tricky[1], backend, only=ix.chunks[k].path) as node, \
+            running_mount(backend, mnt, "-o", "allow_other", "--retries", "0", *args) as (proc, log):
+        yield os.path.join(mnt, os.fsdecode(ix.file_path(sid))), node, proc, log
 
 
 READ_ONE = """
@@ -638,11 +640,9 @@ def test_a_reader_killed_while_its_read_waits_for_a_node_ends_at_once(tricky, at
     interrupt to the loop, which answers the read EINTR (before, the fast path swallowed
     it, and the killed reader waited out the io-timeout)."""
     import signal
-    mount, sample, chunk = _outage(tricky, shared_folder, "--io-timeout", "600")
-    with mount:
+    with _outage(tricky, shared_folder, "--io-timeout", "600") as (sample, node, _, _):
         mnt = os.path.join(shared_folder, "mnt")
-        with open(chunk, "r+b") as f:
-            f.truncate(chunkfmt.HEAD_SIZE)
+        node.fail()
         p = as_attacker(attacker, READ_ONE, sample)
         try:
             assert p.stdout.readline() == "reading\n"
@@ -662,10 +662,8 @@ def test_a_failed_read_ahead_retried_by_the_kernel_does_not_wait_again(tricky, t
     for the io-timeout and fails, and the kernel then reads the page again at once; that
     read is answered EIO at once (before, it waited the io-timeout again)."""
     from fusefs.client import mount_stats
-    mount, sample, chunk = _outage(tricky, str(tmp_path), "--io-timeout", "1")
-    with mount:
-        with open(chunk, "r+b") as f:
-            f.truncate(chunkfmt.HEAD_SIZE)
+    with _outage(tricky, str(tmp_path), "--io-timeout", "1") as (sample, node, _, _):
+        node.fail()
         with pytest.raises(OSError) as e:
             with open(sample, "rb") as f:
                 f.read()
@@ -782,10 +780,8 @@ def test_a_stop_signal_while_a_read_waits_for_a_node_unmounts_at_once(tricky, tm
     fetch ends (the read gets EIO), the daemon unmounts and exits 0 (before, it waited for
     the fetch to give up)."""
     import signal
-    mount, sample, chunk = _outage(tricky, str(tmp_path), "--io-timeout", "600")
-    with mount as (proc, log):
-        with open(chunk, "r+b") as f:
-            f.truncate(chunkfmt.HEAD_SIZE)
+    with _outage(tricky, str(tmp_path), "--io-timeout", "600") as (sample, node, proc, log):
+        node.fail()
         reader = subprocess.Popen([sys.executable, "-c", READ_ONE, sample], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
         try:
