@@ -69,6 +69,7 @@ class ControlSocket:
         self.limit = limit
         self.room = room  # (None: the requests are bounded by their number and limit only)
         self.receiving = 0  # bytes of the requests being read or committed (within room)
+        self.receiving_trusted = 0  # of them, root's and the daemon's user's (within room too)
         self.active = 0
         self.counts = {"accepted": 0, "denied": 0, "busy": 0, "refused": 0, "too_large": 0,
                        "bad": 0, "timed_out": 0}
@@ -151,12 +152,15 @@ class ControlSocket:
         finally:
             self.active -= 1
             self.receiving -= held[0]
+            if trusted:
+                self.receiving_trusted -= held[0]
 
     async def _request(self, conn, trusted: bool, held: list) -> tuple[int, bytes] | bytes:
         """(rank, order) of the request, or the answer that refuses it. What the requests
         being read and committed hold together stays within the room the order budget
         leaves (room(rank)): a request past it is answered `busy` (its client asks again)
-        before a byte of it is read, unless it comes from root or the daemon's user; held[0]
+        before a byte of it is read. Root's and the daemon's user's requests are held to the
+        room among themselves only, so another's requests never keep them waiting; held[0]
         is what this one holds."""
         header, rest = await _line(conn)
         try:
@@ -170,10 +174,13 @@ class ControlSocket:
         if size > self.limit:
             self.counts["too_large"] += 1
             return TOO_LARGE.encode()
-        if not trusted and self.room is not None and self.receiving + size > self.room(rank):
+        if self.room is not None and \
+                (self.receiving_trusted if trusted else self.receiving) + size > self.room(rank):
             self.counts["busy"] += 1
             return BUSY.encode()
         self.receiving += size
+        if trusted:
+            self.receiving_trusted += size
         held[0] = size
         data = await _exactly(conn, rest, size)
         if data is None:
