@@ -14,7 +14,10 @@ path's thread answers reads from the entries it is told of, fastpath.py).
 
 Pinned entries (`set_pins`: the samples of highest importance, within the static share of
 the budget) are never evicted. Bytes reserved for fetches under way count against the
-budget too, so the budget is never exceeded. The cache keeps the ledger of reservations, one
+budget too, so the budget is never exceeded by the cache. The bytes open handles keep
+between their reads are counted too (hold_for_reader: once, the cache's entry of the same
+bytes costing nothing more until it leaves), and covered by evicting entries no order needs;
+never one an order needs, nor is a fetch refused for them. The cache keeps the ledger of reservations, one
 per sample (`reserve(sid, size, key)`): each is settled exactly once (`settle(sid)`, when the
 sample arrives, or when the fetch it was for is given up); settling a sample that holds none
 does nothing, so no caller needs to know who reserved what.
@@ -51,6 +54,9 @@ class SampleCache:
         self.pinned_bytes = 0
         self.used = 0
         self.reserved = 0
+        self.outside = 0  # bytes open handles keep that are not entries (hold_for_reader)
+        self._readers: dict[int, int] = {}  # sid -> handles that keep its bytes
+        self._apart: dict[int, int] = {}    # of those, sid -> bytes counted outside the entries
         self._reservations: dict[int, int] = {}  # sid -> what its reservation costs the budget
         self.evictions = 0
         self.peak = 0
@@ -69,6 +75,7 @@ class SampleCache:
 
     def counters(self) -> dict:
         return {"cache_bytes": self.used, "cache_reserved": self.reserved, "cache_peak": self.peak,
+                "cache_outside": self.outside,
                 "cache_budget": self.budget, "cache_samples": len(self), "evictions": self.evictions,
                 "cache_static": self.static, "pinned_samples": self.pinned_samples,
                 "pinned_bytes": self.pinned_bytes, "pins_picked": len(self.pin_set)}
@@ -84,6 +91,54 @@ class SampleCache:
     @property
     def free(self) -> int:
         return self.budget - self.used - self.reserved
+
+    def hold_for_reader(self, sid: int, data: bytes) -> bool:
+        """An open handle keeps data, sample sid's bytes, between its reads: counted once,
+        whoever holds them. The cache's own entry (the same bytes) costs nothing more until
+        it leaves the cache while held; other bytes count at once (`outside`). Entries no
+        order needs are evicted to cover what handles keep (`_cover`); an entry an order
+        needs never is (it would be fetched again), nor is a fetch refused for them: where
+        the orders need every entry, what handles keep (at most their cap) is the budget's
+        only overrun."""
+        readers = self._readers
+        if sid in readers:
+            readers[sid] += 1
+            return True
+        readers[sid] = 1
+        if self._entries.get(sid) is not data:
+            self._apart[sid] = len(data)
+            self.outside += len(data)
+            self._cover()
+        return True
+
+    def _cover(self) -> None:
+        """Evict entries no order needs (oldest first) while entries, reservations and what
+        handles keep apart from the entries are past the budget."""
+        heap, entries, current = self._heap, self._entries, self._key
+        while self.used + self.reserved + self.outside > self.budget and heap:
+            neg, _, sid = heap[0]
+            if sid not in entries or current[sid] != -neg:  # (stale)
+                heapq.heappop(heap)
+                continue
+            if -neg != math.inf:
+                return
+            heapq.heappop(heap)
+            self._evict(sid)
+
+    def let_go_for_reader(self, sid: int) -> None:
+        """A handle that kept sample sid's bytes (hold_for_reader) no longer does."""
+        left = self._readers.pop(sid) - 1
+        if left:
+            self._readers[sid] = left
+        else:
+            self.outside -= self._apart.pop(sid, 0)
+
+    def _left(self, sid: int, data: bytes) -> None:
+        """sid's entry left the cache: bytes a handle still keeps are counted outside it
+        (covered at the next put)."""
+        if sid in self._readers and sid not in self._apart:
+            self._apart[sid] = len(data)
+            self.outside += len(data)
 
     def get(self, sid: int) -> bytes | None:
         return self._entries.get(sid)
@@ -145,15 +200,19 @@ class SampleCache:
             for item in taken.values():
                 heapq.heappush(heap, item)
             return False
-        mirror = self._mirror
         for sid in taken:
-            data = entries.pop(sid)
-            del current[sid]
-            self.used -= len(data) + self.overhead
-            self.evictions += 1
-            if mirror is not None:
-                mirror(sid, None)
+            self._evict(sid)
         return True
+
+    def _evict(self, sid: int) -> None:
+        data = self._entries.pop(sid)
+        del self._key[sid]
+        self.used -= len(data) + self.overhead
+        self.evictions += 1
+        if sid in self._readers:
+            self._left(sid, data)
+        if self._mirror is not None:
+            self._mirror(sid, None)
 
     def reserve(self, sid: int, size: int, key: float = math.inf) -> bool:
         """Set room aside for a fetch about to start of sample sid, of size bytes, needed at
@@ -215,6 +274,8 @@ class SampleCache:
                 self.peak = self.used + self.reserved
         if len(heap) > 2 * len(entries) + 1024:
             self._rebuild_heap()
+        if self.outside:
+            self._cover()
         return kept
 
     def _push(self, sid: int, key: float) -> None:
@@ -232,6 +293,8 @@ class SampleCache:
             return False
         del self._key[sid]
         self.used -= len(data) + self.overhead
+        if sid in self._readers:
+            self._left(sid, data)
         if sid in self.pin_set:
             self.pinned_bytes -= len(data) + self.overhead
         if self._mirror is not None:

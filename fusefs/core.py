@@ -35,6 +35,7 @@ from .entries import WRITE_FLAGS, Attr, FsError, OpenResult
 from .handles import EVENT_BITS, READ, READ_END, READ_LOST, RELEASED, SERIAL_WRAP, SID_BITS, SID_MASK
 from .histogram import Histogram
 from .idstable import PathsText, chunks_read
+from .memory import resident_bytes
 from .index import Index
 from .namespace import Namespace, control_dir
 from .store import ChunkStore
@@ -82,19 +83,6 @@ def merge_counters(out: dict, part: dict) -> dict:
         else:
             out[name] = value
     return out
-
-
-def resident_bytes() -> int:
-    """The daemon's resident memory (/proc/self/statm: the kernel answers from memory, no
-    storage behind it, like getrusage), 0 where it cannot be read."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * PAGE_SIZE
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
 def cpu_seconds() -> float:

@@ -53,7 +53,7 @@ class DataPlane:
         policy = Policy(index.size)
         cache = SampleCache(config.cache_bytes, config.static_bytes, mirror=hold)
         kernel_view = KernelView(index.n_files, stats, kernel, ino_base=file_base(index))
-        handles = Handles(held_cap(config.cache_bytes))  # open files, what they keep
+        handles = Handles(held_cap(config.cache_bytes), room=cache)  # open files, what they keep
         holders = Holders(cache, handles, kernel_view, serve=hold)
         placement, inflight, fetch = Placement(index), {}, config.fetch
         plan = ReadAheadPlan(index, policy, cache, nodes=len(placement.names),

@@ -8,8 +8,9 @@ handles (control.FH_BASE). The fast path answers opens in C and continues the sa
 (its events carry each handle it gave).
 
 A handle whose read did not reach its sample's end keeps the sample's bytes for its next
-read (whatever the cache does meanwhile), all handles together at most `cap` bytes: past
-it a handle's next read asks the cache (or the backend) again instead of growing the
+read (whatever the cache does meanwhile), all handles together at most `cap` bytes, and
+only where the cache budget counts them (`room`: cache.SampleCache.hold_for_reader): past
+either a handle's next read asks the cache (or the backend) again instead of growing the
 daemon.
 """
 from __future__ import annotations
@@ -38,8 +39,11 @@ def held_cap(cache_bytes: int) -> int:
 
 
 class Handles:
-    def __init__(self, cap: int):
+    def __init__(self, cap: int, room=None):
+        """cap: what all handles may keep; room: what counts the kept bytes against the cache
+        budget (cache.SampleCache's hold_for_reader and let_go_for_reader), or None."""
         self.cap = cap
+        self.room = room
         self.open = 0      # dataset files open
         self.serial = 0    # the last handle's serial (the fast path's too)
         self.held: dict[int, bytes] = {}  # handle -> its sample's bytes, kept between reads
@@ -58,7 +62,8 @@ class Handles:
 
     def keep(self, fh: int, data: bytes) -> None:
         """Keep data for fh's next read, if it has none kept and the cap allows."""
-        if fh not in self.held and self.held_bytes + len(data) <= self.cap:
+        if fh not in self.held and self.held_bytes + len(data) <= self.cap and \
+                (self.room is None or self.room.hold_for_reader(fh & SID_MASK, data)):
             self.held[fh] = data
             self.held_bytes += len(data)
 
@@ -69,3 +74,5 @@ class Handles:
             data = self.held.pop(fh, None)
             if data is not None:
                 self.held_bytes -= len(data)
+                if self.room is not None:
+                    self.room.let_go_for_reader(fh & SID_MASK)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import logging
 import os
@@ -26,6 +25,7 @@ from .errors import UserError
 from .fs import KernelCache, Operations
 from .index import INDEX_NAME, Index, IndexFormatError
 from .local import LocalTier, LocalTierError
+from .memory import Governor, tune_malloc
 from .mounts import fusermount, why_fuse_refused
 from .runtime import LOG_FILE_ENV, default_log_path, open_log, own_folder, runtime_path
 from .store import NATIVE as store_native_built, ChunkStore, StoreError
@@ -91,25 +91,6 @@ def fuse_options(extra: list[str], source: str = "fusefs") -> set[str]:
                 continue
             opts.add(o)
     return opts
-
-
-def tune_malloc() -> None:
-    """Samples are ~100 KB objects allocated in worker threads and freed on the event loop:
-    with glibc's defaults they land in per-thread heap arenas whose holes keep RSS far above
-    what is live, so one arena is used (two kept about 100 MB more in the soak); samples
-    come from the heap, not each from a mapping of its own (page faults and unmaps per
-    sample), and the heap keeps its freed pages (the trade-offs, as measured:
-    docs/HOTPATH.md, "Allocation"). While the cache grows, the heap grows 64 MiB per brk
-    (untouched pages cost no memory): with glibc's 128 KiB, a brk every 5-6 samples, under
-    the GIL. A no-op where glibc is not the allocator."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-8, 1)          # M_ARENA_MAX
-        libc.mallopt(-3, 4 << 20)    # M_MMAP_THRESHOLD: samples come from the heap ...
-        libc.mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD: ... which keeps its freed pages
-        libc.mallopt(-2, 64 << 20)   # M_TOP_PAD: ... and grows 64 MiB a brk, not 128 KiB
-    except (OSError, AttributeError):
-        pass
 
 
 class MountInfo:
@@ -200,7 +181,10 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
             _start_fast_path(core, fast, threads)
         log.info("opens: %s", f"answered in C (the fast path, {threads} thread{'s' * (threads > 1)})"
                  if fast else "answered by the daemon")
-        trio.run(_main, core, loop, fast, stops, control)
+        # (fresh: what the mounted daemon holds before its first read; the budgets on top)
+        governor = Governor(config.cache_bytes + core.orders.budget)
+        core.count(governor)
+        trio.run(_main, core, loop, fast, stops, control, governor)
         clean.append(True)
 
 
@@ -322,11 +306,12 @@ def _start_fast_path(core: Core, fast: fastpath.FastPath, threads: int) -> None:
 
 
 async def _main(core: Core, loop: dict, fast: fastpath.FastPath | None, stops: Stops,
-                control: ControlSocket):
+                control: ControlSocket, governor: Governor):
     loop["token"] = trio.lowlevel.current_trio_token()
     async with trio.open_nursery() as nursery:
         await nursery.start(core.run)
         await nursery.start(control.serve)
+        await nursery.start(governor.run)
         if fast is not None:
             nursery.start_soon(fast.run)
 

@@ -169,7 +169,7 @@ def test_the_benchmarks_cpu_meter_splits_the_cpu_by_who_spent_it():
 
 _HEAP_STEPS = """
 import ctypes, sys
-from fusefs.mount import tune_malloc
+from fusefs.memory import tune_malloc
 libc = ctypes.CDLL("libc.so.6")
 libc.sbrk.restype = ctypes.c_void_p
 libc.sbrk.argtypes = [ctypes.c_ssize_t]
