@@ -54,8 +54,8 @@ DECOMPRESS = {"gzip": "gunzip", "zstd": "unzstd", "xz": "unxz", "bzip2": "bunzip
 PATH_MAX, NAME_MAX = 4095, 255
 MAX_DEPTH = 256  # folders a member's path may pass through, in the tree (skipped past it)
 SHOWN = 300  # characters of a member's name that a skip's message shows, at most
-# the most a tar's extension record (a pax header, a GNU long name) may hold: tarfile reads
-# one whole into memory, and a crafted tar could make it gigabytes
+# the most a tar's extension record (a pax header, a GNU long name) may hold, in whole blocks:
+# tarfile reads one whole into memory, and a crafted tar could make it gigabytes
 MAX_EXTENSION = 1 << 20
 
 
@@ -123,9 +123,7 @@ def plain_header(block: bytes, offset: int):
     if chk != sum(block) - sum(block[148:156]) + 256:
         return None
     name = block[:100].split(b"\0", 1)[0]
-    if block[345]:
-        if magic == GNU_MAGIC:
-            return None
+    if block[345] and magic == POSIX_MAGIC:  # (GNU keeps its atime and ctime there, no prefix)
         name = block[345:500].split(b"\0", 1)[0] + b"/" + name
     is_dir = kind == b"5" or (kind == b"\0" and name.endswith(b"/"))
     return Entry(name.rstrip(b"/") if is_dir else name, mode, 0 if is_dir else size,
@@ -168,7 +166,8 @@ class Headers:
             if not self.tarfile_only:
                 view.seek(offset)
                 block = view.read(BLOCK)
-                if len(block) < BLOCK:
+                if len(block) < BLOCK:  # (the file is shorter than when it was opened)
+                    self.short = "read short: the tar changed while it was indexed"
                     return
                 if block[156:157] == b"g":
                     self.tarfile_only = True
@@ -183,9 +182,14 @@ class Headers:
             if ti is None:
                 return
             e = _from_tarinfo(ti)
-            if e.size < 0 or self.tf.offset <= offset:  # (the next header's place is unknown)
-                e.kind = f"a negative size ({e.size})" if e.size < 0 else "a header that points back"
-                self.short = f"{e.kind} at byte {offset}"
+            back = None  # (why the next header's place is unknown)
+            if e.size < 0:
+                back = f"a negative size ({e.size})"
+            elif self.tf.offset <= offset:  # mutation: equivalent, past a header of size >= 0 tarfile's next is a block on at least
+                back = "a header that points back"
+            if back is not None:
+                e.kind = back
+                self.short = f"{back} at byte {offset}"
                 yield e
                 return
             yield e
@@ -223,12 +227,11 @@ class _Window:
         return self.pos
 
     def read(self, n: int = -1) -> bytes:
-        n = self.size - self.pos if n is None or n < 0 else min(n, self.size - self.pos)
-        if n > MAX_EXTENSION + BLOCK:  # (only tarfile reads more than a block, for a record)
+        left = max(0, self.size - self.pos)
+        n = left if n is None or n < 0 else min(n, left)
+        if n > MAX_EXTENSION:  # (only tarfile reads more than a block: a record, whole)
             raise tarfile.ReadError(f"an extension record of {n:,} bytes, past the bound of "
                                     f"{MAX_EXTENSION:,}")
-        if n <= 0:
-            return b""
         self.f.seek(self.base + self.pos)
         data = self.f.read(n)
         self.pos += len(data)
@@ -318,7 +321,7 @@ class Indexer:
         headers, done = Headers(view, size), 0
         try:
             for e in headers:
-                if depth == 0 and e.offset_data - done >= READ_BUFFER:
+                if depth == 0 and e.offset_data - done >= READ_BUFFER:  # mutation: equivalent, the progress bar's step only
                     self.bar.update(e.offset_data - done)
                     done = e.offset_data
                 self._member(f, base, size, e, k, name, at, cap, depth)
@@ -344,7 +347,7 @@ class Indexer:
         depth_here = m.depth[at] + len(parts) - 1
         if depth_here > MAX_DEPTH:
             return skip(f"{depth_here:,} folders deep in the tree, more than {MAX_DEPTH}, not indexed")
-        if len(e.name) > NAME_MAX or m.length[at] + 1 + len(e.name) > PATH_MAX:  # (else within both)
+        if len(e.name) > NAME_MAX or m.length[at] + 1 + len(e.name) > PATH_MAX:  # mutation: equivalent, a shortcut: the exact checks below give the same answer
             long = max(len(p) for p in parts)
             if long > NAME_MAX:
                 return skip(f"a name of {long:,} bytes, more than NAME_MAX ({NAME_MAX}): no reader could "
@@ -378,8 +381,6 @@ class Indexer:
     def _check_end(self, view, offset: int, size: int, name: str) -> None:
         """Where tarfile stopped: the end of the file, or zero blocks; else what follows is not
         a tar header (a damaged one), and nothing after it is indexed."""
-        if offset >= size:
-            return
         view.seek(offset)
         block = view.read(BLOCK)
         if block.strip(b"\0"):
@@ -394,7 +395,7 @@ def _pread(f, offset: int, n: int) -> bytes:
 
 def _hash(f, offset: int, size: int) -> int:
     f.seek(offset)
-    if size <= HASH_BLOCK:
+    if size <= HASH_BLOCK:  # mutation: equivalent, whole or in blocks, the same hash
         data = f.read(size)
         if len(data) != size:
             raise InPlaceError("a tar changed while it was indexed (read short)")

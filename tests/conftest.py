@@ -648,3 +648,16 @@ def check_two_nodes(dst, rels, digests, tmp_path):
             mine = {r for r, _ in share} | set(nxt)
             assert len(share) <= s["backend_samples"] <= len(mine), s
             assert len(mine) < len(rels)
+
+
+def tar_bytes(members, fmt=None) -> bytes:
+    """A tar (bytes) of [(name, bytes)], PAX format unless fmt says otherwise."""
+    import io
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT if fmt is None else fmt) as t:
+        for name, data in members:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            t.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()

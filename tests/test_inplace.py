@@ -17,7 +17,7 @@ from fusefs.mounts import is_mounted
 from testkit.mounts import running_mount
 from testkit.synth import make_imagefolder
 
-from conftest import REPO, flip_byte, fusefs_cmd, read_tree, read_with_imagefolder, refused_mount
+from conftest import REPO, flip_byte, fusefs_cmd, read_tree, read_with_imagefolder, refused_mount, tar_bytes
 
 _read = read_with_imagefolder
 
@@ -177,17 +177,6 @@ def test_a_compressed_tar_is_refused_in_one_line(tmp_path):
     assert len(lines) == 1 and "gzip-compressed" in lines[0] and "Decompress" in lines[0], r.stderr
 
 
-def _tar_of(members) -> bytes:
-    """A tar (bytes) of [(name, bytes)]."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
-        for name, data in members:
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            t.addfile(ti, io.BytesIO(data))
-    return buf.getvalue()
-
-
 def test_reading_the_ids_of_a_deep_set_costs_the_daemon_no_copy_of_them(tmp_path):
     """Issue 87 item 5: a nested tar under a prefix of 3.8 KB, of 20,000 empty members (a 10
     MB tar): every path is near PATH_MAX, 77 MB of ids. Before, a trusted reader of
@@ -196,10 +185,10 @@ def test_reading_the_ids_of_a_deep_set_costs_the_daemon_no_copy_of_them(tmp_path
     + cache budget + order memory + 5% while and after they are read."""
     from fusefs.client import mount_stats
     from conftest import resident_bytes_of
-    inner = _tar_of([(f"m{i:05d}", b"") for i in range(20_000)])
+    inner = tar_bytes([(f"m{i:05d}", b"") for i in range(20_000)])
     prefix = "/".join(f"{i:02d}" + "d" * 250 for i in range(15))  # (3.8 KB of path)
     os.makedirs(tmp_path / "src")
-    (tmp_path / "src" / "deep.tar").write_bytes(_tar_of([(f"{prefix}/inner.tar", inner)]))
+    (tmp_path / "src" / "deep.tar").write_bytes(tar_bytes([(f"{prefix}/inner.tar", inner)]))
     r = _index(tmp_path / "src", tmp_path / "dst")
     assert r.returncode == 0 and "indexed 20000 files" in r.stdout, r.stderr
     with running_mount(tmp_path / "dst", tmp_path / "mnt", "--cache-size", "16MiB") as (proc, _):
