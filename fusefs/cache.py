@@ -16,9 +16,9 @@ Pinned entries (`set_pins`: the samples of highest importance, within the static
 the budget) are never evicted. Bytes reserved for fetches under way count against the
 budget too, so the budget is never exceeded by the cache. The bytes open handles keep
 between their reads are counted too (hold_for_reader: once, the cache's entry of the same
-bytes costing nothing more until it leaves), and covered by evicting entries no order needs;
-never one an order needs, nor is a fetch refused for them. The cache keeps the ledger of reservations, one
-per sample (`reserve(sid, size, key)`): each is settled exactly once (`settle(sid)`, when the
+bytes costing nothing more until it leaves), and covered by evicting entries no order
+needs; never one an order needs, nor is a fetch refused for them. The cache keeps the
+ledger of reservations, one per sample (`reserve(sid, size, key)`): each is settled exactly once (`settle(sid)`, when the
 sample arrives, or when the fetch it was for is given up); settling a sample that holds none
 does nothing, so no caller needs to know who reserved what.
 
@@ -92,7 +92,7 @@ class SampleCache:
     def free(self) -> int:
         return self.budget - self.used - self.reserved
 
-    def hold_for_reader(self, sid: int, data: bytes) -> bool:
+    def hold_for_reader(self, sid: int, data: bytes) -> None:
         """An open handle keeps data, sample sid's bytes, between its reads: counted once,
         whoever holds them. The cache's own entry (the same bytes) costs nothing more until
         it leaves the cache while held; other bytes count at once (`outside`). Entries no
@@ -103,13 +103,12 @@ class SampleCache:
         readers = self._readers
         if sid in readers:
             readers[sid] += 1
-            return True
+            return
         readers[sid] = 1
         if self._entries.get(sid) is not data:
             self._apart[sid] = len(data)
             self.outside += len(data)
             self._cover()
-        return True
 
     def _cover(self) -> None:
         """Evict entries no order needs (oldest first) while entries, reservations and what

@@ -8,10 +8,9 @@ handles (control.FH_BASE). The fast path answers opens in C and continues the sa
 (its events carry each handle it gave).
 
 A handle whose read did not reach its sample's end keeps the sample's bytes for its next
-read (whatever the cache does meanwhile), all handles together at most `cap` bytes, and
-only where the cache budget counts them (`room`: cache.SampleCache.hold_for_reader): past
-either a handle's next read asks the cache (or the backend) again instead of growing the
-daemon.
+read (whatever the cache does meanwhile), all handles together at most `cap` bytes,
+counted in the cache budget (`room`: cache.SampleCache.hold_for_reader): past the cap a
+handle's next read asks the cache (or the backend) again instead of growing the daemon.
 """
 from __future__ import annotations
 
@@ -62,10 +61,11 @@ class Handles:
 
     def keep(self, fh: int, data: bytes) -> None:
         """Keep data for fh's next read, if it has none kept and the cap allows."""
-        if fh not in self.held and self.held_bytes + len(data) <= self.cap and \
-                (self.room is None or self.room.hold_for_reader(fh & SID_MASK, data)):
+        if fh not in self.held and self.held_bytes + len(data) <= self.cap:
             self.held[fh] = data
             self.held_bytes += len(data)
+            if self.room is not None:
+                self.room.hold_for_reader(fh & SID_MASK, data)
 
     def released(self, fh: int) -> None:
         """fh was closed: what it kept goes."""

@@ -4,9 +4,9 @@ governor that keeps what it holds within its budgets.
 glibc keeps the heap's freed pages (tune_malloc: reusing them saves a page fault a page of
 every sample that comes after), so resident memory is the heap's high-water mark, not
 what is live: with large samples (1 MiB, a 16 MiB budget) holes and freed tops kept the
-daemon 12-15 MB over fresh + cache budget + order memory after an epoch that never held
+daemon about 15 MB over fresh + cache budget + order memory after an epoch that never held
 more than the budget. The Governor checks the daemon's resident memory every CHECK_EVERY
-seconds on the event loop (/proc/self/statm, answered from memory) and, past fresh + the
+seconds in a worker thread (/proc/self/statm, answered from memory) and, past fresh + the
 budgets, gives the free pages back (malloc_trim): within the bound, nothing is trimmed and
 freed pages are reused as before.
 """
@@ -78,7 +78,8 @@ class Governor:
         return {"memory_bound": self.bound, "malloc_trims": self.trims, "malloc_trimmed": self.trimmed}
 
     def check(self) -> bool:
-        """Trim if resident memory is past the bound; whether it trimmed."""
+        """Trim if resident memory is past the bound; whether it trimmed. (A worker thread's:
+        malloc_trim walks the heap.)"""
         before = resident_bytes()
         if self._trim is None or before <= self.bound:
             return False
@@ -91,4 +92,4 @@ class Governor:
         task_status.started()
         while True:
             await trio.sleep(CHECK_EVERY)
-            self.check()
+            await trio.to_thread.run_sync(self.check)

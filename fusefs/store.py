@@ -203,7 +203,8 @@ class ChunkStore:
             reach, changeable = self._folder(os.path.dirname(info.path))
             if os.geteuid() == 0 and (changeable or others_can_change(st, 0, acl_of(fd))):
                 raise StoreError(f"{path}: another user can change {'it' if not changeable else 'a folder above it'} "
-                                 "(owner, or group or others may write): a root mount refuses such a tar. "
+                                 "(owner, group or others may write, or an ACL lets another user): a root "
+                                 "mount refuses such a tar. "
                                  "Mount it as that user, or make the tar and its folders root's and "
                                  "writable by no one else")
         except BaseException:

@@ -352,17 +352,20 @@ def test_what_open_handles_keep_is_counted_once_and_covered_by_entries_no_order_
     a, b, far = bytes(3000), bytes(3000), bytes(3000)
     c.put(1, a)                       # (no order needs it: key inf)
     c.put(2, b, key=5.0)              # (an order needs it)
-    assert c.hold_for_reader(1, a) and c.outside == 0  # (the entry itself)
+    c.hold_for_reader(1, a)
+    assert c.outside == 0  # (the entry itself)
     c.put(3, far)                     # (inf, newer)
     c.drop(1)                         # the entry leaves while a handle keeps its bytes
     assert c.outside == 3000 and c.used + c.outside <= c.budget
-    assert c.hold_for_reader(7, bytes(3000))  # bytes the cache never held: room from inf entries
+    c.hold_for_reader(7, bytes(3000))  # bytes the cache never held: room from inf entries
     assert c.outside == 6000 and 3 not in c and 2 in c  # (the needed entry stays)
-    assert c.hold_for_reader(8, bytes(3000)) and 2 in c  # (past the budget: never the needed one)
+    c.hold_for_reader(8, bytes(3000))
+    assert 2 in c  # (past the budget: never the needed one)
     assert c.put(4, bytes(500), key=1.0)  # (nor is a fetch refused for them)
     c.let_go_for_reader(1), c.let_go_for_reader(7), c.let_go_for_reader(8)
     assert c.outside == 0 and c.counters()["cache_outside"] == 0
-    assert c.hold_for_reader(2, b) and c.hold_for_reader(2, b) and c.outside == 0  # (two handles, once)
+    c.hold_for_reader(2, b), c.hold_for_reader(2, b)
+    assert c.outside == 0  # (two handles, once)
     c.let_go_for_reader(2)
     c.drop(2)
     assert c.outside == 3000  # (the other handle still keeps them)
