@@ -202,6 +202,17 @@ def test_orders_refused_past_the_order_memory_cost_no_more_than_it(attacker, tri
         assert resident - fresh <= 0.05 * bound, (fresh, resident)
         serves_on(mnt, tricky[2])
 
+def _released(mnt, count: str) -> None:
+    """Wait until the stats' count of open handles is 0: the kernel sends the releases after
+    the closes, in the background."""
+    from fusefs.client import mount_stats
+    for _ in range(600):
+        if mount_stats(mnt)[count] == 0:
+            return
+        threading.Event().wait(0.05)
+    assert mount_stats(mnt)[count] == 0
+
+
 HOLD = """
 import os, sys
 mnt = sys.argv[1]
@@ -232,10 +243,7 @@ def test_handles_another_user_holds_open_keep_the_daemon_within_its_cap(attacker
         assert resident_bytes_of(proc.pid) - before < HELD_MIN + (24 << 20)
     finally:
         p.communicate("\n", timeout=60)
-    for _ in range(600):  # (the kernel sends the releases after the closes, in the background)
-        if mount_stats(mnt)["open_handles"] == 0:
-            break
-        threading.Event().wait(0.05)
+    _released(mnt, "open_handles")
     assert mount_stats(mnt)["held_bytes"] == 0
     serves_on(mnt, files)
 
@@ -318,11 +326,7 @@ def test_another_user_holding_control_files_open_grows_the_daemon_by_a_bounded_a
         serves_on(mnt, files)
     finally:
         p.communicate("\n", timeout=120)
-    for _ in range(600):  # (the kernel sends the releases after the closes, in the background)
-        if mount_stats(mnt)["control_untrusted_handles"] == 0:
-            break
-        threading.Event().wait(0.05)
-    assert mount_stats(mnt)["control_untrusted_handles"] == 0
+    _released(mnt, "control_untrusted_handles")
     assert resident_bytes_of(proc.pid) <= 1.05 * bound
     assert attack(attacker, "import os, sys; print(len(open(os.path.join(sys.argv[1], '.fusefs', 'chunks'), "
                   "'rb').read()))", mnt) == str(4 * len([v for v in files.values() if v is not None]))

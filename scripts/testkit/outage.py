@@ -16,67 +16,29 @@ import contextlib
 import errno
 import os
 import signal
-import stat
 import subprocess
 import sys
 import time
 
 import trio
 
+from bench.minimal_daemon import RamFS
 from fusefs import pyfuse3
 
 
-class Node(pyfuse3.Operations):
+class Node(RamFS):
+    """The minimal daemon's tree from RAM (bench/minimal_daemon.py), every read reaching it
+    (direct I/O), failing with EIO while `failing` (only's reads alone, if given)."""
+
     def __init__(self, src: str, only: str | None = None):
-        super().__init__()
+        super().__init__(src)
         self.failing = False
         self.only = None  # (the inode of the one file whose reads fail, if given)
-        self.children: dict[int, dict[bytes, int]] = {pyfuse3.ROOT_INODE: {}}
-        self.data: dict[int, bytes] = {}
-        inos, nxt = {os.path.abspath(src): pyfuse3.ROOT_INODE}, pyfuse3.ROOT_INODE + 1
-        for d, subs, files in os.walk(src):
-            parent = inos[os.path.abspath(d)]
-            for name in sorted(subs):
-                inos[os.path.abspath(os.path.join(d, name))] = nxt
-                self.children[parent][os.fsencode(name)] = nxt
-                self.children[nxt] = {}
-                nxt += 1
-            for name in sorted(files):
-                with open(os.path.join(d, name), "rb") as f:
-                    self.data[nxt] = f.read()
-                if only is not None and os.path.join(d, name) == os.path.join(src, only):
-                    self.only = nxt
-                self.children[parent][os.fsencode(name)] = nxt
-                nxt += 1
-
-    def _attr(self, ino: int) -> pyfuse3.EntryAttributes:
-        e = pyfuse3.EntryAttributes()
-        e.st_ino = ino
-        e.entry_timeout = e.attr_timeout = 3600.0
-        if ino in self.children:
-            e.st_mode, e.st_size = stat.S_IFDIR | 0o755, 0
-        else:
-            e.st_mode, e.st_size = stat.S_IFREG | 0o644, len(self.data[ino])
-        e.st_uid, e.st_gid = os.getuid(), os.getgid()
-        return e
-
-    async def lookup(self, parent, name, ctx=None):
-        ino = self.children.get(parent, {}).get(name)
-        if ino is None:
-            raise pyfuse3.FUSEError(errno.ENOENT)
-        return self._attr(ino)
-
-    async def getattr(self, inode, ctx=None):
-        return self._attr(inode)
-
-    async def opendir(self, inode, ctx):
-        return inode
-
-    async def readdir(self, fh, start_id, token):
-        items = list(self.children[fh].items())
-        for i in range(start_id, len(items)):
-            if not pyfuse3.readdir_reply(token, items[i][0], self._attr(items[i][1]), i + 1):
-                break
+        if only is not None:
+            ino = pyfuse3.ROOT_INODE
+            for part in only.split("/"):
+                ino = self.children[ino][os.fsencode(part)]
+            self.only = ino
 
     async def open(self, inode, flags, ctx):
         return pyfuse3.FileInfo(fh=inode, direct_io=True)
