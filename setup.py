@@ -119,5 +119,6 @@ def extensions() -> list[Extension]:
 
 # (nothing is cythonized or asked of libfuse3 before build_ext: an sdist needs neither)
 setup(ext_modules=extensions(), cmdclass={"build_ext": BuildNative},
-      package_data={"fusefs.pyfuse3": ["py.typed", "*.pyi", "LICENSE"]},
+      package_data={"fusefs.pyfuse3": ["py.typed", "*.pyi", "LICENSE"],
+                    "fusefs": ["boot/sitecustomize.py"]},  # (fusefs run: launch.py)
       exclude_package_data={"fusefs": ["*.c", "*.h"], "fusefs.pyfuse3": ["*.c", "*.h", "*.pyx", "*.pxi", "*.pxd"]})

@@ -1,4 +1,4 @@
-"""The `fusefs` command: pack, mount, umount, info, verify, stats."""
+"""The `fusefs` command: pack, mount, umount, info, verify, stats, order, run."""
 from __future__ import annotations
 
 import argparse
@@ -419,6 +419,12 @@ class VersionAction(argparse.Action):
         parser.exit()
 
 
+def cmd_run(a) -> int:
+    from .launch import run
+    run(a.command, quiet=a.quiet)  # (replaces this process: returns only by an error)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fusefs", description=__doc__.splitlines()[0])
     p.add_argument("--version", action=VersionAction,
@@ -581,10 +587,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rank", type=int, default=0, help="the rank whose order it is (0..63, default 0)")
     s.add_argument("--epoch", type=int, help="the epoch of a text list (default 0)")
     s.set_defaults(func=cmd_order)
+
+    s = sub.add_parser("run", parents=[common],
+                       help="run a training command so that its DataLoaders hand the mount each epoch's order",
+                       description="Run COMMAND (python train.py, torchrun ..., python -m ...) so that in every "
+                                   "Python process it starts, a torch DataLoader over files on a fusefs mount "
+                                   "hands the mount each epoch's order, taken from the loader's own sampler: "
+                                   "no change to the training code (fusefs/launch.py).")
+    s.add_argument("-q", "--quiet", action="store_true",
+                   help="no line saying which loaders are hinted (the lines saying why one is not stay)")
+    s.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments, after --")
+    s.set_defaults(func=cmd_run)
     return p
 
 
-COMMANDS = ("pack", "mount", "umount", "info", "verify", "stats", "order")
+COMMANDS = ("pack", "mount", "umount", "info", "verify", "stats", "order", "run")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # (the pid: a background mount's log may hold another daemon's lines too: mount.own_lines)
 LOG_FORMAT = "%(asctime)s [%(process)d] %(name)s %(levelname)s %(message)s"

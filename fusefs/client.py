@@ -88,6 +88,38 @@ def paths_to_ids(paths, mount: str | None = None) -> np.ndarray:
     return out
 
 
+def dataset_paths(dataset, paths=None) -> list[str]:
+    """The file path of each index of a map-style dataset: `paths` if given (a list, or a
+    function of the index); else torchvision's ImageFolder/DatasetFolder `.samples` (or
+    `.imgs`), a `Subset` of such a dataset (its indices mapped through), a `ConcatDataset`
+    of them, or a plain list of paths. TypeError, naming the dataset's class, where it
+    names no file paths. (Duck-typed: no torch needed.)"""
+    if paths is not None:
+        if callable(paths):
+            return [os.fspath(paths(i)) for i in range(len(dataset))]
+        paths = [os.fspath(p) for p in paths]
+        if len(paths) != len(dataset):
+            raise ValueError(f"paths has {len(paths)} entries, the dataset {len(dataset)}")
+        return paths
+    inner = getattr(dataset, "dataset", None)
+    indices = getattr(dataset, "indices", None)
+    if inner is not None and indices is not None:  # (torch.utils.data.Subset, nested too)
+        whole = dataset_paths(inner)
+        return [whole[int(i)] for i in indices]
+    parts = getattr(dataset, "datasets", None)
+    if parts is not None and hasattr(dataset, "cumulative_sizes"):  # (ConcatDataset)
+        return [p for part in parts for p in dataset_paths(part)]
+    for attr in ("samples", "imgs"):
+        items = getattr(dataset, attr, None)
+        if items is not None:
+            return [os.fspath(s[0] if isinstance(s, (tuple, list)) else s) for s in items]
+    if isinstance(dataset, (list, tuple)) and all(isinstance(p, (str, bytes, os.PathLike)) for p in dataset):
+        return [os.fspath(p) for p in dataset]
+    raise TypeError(f"cannot tell the file of each sample of a {type(dataset).__name__}: it is not "
+                    "an ImageFolder/DatasetFolder (.samples), a Subset or ConcatDataset of one, "
+                    "or a list of paths")
+
+
 def ids_from_text(text: bytes, mount: str) -> np.ndarray:
     """The sample ids of an order given as text (what a DALI or FFCV user, or a shell,
     writes): one sample per line, either all lines sample ids (decimal) or all paths,

@@ -162,7 +162,7 @@ SLOW_MODULES = {"test_abuse", "test_cli", "test_clients", "test_demo", "test_fau
                 "test_hints", "test_hybrid", "test_imagefolder", "test_importance", "test_local",
                 "test_metrics", "test_mount", "test_orders", "test_pack", "test_package",
                 "test_pyfuse3_patched", "test_swap", "test_untrusted", "test_fastpath_threads",
-                "test_harness", "test_inplace"}
+                "test_harness", "test_inplace", "test_run"}
 
 
 def _remove_dead_runs_folders(base: str) -> None:
@@ -464,14 +464,15 @@ def attacker():
         _remove_made()  # (what `made` lists, as recorded)
 
 
-def as_attacker(attacker, code: str, *args, controls=False, stdin=None):
-    """Run code (Python) as the attacker, in the control group if `controls`: the process."""
+def as_attacker(attacker, code: str, *args, controls=False, stdin=None, env=None):
+    """Run code (Python) as the attacker, in the control group if `controls` (in environment
+    env, default this process's): the process."""
     import subprocess
     uid, gid, cgid = attacker
     groups = [f"--groups={cgid}"] if controls else ["--clear-groups"]
     return subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={gid}", *groups,
                              "/usr/bin/python3", "-c", code, *map(str, args)],
-                            stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def attack(attacker, code, *args, controls=False) -> str:

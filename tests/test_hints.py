@@ -538,6 +538,10 @@ def test_a_subset_or_explicit_paths_give_the_files_and_anything_else_a_clear_err
 
     assert dataset_paths(Subset(Folder(), [4, 1])) == ["/d/4.jpg", "/d/1.jpg"]
     assert dataset_paths(Subset(Subset(Folder(), [5, 4, 3]), [2])) == ["/d/3.jpg"]
+    from torch.utils.data import ConcatDataset
+    both = ConcatDataset([Subset(Folder(), [1]), Folder()])
+    assert dataset_paths(both) == ["/d/1.jpg"] + [f"/d/{i}.jpg" for i in range(6)]
+    assert len(dataset_paths(both)) == len(both)
 
     class Other(Dataset):
         def __len__(self):
@@ -546,8 +550,10 @@ def test_a_subset_or_explicit_paths_give_the_files_and_anything_else_a_clear_err
     assert dataset_paths(Other(), paths=["/a", "/b", "/c"]) == ["/a", "/b", "/c"]
     with pytest.raises(ValueError, match="paths has 2 entries, the dataset 3"):
         dataset_paths(Other(), paths=["/a", "/b"])
-    with pytest.raises(TypeError, match="pass paths="):
+    with pytest.raises(TypeError, match="a Other: .*pass paths="):
         HintedSampler(Other(), write=False)
+    with pytest.raises(TypeError, match="of a Other"):  # (the part that names none)
+        dataset_paths(ConcatDataset([Folder(), Other()]))
 
 
 def _lightning_resolves(sampler, world: int, rank: int) -> list[int]:

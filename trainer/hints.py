@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from fusefs.client import (
+    dataset_paths,
     find_mount,
     mount_chunks,
     mount_ids,
@@ -37,33 +38,6 @@ __all__ = ["HintedSampler", "dataset_paths", "find_mount", "mount_chunks", "moun
            "paths_to_ids", "write_order"]  # the client calls, for `from trainer.hints import ...`
 
 from .orders import chunk_block_order, echo_fresh_count, echo_order
-
-
-def dataset_paths(dataset, paths=None) -> list[str]:
-    """The file path of each index of a dataset: `paths` if given (a list, or a function of
-    the index); else ImageFolder/DatasetFolder `.samples` or `.imgs`, a `Subset` of such a
-    dataset (its indices mapped through), or a plain list of paths."""
-    if paths is not None:
-        if callable(paths):
-            return [os.fspath(paths(i)) for i in range(len(dataset))]
-        paths = [os.fspath(p) for p in paths]
-        if len(paths) != len(dataset):
-            raise ValueError(f"paths has {len(paths)} entries, the dataset {len(dataset)}")
-        return paths
-    inner = getattr(dataset, "dataset", None)
-    indices = getattr(dataset, "indices", None)
-    if inner is not None and indices is not None:  # (torch.utils.data.Subset, nested too)
-        whole = dataset_paths(inner)
-        return [whole[int(i)] for i in indices]
-    for attr in ("samples", "imgs"):
-        items = getattr(dataset, attr, None)
-        if items is not None:
-            return [s[0] if isinstance(s, (tuple, list)) else s for s in items]
-    if isinstance(dataset, (list, tuple)):
-        return [os.fspath(p) for p in dataset]
-    raise TypeError(f"HintedSampler cannot tell the file of each sample of a {type(dataset).__name__}: "
-                    "pass paths=[the file of each index] (or paths=function of the index), or a "
-                    "dataset with .samples (ImageFolder), or a Subset of one")
 
 
 _WARNED_NOT_A_MOUNT = False
@@ -137,7 +111,11 @@ class HintedSampler(DistributedSampler):
                  generator: torch.Generator | None = None):
         # (DistributedSampler.__init__ is not called: it needs a process group)
         self.dataset = dataset
-        self.paths = dataset_paths(dataset, paths)
+        try:
+            self.paths = dataset_paths(dataset, paths)
+        except TypeError as e:
+            raise TypeError(f"HintedSampler {e}: pass paths=[the file of each index] (or "
+                            "paths=function of the index)") from None
         self.n = len(self.paths)
         self.write = write and bool(self.paths)
         if self.write and mount is None:
