@@ -94,7 +94,8 @@ def epoch(dst: str, mnt: str, packed, readers: int, cache: str, env: dict, label
             warm_paths = [os.path.join(mnt, packed.path(i)) for i in warm.tolist()]
             pool.map(read_files, [warm_paths[i::readers] for i in range(readers)], chunksize=1)
         s0 = client.mount_stats(mnt)  # (the read-ahead starts with the order)
-        each = []
+        each, seen = [], 0  # (seen: the largest VmHWM read: the kernel's own is not monotone
+        # across reads, its RSS counters being summed lazily)
         for e in range(first, first + epochs):
             if e > first:
                 order, nxt = nxt, rng.permutation(n)
@@ -108,11 +109,12 @@ def epoch(dst: str, mnt: str, packed, readers: int, cache: str, env: dict, label
                          "daemon_cpu_us_per_sample": round(1e6 * (after["cpu_s"] - before["cpu_s"]) / n, 1),
                          "misses": after["misses"] - before["misses"],
                          "backend_samples": after["backend_samples"] - before["backend_samples"],
-                         "rss_mb": round(status(proc.pid, "VmRSS") / 1e6, 1),
-                         "rss_peak_mb": round(status(proc.pid, "VmHWM") / 1e6, 1)})
+                         "rss_mb": round(status(proc.pid, "VmRSS") / 1e6, 1)})
+            seen = max(seen, status(proc.pid, "VmHWM"), int(each[-1]["rss_mb"] * 1e6))
+            each[-1]["rss_peak_mb"] = round(seen / 1e6, 1)
         seconds = time.perf_counter() - t0
         s1 = client.mount_stats(mnt)
-        peak = status(proc.pid, "VmHWM")
+        peak = max(seen, status(proc.pid, "VmHWM"))
     bench, regime = (("bench_scale_drop", "scale_drop") if drop_pages else
                      ("bench_scale_epochs", "scale_epochs") if epochs > 1 else ("bench_scale", "scale"))
     row = {"bench": bench, "regime": regime, "version": label, "samples": n, "listed": listed, "list_s": round(list_s, 1),
