@@ -681,6 +681,20 @@ def test_a_resumed_epoch_tells_the_mount_only_the_rest(tricky, tmp_path):
         assert current.epoch == 2 and current.ids.tolist() == [ids[os.fsencode(regular[i])] for i in rest]
 
 
+def test_a_dataset_of_paths_relative_to_the_working_folder_gets_its_ids(tricky, tmp_path, monkeypatch):
+    """ImageFolder("mnt") names its files relative to the working folder, as the loader's
+    workers open them: those are the files the order names, not mnt/mnt/..."""
+    src, dst, files = tricky
+    regular = sorted(k for k in files if not k.endswith("/") and files[k])
+    with running_mount(dst, tmp_path / "mnt"):
+        monkeypatch.chdir(tmp_path)
+        s = HintedSampler(Paths([os.path.join("mnt", r) for r in regular]), seed=1, lookahead=False)
+        order = list(s)
+        ids = mount_ids("mnt")
+        current = orderfmt.parse(open(os.path.join("mnt", ".fusefs", "order"), "rb").read(), len(ids))
+        assert current.ids.tolist() == [ids[os.fsencode(regular[i])] for i in order]
+
+
 def test_another_data_set_mounted_at_the_same_path_gets_its_own_ids(tmp_path):
     """The client's id table belongs to one mount: a data set of other names mounted later
     at the same path takes an order by paths with its own ids (a stale table gave the

@@ -584,3 +584,15 @@ print("ok")
     r = subprocess.run(["/usr/bin/python3", "-c", code, os.path.join(REPO, "scripts", "workloads")],
                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO), timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_paths_relative_to_the_working_folder_name_the_mounts_files(tricky, tmp_path, monkeypatch):
+    """As HintedSampler: ImageFolder("mnt")'s relative paths are the working folder's."""
+    from trainer.hints import mount_ids
+    src, dst, files = tricky
+    regular = sorted(k for k in files if not k.endswith("/") and files[k])
+    with running_mount(dst, tmp_path / "mnt"):
+        monkeypatch.chdir(tmp_path)
+        s = ImportanceSampler(Paths(os.path.join("mnt", r) for r in regular), LossTracker(len(regular)))
+        ids = mount_ids("mnt")
+        assert s.write and s.ids.tolist() == [ids[os.fsencode(r)] for r in regular]
