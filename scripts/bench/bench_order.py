@@ -11,6 +11,9 @@ dataset larger than memory), and every fusefs setting gets a fresh daemon:
   (a) loose files straight from the GlusterFS mount
   (b) fusefs over the packed set, no order hints, cache = 10% of the dataset
   (c) fusefs with trainer.HintedSampler, cache = 10% of the dataset
+  (u) as (b), the loader unmodified (shuffle=True), run under `fusefs run --`: the launcher
+      hands the mount each epoch's order from the loader's own sampler (this tree's daemon and
+      launcher only, also with --against)
   (d) fusefs over a local copy of the packed set, whole dataset cached (epoch 2 is the
       ceiling of this daemon on this machine)
   (e), (f) as (c) and (d) with --no-kernel-cache: every read served by the daemon instead
@@ -32,7 +35,7 @@ was bound by the CPU or by waiting for the storage.
 With --against REF each fusefs setting runs twice, REF's daemon first, then this tree's (the
 rows carry their version; the figures after the table are this tree's).
 
-usage: .venv/bin/python scripts/bench/bench_order.py [--files N] [--delay-ms MS] [--settings acdrst] [--out DIR] [--against REF]
+usage: .venv/bin/python scripts/bench/bench_order.py [--files N] [--delay-ms MS] [--settings abcdefrstu] [--out DIR] [--against REF]
 """
 from __future__ import annotations
 
@@ -62,12 +65,17 @@ def sh(*cmd):
     subprocess.run(cmd, check=True)
 
 
-def run_reader(root: str, hinted: bool) -> dict:
-    """Run the loader over root; its result, with the CPU seconds the loader processes, the
-    GlusterFS client and the brick daemons spent meanwhile, and how busy the machine was."""
+FUSEFS_RUN = [os.path.join(os.path.dirname(sys.executable), "fusefs"), "run", "--"]
+
+
+def run_reader(root: str, hinted: bool, launcher: bool = False) -> dict:
+    """Run the loader over root (under `fusefs run` if launcher); its result, with the CPU
+    seconds the loader processes, the GlusterFS client and the brick daemons spent meanwhile,
+    and how busy the machine was."""
     env = dict(os.environ, PYTHONPATH=REPO)
-    cmd = ["/usr/bin/python3", READER, root, "--workers", "4", "--batch", "64", "--epochs", "2",
-           "--drop-caches", "--no-digests", "--hinted" if hinted else "--shuffle"]
+    cmd = [*(FUSEFS_RUN if launcher else []), "/usr/bin/python3", READER, root, "--workers", "4",
+           "--batch", "64", "--epochs", "2", "--drop-caches", "--no-digests",
+           "--hinted" if hinted else "--shuffle"]
     with CpuMeter(glusterfs=pids_named("glusterfs"), bricks=pids_named("glusterfsd")) as cpu:
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
@@ -87,10 +95,11 @@ def peak_rss(pid: int) -> int:
     return 0
 
 
-def fusefs_setting(dst: str, mnt: str, cache: str, hinted: bool, *extra: str, env=None) -> dict:
+def fusefs_setting(dst: str, mnt: str, cache: str, hinted: bool, *extra: str, env=None,
+                   launcher: bool = False) -> dict:
     with running_mount(dst, mnt, "--cache-size", cache, *extra, env=env) as (proc, _):
         before = mount_stats(mnt)
-        res = run_reader(mnt, hinted)
+        res = run_reader(mnt, hinted, launcher)
         stats = mount_stats(mnt)
         res["daemon_peak_rss"] = peak_rss(proc.pid)
         res["daemon_cpu_s"] = stats["cpu_s"] - before["cpu_s"]
@@ -176,6 +185,10 @@ def summarize(name: str, res: dict) -> dict:
         row["reads_that_waited"] = waits
         row["read_wait_s"] = s["read_wait_s"]
         row["backend_requests_per_sample"] = s["backend_requests"] / n
+        if all(e.get("stats_start") for e in eps):
+            row["backend_requests_per_sample_per_epoch"] = [
+                (e["stats_end"]["backend_requests"] - e["stats_start"]["backend_requests"]) / e["samples"]
+                for e in eps]
         row["backend_reads_per_sample"] = s["backend_reads"] / n
         row["backend_bytes_per_sample"] = s["backend_bytes"] / n
         row["nodes"] = {k: v["requests"] for k, v in s["nodes"].items()}
@@ -187,7 +200,7 @@ def main() -> int:
     p.add_argument("--files", type=int, default=20_000)
     p.add_argument("--delay-ms", type=float, default=2.0)
     p.add_argument("--out", default=os.path.join(REPO, "out", "bench_order"))
-    p.add_argument("--settings", default="abcdefr", help="which settings to run (default abcdefr)")
+    p.add_argument("--settings", default="abcdefru", help="which settings to run (default abcdefru)")
     p.add_argument("--against", metavar="REF",
                    help="run each fusefs setting (b-f) with the daemon of commit REF too, just before "
                         "this tree's (its worktree built as bench_hotpath.py --against builds it)")
@@ -260,6 +273,8 @@ def main() -> int:
     settings = [("a: loose files on GlusterFS", None, lambda: run_reader(loose, hinted=False))]
     for name, run in fusefs_settings:  # (REF's daemon first, then this tree's)
         settings += [(name, version, lambda run=run, env=env: run(env)) for version, env in versions.items()]
+    settings.append(("u: fusefs run, the loader unmodified, cache 10%", None,
+                     lambda: fusefs_setting(packed, mnt, "10%", False, launcher=True)))
     settings.append(("r: ratarmount, one tar on GlusterFS", None, lambda: ratarmount_setting(
         tar, mnt + "-ratarmount", os.path.join(a.out, "ratarmount-index"))))
     settings.append(("s: ratarmount -r -s, the tar shards on GlusterFS", None, lambda: ratarmount_setting(
@@ -300,6 +315,12 @@ def main() -> int:
         results["t_over_c"] = [t / x for t, x in zip(by["t"]["samples_per_s"], by["c"]["samples_per_s"])]
         print(f"t/c (in place over packed chunks) per epoch: "
               f"{' / '.join(f'{x:.2f}' for x in results['t_over_c'])}")
+    if "u" in by and "c" in by:
+        results["u_over_c"] = {k: [u / x for u, x in zip(by["u"][k], by["c"][k])]
+                               for k in ("samples_per_s", "backend_requests_per_sample_per_epoch")
+                               if k in by["u"] and k in by["c"]}
+        print("u/c (the unmodified loader under fusefs run over HintedSampler) per epoch: " +
+              "; ".join(f"{k} {' / '.join(f'{x:.2f}' for x in v)}" for k, v in results["u_over_c"].items()))
     if "t" in by and "s" in by:
         results["t_over_s"] = [t / x for t, x in zip(by["t"]["samples_per_s"], by["s"]["samples_per_s"])]
         print(f"t/s (in place over ratarmount, the same tars) per epoch: "

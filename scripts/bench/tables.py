@@ -94,7 +94,7 @@ def order(rows: list[dict]) -> str:
         client = "-" if r["setting"][0] in "df" else f"{c['glusterfs_client']:,.0f}"
         bricks = "-" if r["setting"][0] in "df" else f"{c['bricks']:,.0f}"
         rate = slashed(r["samples_per_s"])
-        if r["setting"][0] == "c":
+        if r["setting"][0] in "cu":
             rate = f"**{rate}**"
         reqs = f"{r['backend_requests_per_sample']:.2f}" if "backend_requests_per_sample" in r else "-"
         waited = slashed(r["reads_that_waited"]) if "reads_that_waited" in r else "-"
@@ -106,13 +106,17 @@ def order(rows: list[dict]) -> str:
                    f"| {100 * r['machine_busy']:.0f}% | {reqs} | {waited} | {rss} | {where(r)} |")
     by = {r["setting"][0]: r for r in run if r.get("version", r["commit"]) == r["commit"]}
     ratios = []
-    for num, den in (("c", "a"), ("c", "r"), ("t", "c"), ("t", "s")):
+    for num, den in (("c", "a"), ("c", "r"), ("t", "c"), ("t", "s"), ("u", "c"), ("u", "b")):
         if num in by and den in by:
             ratios.append(f"{num}/{den} = " + slashed([x / y for x, y in zip(by[num]["samples_per_s"],
                                                                           by[den]["samples_per_s"])], "{:.2f}"))
     if ratios:
         out += ["", f"{' and '.join(ratios)} (epoch 1 / 2); {run[0]['files']:,} files, "
                     f"{run[0]['delay_ms']:g} ms per operation ({run[0]['probe']})."]
+    if "u" in by and "c" in by and "backend_requests_per_sample_per_epoch" in by["u"]:
+        u, c = (by[k]["backend_requests_per_sample_per_epoch"] for k in "uc")
+        out += ["", f"Backend requests per sample, epoch 1 / 2: u {slashed(u, '{:.3f}')}, c "
+                    f"{slashed(c, '{:.3f}')} (u/c {slashed([x / max(y, 1e-9) for x, y in zip(u, c)], '{:.2f}')})."]
     if "t" in by and "index_s" in by["t"]:
         t = by["t"]
         out += ["", f"Indexing the tar shards in place (t): {t['index_s']:.1f} s, {t['index_mb_per_s']:,.0f} "
@@ -567,7 +571,8 @@ TABLES = {"mount": (mount, "bench_mount.jsonl"), "pack": (pack_table, "bench_pac
           "pack-inplace": (pack_table, "bench_pack_inplace.jsonl"), "unbiased": (unbiased, "bench_unbiased.jsonl"), "memory": (memory, "bench_memory.jsonl"), "hammer": (hammer, "bench_hammer.jsonl"),
           "commit": (commit, "bench_commit.jsonl"), "scale": (scale, "bench_scale.jsonl"), "scale-drop": (scale_drop, "bench_scale.jsonl"),
           "scale-epochs": (scale_epochs, "bench_scale.jsonl"), "uring": (uring, "bench_uring.jsonl"), "order": (order, "bench_order.jsonl"),
-          "inplace": (order, "bench_order_inplace.jsonl"), "ranks": (ranks, "bench_ranks.jsonl"),
+          "inplace": (order, "bench_order_inplace.jsonl"),
+          "order-run": (order, "bench_order_run.jsonl"), "ranks": (ranks, "bench_ranks.jsonl"),
           "clients": (clients, "bench_clients.jsonl"), "faults": (faults, "faults.jsonl"),
           "soak": (soak, "soak.jsonl"), "gpu-node": (gpu_node, "gpu-node.jsonl"), "gpu-hybrid": (gpu_hybrid, "gpu-node.jsonl"),
           "gpu-swap": (gpu_swap, "gpu-node.jsonl"), "gpu-importance": (gpu_importance, "gpu-node.jsonl"),

@@ -92,7 +92,10 @@ def main():
                             persistent_workers=False)
         t0, cpu0, (busy0, idle0) = time.perf_counter(), cpu_seconds(), cpu_times()
         count, nbytes, tensor_sum = 0, 0, 0.0
-        first_stats = None
+        first_stats = start_stats = None
+        if os.path.exists(stats_path):
+            with open(stats_path) as f:
+                start_stats = json.load(f)
         for batch in loader:
             if first_stats is None and os.path.exists(stats_path):
                 with open(stats_path) as f:
@@ -114,6 +117,7 @@ def main():
         if first_stats is not None:
             with open(stats_path) as f:
                 ep["stats_first_batch"], ep["stats_end"] = first_stats, json.load(f)
+            ep["stats_start"] = start_stats
         out["epochs"].append(ep)
     if not a.decode and not a.no_digests:  # per-file digests, in ImageFolder's own order, for byte checks
         for path, label in ds.samples:
