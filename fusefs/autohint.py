@@ -168,7 +168,7 @@ class _Told:
     def __init__(self, target: _Target, index: np.ndarray, ends: np.ndarray | None, epoch: int, rank: int):
         self.target, self.index, self.ends, self.epoch, self.rank = target, index, ends, epoch, rank
         self.epoch_iter = None  # (weak: the _Epoch whose order this is)
-        live = _live.setdefault(rank, [])
+        live = _live.setdefault((target.mount, rank), [])
         live[:] = [ref for ref in live if ref() is not None]  # (epochs left unfinished and gone)
         live.append(weakref.ref(self))
 
@@ -181,7 +181,7 @@ class _Told:
         return pos if self.ends is None else int(self.ends[pos - 1]) if pos else 0
 
     def ended(self) -> None:
-        live = _live.get(self.rank, [])
+        live = _live.get((self.target.mount, self.rank), [])
         live[:] = [ref for ref in live if ref() is not None and ref() is not self]
         if not live:
             return
@@ -196,7 +196,7 @@ class _Told:
                                               f"{type(e).__name__}: {e}")
 
 
-_live: dict[int, list] = {}  # rank slot -> the orders told whose epochs go on, latest last
+_live: dict[tuple, list] = {}  # (mount, rank slot) -> the orders told whose epochs go on, latest last
 
 
 class _StatefulEpoch(_Epoch):

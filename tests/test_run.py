@@ -345,11 +345,11 @@ BETWEEN_STEPS = '''
 import sys, json, torch
 from torch.utils.data import DataLoader, Subset
 from probe import Folder, in_force
-mnt, out = sys.argv[1:3]
+mnt, other = sys.argv[1:3]
 torch.manual_seed(0)
 ds = Folder(mnt)
 train = DataLoader(ds, batch_size=8, shuffle=True)
-check = DataLoader(Subset(ds, range(0, 120, 10)), batch_size=4)
+check = DataLoader(Subset(Folder(other), range(0, 120, 10)), batch_size=4)
 seen, during, after = [], None, None
 for step, ((paths, _), _) in enumerate(train):
     seen += paths
@@ -360,15 +360,20 @@ print(json.dumps({"seen": seen, "during": during, "after": after, "end": in_forc
 '''
 
 
-def test_a_loader_run_between_an_epochs_steps_gives_the_mount_back_the_epochs_rest(mnt, tmp_path):
+def test_a_loader_run_between_an_epochs_steps_gives_the_mount_back_the_epochs_rest(mnt, packed, tmp_path):
     py = script(tmp_path, BETWEEN_STEPS)
-    plain = run([VENV_PY, py, mnt, "-"], hinted=False, cwd=tmp_path)
-    got = json.loads(run([VENV_PY, py, mnt, "-"], hinted=True, cwd=tmp_path).stdout)
+    plain = run([VENV_PY, py, mnt, mnt], hinted=False, cwd=tmp_path)
+    got = json.loads(run([VENV_PY, py, mnt, mnt], hinted=True, cwd=tmp_path).stdout)
     assert got["seen"] == json.loads(plain.stdout)["seen"]
     table = mount_ids(mnt)
     ids = [table[os.fsencode(os.path.relpath(p, mnt))] for p in got["seen"]]
     assert got["after"] == [0, ids[40:]]  # (the five batches handed out before it: not again)
     assert got["end"] == [0, ids[40:]]
+    # a loader over another mount interrupts nothing here: this mount's order stays whole
+    with running_mount(packed[1], tmp_path / "other", "--cache-size", "1MiB"):
+        got = json.loads(run([VENV_PY, py, mnt, str(tmp_path / "other")], hinted=True, cwd=tmp_path).stdout)
+    ids = [table[os.fsencode(os.path.relpath(p, mnt))] for p in got["seen"]]
+    assert got["after"] == got["end"] == [0, ids]
 
 
 ODD_LOADERS = '''
