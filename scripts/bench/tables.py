@@ -127,6 +127,24 @@ def order(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def autohint(rows: list[dict]) -> str:
+    run = last_run(rows, "bench_autohint")
+    if not run:
+        return not_measured("bench_autohint")
+    out = ["| samples | first batch, epoch 1: as it is / under fusefs run | first batch, later epochs | "
+           "process CPU us per sample, epoch 1: as it is / under fusefs run | later epochs | peak RSS | "
+           "commit, date |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in run:
+        p, u = r["median"]["plain"], r["median"]["launcher"]
+        cp, cu = r["epoch_cpu_us_per_sample"]["plain"], r["epoch_cpu_us_per_sample"]["launcher"]
+        later = lambda xs: max(xs[1:]) if len(xs) > 1 else float("nan")
+        out.append(f"| {r['samples']:,} | {p['first_batch_s'][0]:.2f} / {u['first_batch_s'][0]:.2f} s "
+                   f"| {later(p['first_batch_s']):.2f} / {later(u['first_batch_s']):.2f} s "
+                   f"| {cp[0]:.2f} / {cu[0]:.2f} | {later(cp):.2f} / {later(cu):.2f} "
+                   f"| {p['peak_rss_mb']:,.0f} / {u['peak_rss_mb']:,.0f} MB | {where(r)} |")
+    return "\n".join(out)
+
+
 def clients(rows: list[dict]) -> str:
     run = last_run(rows, "bench_clients")
     if not run:
@@ -572,7 +590,7 @@ TABLES = {"mount": (mount, "bench_mount.jsonl"), "pack": (pack_table, "bench_pac
           "commit": (commit, "bench_commit.jsonl"), "scale": (scale, "bench_scale.jsonl"), "scale-drop": (scale_drop, "bench_scale.jsonl"),
           "scale-epochs": (scale_epochs, "bench_scale.jsonl"), "uring": (uring, "bench_uring.jsonl"), "order": (order, "bench_order.jsonl"),
           "inplace": (order, "bench_order_inplace.jsonl"),
-          "order-run": (order, "bench_order_run.jsonl"), "ranks": (ranks, "bench_ranks.jsonl"),
+          "order-run": (order, "bench_order_run.jsonl"), "autohint": (autohint, "bench_autohint.jsonl"), "ranks": (ranks, "bench_ranks.jsonl"),
           "clients": (clients, "bench_clients.jsonl"), "faults": (faults, "faults.jsonl"),
           "soak": (soak, "soak.jsonl"), "gpu-node": (gpu_node, "gpu-node.jsonl"), "gpu-hybrid": (gpu_hybrid, "gpu-node.jsonl"),
           "gpu-swap": (gpu_swap, "gpu-node.jsonl"), "gpu-importance": (gpu_importance, "gpu-node.jsonl"),
