@@ -94,13 +94,12 @@ def _find_target(dataset) -> _Target | None:
         return None
     if not paths:
         return None
-    paths = [os.path.abspath(p) for p in paths]  # (as the loader's workers open them: from here)
-    try:
-        mount = client.find_mount(paths[0])
+    try:  # (relative paths are the working folder's, as the loader's workers open them)
+        mount = client.find_mount(os.path.abspath(paths[0]))
     except (FileNotFoundError, OSError):
         return None  # (not on a fusefs mount: nothing changes)
     try:
-        ids = client.paths_to_ids(paths, mount)
+        ids = client.paths_to_ids(paths)
     except KeyError as e:
         say(("stranger", name), f"a DataLoader over {name} runs unhinted: {e.args[0]}")
         return None

@@ -71,21 +71,39 @@ def mount_stats(mount: str) -> dict:
 
 def paths_to_ids(paths, mount: str | None = None) -> np.ndarray:
     """Mount ids of paths under a fusefs mount (KeyError names a stranger): absolute, or
-    relative to the mount when it is given (else to the working directory)."""
-    if mount is not None:
-        mount = os.path.abspath(mount)
-        paths = [os.path.join(mount, os.fspath(p)) for p in paths]  # (an absolute path stays)
-    paths = [os.path.abspath(os.fspath(p)) for p in paths]
-    mount = mount or os.path.abspath(find_mount(paths[0]))
-    table = mount_ids(mount)
+    relative to the mount when it is given (else to the working directory). A plain path
+    under the mount (no `.`, `..` or `//` in it) costs a slice and a lookup; any other is
+    normalised first."""
+    paths = paths if isinstance(paths, (list, tuple)) else list(paths)
+    if mount is None:
+        if not paths:
+            return np.empty(0, dtype=np.int64)
+        base = os.getcwd()
+        mount = find_mount(os.path.abspath(_text(paths[0])))
+    else:
+        base = mount = os.path.abspath(mount)
+    mount = os.path.abspath(mount)
+    prefix = mount.rstrip("/") + "/"
+    skip = len(prefix)
+    get = mount_ids(mount).get
     out = np.empty(len(paths), dtype=np.int64)
     for k, p in enumerate(paths):
-        rel = os.fsencode(os.path.relpath(p, mount))
-        try:
-            out[k] = table[rel]
-        except KeyError:
-            raise KeyError(f"{p} is not a file of the fusefs mount at {mount}") from None
+        p = _text(p)
+        if p.startswith(prefix) and "/." not in p and "//" not in p:
+            rel = p[skip:]
+        else:
+            p = os.path.abspath(os.path.join(base, p))  # (an absolute path stays)
+            rel = os.path.relpath(p, mount)
+        sid = get(os.fsencode(rel))
+        if sid is None:
+            raise KeyError(f"{p} is not a file of the fusefs mount at {mount}")
+        out[k] = sid
     return out
+
+
+def _text(path) -> str:
+    path = os.fspath(path)
+    return os.fsdecode(path) if isinstance(path, bytes) else path
 
 
 def dataset_paths(dataset, paths=None) -> list[str]:

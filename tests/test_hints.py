@@ -695,6 +695,24 @@ def test_a_dataset_of_paths_relative_to_the_working_folder_gets_its_ids(tricky, 
         assert current.ids.tolist() == [ids[os.fsencode(regular[i])] for i in order]
 
 
+def test_every_spelling_of_a_mounts_file_gives_its_id_and_a_stranger_a_key_error(tricky, tmp_path, monkeypatch):
+    from fusefs.client import paths_to_ids
+    src, dst, files = tricky
+    rel = sorted(k for k in files if "/" in k and not k.endswith("/") and files[k])[0]
+    folder, name = rel.rsplit("/", 1)
+    mnt = str(tmp_path / "mnt")
+    with running_mount(dst, mnt):
+        want = mount_ids(mnt)[os.fsencode(rel)]
+        monkeypatch.chdir(tmp_path)
+        spellings = [os.path.join(mnt, rel), os.fsencode(os.path.join(mnt, rel)), f"{mnt}/{folder}/./{name}",
+                     f"{mnt}//{rel}", f"{mnt}/{rel}/../{name}", os.path.join("mnt", rel)]
+        assert paths_to_ids(spellings).tolist() == [want] * len(spellings)
+        assert paths_to_ids([rel, "./" + rel], mnt).tolist() == [want, want]  # (relative to the mount)
+        for stranger in (os.path.join(mnt, rel + "x"), os.path.join(mnt, folder), str(tmp_path / rel)):
+            with pytest.raises(KeyError, match="is not a file of the fusefs mount"):
+                paths_to_ids([os.path.join(mnt, rel), stranger])
+
+
 def test_another_data_set_mounted_at_the_same_path_gets_its_own_ids(tmp_path):
     """The client's id table belongs to one mount: a data set of other names mounted later
     at the same path takes an order by paths with its own ids (a stale table gave the
