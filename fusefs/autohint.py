@@ -77,8 +77,9 @@ def _target(dataset) -> _Target | None:
                 target is None or len(target.ids) == len(dataset)):
             return target
     target = _find_target(dataset)
-    try:
-        ref = weakref.ref(dataset)
+    try:  # (the entry goes with its dataset: one made per epoch leaves nothing behind)
+        ref = weakref.ref(dataset, lambda gone, key=key: _targets.get(key, (None,))[0] is gone
+                          and _targets.pop(key))
     except TypeError:
         ref = dataset
     _targets[key] = (ref, target)

@@ -459,3 +459,27 @@ def test_run_without_a_command_or_with_an_unknown_one_says_so():
     for args, why in (([], "no command given"), (["--", "no-such-command-here"], "no such command")):
         r = subprocess.run([FUSEFS, "run", *args], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and why in r.stderr, r.stderr
+
+
+def test_what_the_hinting_keeps_of_a_dataset_goes_with_it(tmp_path):
+    """A script that makes a dataset per epoch leaves nothing behind it in the hinting."""
+    import gc
+    from fusefs import autohint
+
+    class Files:
+        def __init__(self, n):
+            self.samples = [(str(tmp_path / f"{i}.jpg"), 0) for i in range(n)]
+
+        def __len__(self):
+            return len(self.samples)
+
+    before = len(autohint._targets)
+    kept = Files(3)
+    for n in range(50):
+        assert autohint._target(Files(n + 1)) is None  # (not on a mount)
+        assert autohint._target(kept) is None
+    gc.collect()
+    assert len(autohint._targets) == before + 1
+    del kept
+    gc.collect()
+    assert len(autohint._targets) == before
