@@ -19,8 +19,8 @@ yielded before; one that yields past its length goes on lazily past the order.
 The order is written before the loader dispatches the epoch's first index, so before the
 epoch's first read, in the slot of this process's rank (LOCAL_RANK). A loader that runs
 between an epoch's steps in the same process (a validation every N steps) has its own order
-told in that slot while it runs; when it ends, the rest of the interrupted epoch (what its
-loader has not yet handed out) is told again. A resumed StatefulDataLoader (torchdata)
+told in that slot while it runs; when the interrupted epoch goes on after it has ended, the
+rest of that epoch (what its loader has not yet handed out) is told again (_Told). A resumed StatefulDataLoader (torchdata)
 fast-forwards its sampler before the first call: its order is the rest of the epoch. Its
 snapshots of the sampler iterator's state are what that iterator said at that position.
 
@@ -131,7 +131,7 @@ class _Epoch:
     """An epoch's indices (or batches), taken from the loader's sampler iterator at its first
     call: handed out in order, then the sampler's exception if it raised one, then the rest
     of the sampler iterator (past the epoch's length, if it goes on). `order`: what the mount
-    was told (None: nothing); when the epoch ends, the order it interrupted is told again."""
+    was told (None: nothing)."""
 
     def __init__(self, taken: list, rest, error: Exception | None, order: _Told | None = None):
         self.taken, self.pos, self.rest, self.error, self.order = taken, 0, rest, error, order
@@ -141,6 +141,9 @@ class _Epoch:
 
     def __next__(self):
         pos = self.pos
+        order = self.order
+        if order is not None and order.displaced_by is not None:
+            order.resume(pos)
         if pos < len(self.taken):
             self.pos = pos + 1
             return self.taken[pos]
@@ -152,51 +155,49 @@ class _Epoch:
                 raise StopIteration
             item = next(self.rest)
         except StopIteration:
-            if self.order is not None:
-                self.order, order = None, self.order
-                order.ended()
+            if order is not None:
+                order.finished = True
             raise
         self.pos = pos + 1
         return item
 
 
 class _Told:
-    """An epoch's order as the mount was told it: while the epoch goes on, a later loader's
-    order in the same rank's slot (a validation between steps) replaces it; when that one
-    ends, the rest of this one (what its loader has not yet handed out) is told again."""
+    """An epoch's order as the mount was told it. A later loader's epoch over the same mount
+    in the same rank's slot (a validation between two steps) displaces it; when this epoch
+    goes on after that one has ended, the rest of this one (what its loader has not yet
+    handed out) is told again. An epoch that displaced it and has not ended (two loaders
+    read in turn, or one left unfinished) leaves the slot as it is: no order is told per step."""
 
     def __init__(self, target: _Target, index: np.ndarray, ends: np.ndarray | None, epoch: int, rank: int):
         self.target, self.index, self.ends, self.epoch, self.rank = target, index, ends, epoch, rank
-        self.epoch_iter = None  # (weak: the _Epoch whose order this is)
-        live = _live.setdefault((target.mount, rank), [])
-        live[:] = [ref for ref in live if ref() is not None]  # (epochs left unfinished and gone)
-        live.append(weakref.ref(self))
+        self.finished, self.displaced_by = False, None
+        slot = (target.mount, rank)
+        before = _current.get(slot)
+        before = before() if before is not None else None
+        if before is not None and not before.finished:
+            before.displaced_by = weakref.ref(self)
+        _current[slot] = weakref.ref(self)
 
-    def handed_out(self) -> int:
-        """Samples the epoch's loader has taken so far."""
-        it = self.epoch_iter() if self.epoch_iter is not None else None
-        if it is None:
-            return len(self.index)
-        pos = min(it.pos, len(it.taken))
-        return pos if self.ends is None else int(self.ends[pos - 1]) if pos else 0
-
-    def ended(self) -> None:
-        live = _live.get((self.target.mount, self.rank), [])
-        live[:] = [ref for ref in live if ref() is not None and ref() is not self]
-        if not live:
+    def resume(self, pos: int) -> None:
+        """This epoch goes on with its pos-th item: tell the mount its rest again if what
+        displaced it has ended."""
+        by = self.displaced_by()
+        if by is not None and not by.finished:
             return
-        earlier = live[-1]()
+        self.displaced_by = None
+        _current[(self.target.mount, self.rank)] = weakref.ref(self)
+        done = pos if self.ends is None else int(self.ends[pos - 1]) if pos else 0
         try:
-            rest = earlier.index[earlier.handed_out():]
-            if len(rest) and earlier.target.mount not in _denied:
-                client.write_order(earlier.target.mount, earlier.target.ids[rest], epoch=earlier.epoch,
-                                   rank=self.rank)
+            rest = self.index[done:]
+            if len(rest) and self.target.mount not in _denied:
+                client.write_order(self.target.mount, self.target.ids[rest], epoch=self.epoch, rank=self.rank)
         except Exception as e:
             say(("failed", type(e).__name__), f"an interrupted epoch's order was not told again: "
                                               f"{type(e).__name__}: {e}")
 
 
-_live: dict[tuple, list] = {}  # (mount, rank slot) -> the orders told whose epochs go on, latest last
+_current: dict[tuple, weakref.ref] = {}  # (mount, rank slot) -> the order told last there
 
 
 class _StatefulEpoch(_Epoch):
@@ -256,12 +257,8 @@ def begin_epoch(loader_iter, sampler_iter):
                                           f"{type(e).__name__}: {e}")
         order = None
     if stateful:
-        epoch = _StatefulEpoch(taken, rest, error, order, sampler_iter, states)
-    else:
-        epoch = _Epoch(taken, rest, error, order)
-    if order is not None:
-        order.epoch_iter = weakref.ref(epoch)
-    return epoch
+        return _StatefulEpoch(taken, rest, error, order, sampler_iter, states)
+    return _Epoch(taken, rest, error, order)
 
 
 def _epoch_target(loader_iter) -> _Target | None:

@@ -348,6 +348,8 @@ from probe import Folder, in_force
 mnt, other = sys.argv[1:3]
 torch.manual_seed(0)
 ds = Folder(mnt)
+sanity = iter(DataLoader(Subset(ds, range(0, 120, 3)), batch_size=4))
+next(sanity)  # (a loader left unfinished, still held, as a sanity check before training)
 train = DataLoader(ds, batch_size=8, shuffle=True)
 check = DataLoader(Subset(Folder(other), range(0, 120, 10)), batch_size=4)
 seen, during, after = [], None, None
@@ -367,13 +369,37 @@ def test_a_loader_run_between_an_epochs_steps_gives_the_mount_back_the_epochs_re
     assert got["seen"] == json.loads(plain.stdout)["seen"]
     table = mount_ids(mnt)
     ids = [table[os.fsencode(os.path.relpath(p, mnt))] for p in got["seen"]]
-    assert got["after"] == [0, ids[40:]]  # (the five batches handed out before it: not again)
+    checked = [table[os.fsencode(os.path.relpath(p, mnt))] for batch in got["during"] for p in batch]
+    assert len(checked) == 12 and got["after"] == [0, checked]  # (the validation's, while it ran)
+    # the epoch went on: its rest told again (the five batches handed out before: not again),
+    # and not the rest of the loader left unfinished before it
     assert got["end"] == [0, ids[40:]]
     # a loader over another mount interrupts nothing here: this mount's order stays whole
     with running_mount(packed[1], tmp_path / "other", "--cache-size", "1MiB"):
         got = json.loads(run([VENV_PY, py, mnt, str(tmp_path / "other")], hinted=True, cwd=tmp_path).stdout)
     ids = [table[os.fsencode(os.path.relpath(p, mnt))] for p in got["seen"]]
     assert got["after"] == got["end"] == [0, ids]
+
+
+ZIPPED = '''
+import json, os, sys, torch
+from torch.utils.data import DataLoader
+from probe import Folder
+mnt = sys.argv[1]
+stats = lambda: json.load(open(os.path.join(mnt, ".fusefs", "stats")))["orders_accepted"]
+torch.manual_seed(0)
+before = stats()
+a = DataLoader(Folder(mnt), batch_size=8, shuffle=True)
+b = DataLoader(Folder(mnt), batch_size=8, shuffle=True)
+steps = sum(1 for _ in zip(a, b))
+print(json.dumps({"steps": steps, "orders": stats() - before}))
+'''
+
+
+def test_two_loaders_read_in_turn_tell_the_mount_an_order_per_epoch_not_per_step(mnt, tmp_path):
+    py = script(tmp_path, ZIPPED)
+    got = json.loads(run([VENV_PY, py, mnt], hinted=True, cwd=tmp_path).stdout)
+    assert got == {"steps": 15, "orders": 2}
 
 
 ODD_LOADERS = '''
