@@ -534,19 +534,21 @@ def hotpath(rows: list[dict]) -> str:
     peers = {r["regime"]: r for r in run if r["regime"].startswith("minimal")}
     peer_of = {"kernel": "kernel", "kernel_paced": "paced", "daemon": "read"}
     cpu = lambda r: f"{r['daemon_cpu_us_per_sample']:.1f}" if r else ""
-    out = ["| regime | fusefs (loop / other threads) | its rounds | `--no-fast-path` | minimal pyfuse3 daemon | "
-           "minimal C daemon | samples | commit, date |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out = ["| regime | fusefs (loop / other threads) | its user CPU (loop + threads) | its rounds | "
+           "`--no-fast-path` | minimal pyfuse3 daemon | minimal C daemon | samples | commit, date |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in plain:
         name = r["regime"]
-        split = ""
+        split, user = "", "-"
         if "loop_cpu_us_per_sample" in r:
             split = f" ({sum(r['loop_cpu_us_per_sample'])} / {sum(r['threads_cpu_us_per_sample'])})"
+            user = f"{r['loop_cpu_us_per_sample'][0] + r['threads_cpu_us_per_sample'][0]}"
         peer = peer_of.get(name)
         py = peers.get(f"minimal_{peer}") if peer else None
         c = peers.get(f"minimal_c_{peer}") if peer else None
         rounds = slashed(r["cpu_us_per_sample_all_rounds"], "{:.1f}")
-        out.append(f"| `{name}` | {cpu(r)}{split} | {rounds} | {cpu(slow.get(name))} | {cpu(py)} | {cpu(c)} "
-                   f"| {r['samples']:,} | {where(r)} |")
+        out.append(f"| `{name}` | {cpu(r)}{split} | {user} | {rounds} | {cpu(slow.get(name))} | {cpu(py)} "
+                   f"| {cpu(c)} | {r['samples']:,} | {where(r)} |")
     return "\n".join(out)
 
 
