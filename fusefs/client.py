@@ -79,10 +79,9 @@ def paths_to_ids(paths, mount: str | None = None) -> np.ndarray:
         if not paths:
             return np.empty(0, dtype=np.int64)
         base = os.getcwd()
-        mount = find_mount(os.path.abspath(_text(paths[0])))
+        mount = os.path.abspath(find_mount(os.path.abspath(_text(paths[0]))))
     else:
         base = mount = os.path.abspath(mount)
-    mount = os.path.abspath(mount)
     prefix = mount.rstrip("/") + "/"
     skip = len(prefix)
     get = mount_ids(mount).get

@@ -118,16 +118,15 @@ class HintedSampler(DistributedSampler):
                             "paths=function of the index)") from None
         self.n = len(self.paths)
         self.write = write and bool(self.paths)
-        named = self.paths  # (relative to the mount if one is given, else to the working folder)
+        given = mount  # (paths are relative to it if given, else to the working folder)
         if self.write and mount is None:
-            named = [os.path.abspath(p) for p in self.paths]
             try:
-                mount = find_mount(named[0])
+                mount = find_mount(os.path.abspath(self.paths[0]))
             except FileNotFoundError:
                 _warn_not_a_mount(self.paths[0])
                 self.write = False
         self.mount = mount if self.write else None
-        self.ids = paths_to_ids(named, self.mount) if self.write else None
+        self.ids = paths_to_ids(self.paths, given) if self.write else None
         pg = _process_group()  # (as DistributedSampler: the process group's, unless given)
         if pg is not None:
             num_replicas = pg[0] if num_replicas is None else num_replicas

@@ -119,17 +119,14 @@ class ImportanceSampler(Sampler):
         self.warmup = tracker.window if warmup is None else warmup
         self.every, self.seed, self.local_rank = max(1, every), seed, local_rank
         self.write = write and self.n > 0
-        named = self.paths  # (relative to the mount if one is given, else to the working folder)
-        if self.write:
-            if mount is None:
-                named = [os.path.abspath(p) for p in self.paths]
+        if self.write:  # (paths are relative to mount if given, else to the working folder)
             try:
-                self.mount = mount or find_mount(named[0])
+                self.mount = mount or find_mount(os.path.abspath(self.paths[0]))
             except FileNotFoundError:
                 self.write, self.mount = False, None
         else:
             self.mount = None
-        self.ids = paths_to_ids(named, self.mount) if self.write else None
+        self.ids = paths_to_ids(self.paths, mount) if self.write else None
         self.epoch = 0
         self.fluctuating = np.zeros(self.n, dtype=bool)
         self.split_epoch = -1  # epoch of the last split (-1: none yet)
