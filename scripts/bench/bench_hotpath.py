@@ -215,6 +215,9 @@ def thread_cpu(pid: int) -> dict:
             "switches": switches, "minflt": minflt}
 
 
+USER_RATIO_MIN_S = 0.2  # (20 of the threads' clock ticks of 10 ms)
+
+
 def user_cpu(r: dict) -> float | None:
     """The daemon's user CPU us per sample, the event loop's plus the other threads': the
     part that runs Python and holds the GIL, or runs beside it in C (system time is the
@@ -461,7 +464,9 @@ def run(a, n, src, dst, mnt, versions, emit) -> None:
                     ref = [x["daemon_cpu_us_per_sample"] for x in trials[(name, names[0])]]
                     r["cpu_ratio_by_round"] = [round(x / y, 3) for x, y in zip(cpu, ref)]
                     ref_user = [user_cpu(x) for x in trials[(name, names[0])]]
-                    if None not in user and None not in ref_user:
+                    # (a ratio only where each round's user time is 20 clock ticks or more: 5%)
+                    if None not in user and None not in ref_user and \
+                            min(user + ref_user) * r["samples"] / 1e6 >= USER_RATIO_MIN_S:
                         r["user_cpu_ratio_by_round"] = [round(x / max(y, 1e-9), 3) for x, y in zip(user, ref_user)]
                     r["ratio_to"] = names[0]
             emit(r)
