@@ -44,6 +44,18 @@
  * when the read is answered, not when fusefs applies the event: a push of the sample that
  * ends after the read (it waits for the pages the read holds) must not make it look lost.
  *
+ * A read of a sample that is not held but that a fetch's worker thread is to hold (fusefs
+ * marks such samples as their batch starts: fusefs_fast_expect) waits here (parked: the
+ * request is kept, with the fd it came from) instead of going to the loop. The hold of the
+ * sample's bytes (fusefs_fast_hold, from that worker thread) takes the reads that wait for
+ * it, and its caller answers them without the GIL (fusefs_fast_answer_parked), each as a
+ * read of a held sample (its event, then its reply on its fd); a hold of NULL (the fetch
+ * failed, or fusefs does not keep the sample) hands them to the loop as they came. The
+ * `expected` byte of a sample is written under held_lock's write lock and a read parks under
+ * its read lock, so a hold either sees a read parked or the read sees the sample held. An
+ * interrupt of a parked read answers it EINTR (as the loop answers an interrupted read).
+ * Parked reads are bounded by the kernel's requests outstanding.
+ *
  * A lookup of a dataset file's name (a file, not a folder, in one of the dataset's folders)
  * is answered here too, as fusefs's Core.lookup would, from the tree fusefs hands over
  * before the thread starts (fusefs_fast_tree: per folder its run of files, sorted by name;
@@ -131,6 +143,18 @@ typedef struct fusefs_req {
     char data[];
 } fusefs_req;
 
+/* a read of an expected sample (fusefs_fast_expect) that waits for a fetch thread's hold */
+typedef struct fusefs_parked {
+    struct fusefs_parked *next;
+    int fd;          /* the fd it was read from: its answer goes there */
+    uint64_t sid;
+    size_t len;
+    char data[];     /* the request */
+} fusefs_parked;
+
+#define FUSEFS_EXPECTED 1  /* expected[sid]: a fetch thread will hold the sample, or let it go */
+#define FUSEFS_WAITED 2    /* ... and a read of it waits (is parked) */
+
 /* unique -> fd, for the requests a thread read from a cloned fd and handed to the loop:
  * open addressing, linear probing, backward-shift deletion; grows when half full */
 typedef struct {
@@ -183,6 +207,13 @@ static struct {
      * read without a lock: a byte, and a stale value is what a read racing a push sees) */
     const unsigned char *kernel_flags;
     uint64_t kernel_flags_n;
+    /* sample -> FUSEFS_EXPECTED | FUSEFS_WAITED bits (n_files bytes, with `held`): written
+     * under held_lock's write lock, and WAITED under its read lock with parked_lock */
+    unsigned char *expected;
+    fusefs_parked *parked;  /* the reads that wait for expected samples, under parked_lock */
+    size_t parked_n;
+    pthread_mutex_t parked_lock;
+    unsigned long long reads_parked, parked_forwarded;  /* (atomic) */
     fusefs_tree tree;  /* for lookups (fusefs_fast_tree; the caller keeps it alive) */
     unsigned long long lookups, forgets, interrupts, interrupts_forwarded;  /* (atomic) */
     uint64_t answered[FUSEFS_ANSWERED];  /* a ring of the uniques answered here (atomic) */
@@ -190,6 +221,7 @@ static struct {
     uint64_t ev_released, ev_read, ev_read_end, ev_read_lost;  /* the events' bits */
     fusefs_routes routes;
 } fusefs_fast = {0, -1, -1, -1, -1, .lock = PTHREAD_MUTEX_INITIALIZER,
+                 .parked_lock = PTHREAD_MUTEX_INITIALIZER,
                  .routes = {.lock = PTHREAD_MUTEX_INITIALIZER}};
 
 static __thread int fusefs_tfd = -1;  /* the fd this thread reads (-1: not a fast path thread) */
@@ -209,7 +241,8 @@ static void fusefs_unkick(int fd) {
     (void) r;
 }
 
-static void fusefs_reply(uint64_t unique, int err, const void *arg, size_t len) {
+/* the reply to request `unique`, written to fd (the one the request was read from) */
+static void fusefs_reply_on(int fd, uint64_t unique, int err, const void *arg, size_t len) {
     struct fuse_out_header out;
     struct iovec iov[2];
     out.len = (uint32_t) (sizeof out + len);
@@ -220,11 +253,20 @@ static void fusefs_reply(uint64_t unique, int err, const void *arg, size_t len) 
     iov[1].iov_base = (void *) arg;
     iov[1].iov_len = len;
     /* (ENOENT: the request was interrupted and the kernel no longer waits for it) */
-    ssize_t r = writev(fusefs_tfd >= 0 ? fusefs_tfd : fusefs_fast.fd, iov, len ? 2 : 1);
+    ssize_t r = writev(fd, iov, len ? 2 : 1);
     (void) r;
     __atomic_add_fetch(&fusefs_fast.answered_by[fusefs_tno], 1, __ATOMIC_RELAXED);
     unsigned long long i = __atomic_fetch_add(&fusefs_fast.answered_n, 1, __ATOMIC_RELAXED);
     __atomic_store_n(&fusefs_fast.answered[i % FUSEFS_ANSWERED], unique, __ATOMIC_RELAXED);
+}
+
+/* the fd this thread answers on: its own, or (not a fast path thread) the session's */
+static int fusefs_own_fd(void) {
+    return fusefs_tfd >= 0 ? fusefs_tfd : fusefs_fast.fd;
+}
+
+static void fusefs_reply(uint64_t unique, int err, const void *arg, size_t len) {
+    fusefs_reply_on(fusefs_own_fd(), unique, err, arg, len);
 }
 
 /* whether the request `unique` was among those answered here last */
@@ -443,25 +485,25 @@ static const struct fuse_custom_io *fusefs_fast_io(void) {
     return fusefs_fast.nthreads > 1 ? &fusefs_io : NULL;
 }
 
-/* a request for pyfuse3's loop */
-static void fusefs_forward(const char *data, size_t len) {
+/* a request for pyfuse3's loop, read from fd (its reply goes there) */
+static void fusefs_forward_from(int fd, const char *data, size_t len) {
     fusefs_req *r = (fusefs_req *) malloc(sizeof *r + len);
     if (r == NULL) {  /* the kernel waits for an answer: tell it */
-        fusefs_reply(((const struct fuse_in_header *) data)->unique, ENOMEM, NULL, 0);
+        fusefs_reply_on(fd, ((const struct fuse_in_header *) data)->unique, ENOMEM, NULL, 0);
         return;
     }
     r->next = NULL;
     r->len = len;
     memcpy(r->data, data, len);
     const struct fuse_in_header *h = (const struct fuse_in_header *) data;
-    if (fusefs_tfd >= 0 && fusefs_tfd != fusefs_fast.fd && h->opcode != FUSE_INTERRUPT) {
+    if (fd != fusefs_fast.fd && h->opcode != FUSE_INTERRUPT) {
         /* (read from a cloned fd: the loop's reply goes there) */
         pthread_mutex_lock(&fusefs_fast.routes.lock);
-        int err = fusefs_route_put_locked(&fusefs_fast.routes, h->unique, fusefs_tfd);
+        int err = fusefs_route_put_locked(&fusefs_fast.routes, h->unique, fd);
         pthread_mutex_unlock(&fusefs_fast.routes.lock);
         if (err) {
             free(r);
-            fusefs_reply(h->unique, err, NULL, 0);
+            fusefs_reply_on(fd, h->unique, err, NULL, 0);
             return;
         }
     }
@@ -474,6 +516,98 @@ static void fusefs_forward(const char *data, size_t len) {
     }
     fusefs_fast.tail = r;
     pthread_mutex_unlock(&fusefs_fast.lock);
+}
+
+static void fusefs_forward(const char *data, size_t len) {
+    fusefs_forward_from(fusefs_own_fd(), data, len);
+}
+
+/* Answer the read `in` (request unique, read from fd) of sample sid from its n bytes at buf:
+ * its event first (as an open's: the release may come at once, on another thread). */
+static void fusefs_read_reply(int fd, uint64_t unique, uint64_t sid, const struct fuse_read_in *in,
+                              const char *buf, uint64_t n) {
+    uint64_t off = in->offset < n ? in->offset : n;
+    uint64_t k = n - off < in->size ? n - off : in->size;
+    int lost = fusefs_kernel_holds(sid);
+    fusefs_event(fusefs_fast.ev_read | sid | (lost ? fusefs_fast.ev_read_lost : 0)
+                 | (in->offset < n && in->offset + in->size >= n ? fusefs_fast.ev_read_end : 0),
+                 lost ? FUSEFS_EV_NOW : FUSEFS_EV_IDLE);
+    fusefs_reply_on(fd, unique, 0, buf + off, (size_t) k);
+    __atomic_add_fetch(&fusefs_fast.reads, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&fusefs_fast.read_bytes, k, __ATOMIC_RELAXED);
+}
+
+/* (under held_lock's read lock) A read of sample sid, which is not held: if a fetch thread
+ * is to hold it (FUSEFS_EXPECTED), the read waits here for that hold (fusefs_fast_hold
+ * answers it, or hands it to the loop where the fetch fails), 1; else 0 (the loop's). */
+static int fusefs_park(const char *data, size_t len, uint64_t sid) {
+    if (fusefs_fast.expected == NULL
+            || !(__atomic_load_n(&fusefs_fast.expected[sid], __ATOMIC_RELAXED) & FUSEFS_EXPECTED))
+        return 0;
+    fusefs_parked *p = (fusefs_parked *) malloc(sizeof *p + len);
+    if (p == NULL)
+        return 0;
+    p->fd = fusefs_own_fd();
+    p->sid = sid;
+    p->len = len;
+    memcpy(p->data, data, len);
+    pthread_mutex_lock(&fusefs_fast.parked_lock);
+    p->next = fusefs_fast.parked;
+    fusefs_fast.parked = p;
+    fusefs_fast.parked_n++;
+    __atomic_or_fetch(&fusefs_fast.expected[sid], FUSEFS_WAITED, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&fusefs_fast.parked_lock);
+    __atomic_add_fetch(&fusefs_fast.reads_parked, 1, __ATOMIC_RELAXED);
+    return 1;
+}
+
+/* The parked reads that match: those of sample sid (unique 0), or the one of request
+ * `unique`; taken off the list. */
+static fusefs_parked *fusefs_unpark(uint64_t sid, uint64_t unique) {
+    fusefs_parked *out = NULL;
+    pthread_mutex_lock(&fusefs_fast.parked_lock);
+    fusefs_parked **pp = &fusefs_fast.parked;
+    while (*pp) {
+        fusefs_parked *p = *pp;
+        if (unique ? ((const struct fuse_in_header *) p->data)->unique == unique : p->sid == sid) {
+            *pp = p->next;
+            p->next = out;
+            out = p;
+            fusefs_fast.parked_n--;
+        } else {
+            pp = &p->next;
+        }
+    }
+    pthread_mutex_unlock(&fusefs_fast.parked_lock);
+    return out;
+}
+
+/* (any thread, no GIL needed) Answer the parked reads w from the n bytes at buf, or, with
+ * buf NULL, hand them to the loop; free them. */
+static void fusefs_fast_answer_parked(fusefs_parked *w, const char *buf, uint64_t n) {
+    while (w) {
+        fusefs_parked *next = w->next;
+        const struct fuse_in_header *h = (const struct fuse_in_header *) w->data;
+        if (buf != NULL) {
+            fusefs_read_reply(w->fd, h->unique, w->sid, (const struct fuse_read_in *) (h + 1), buf, n);
+        } else {
+            fusefs_forward_from(w->fd, w->data, w->len);
+            __atomic_add_fetch(&fusefs_fast.parked_forwarded, 1, __ATOMIC_RELAXED);
+        }
+        free(w);
+        w = next;
+    }
+}
+
+static void fusefs_free_parked(void) {
+    fusefs_parked *p = fusefs_fast.parked;
+    while (p) {
+        fusefs_parked *next = p->next;
+        free(p);
+        p = next;
+    }
+    fusefs_fast.parked = NULL;
+    fusefs_fast.parked_n = 0;
 }
 
 /* file sid's name against name (n bytes), as Python compares bytes */
@@ -553,25 +687,17 @@ static int fusefs_answer(const char *data, size_t len) {
             return 0;
         pthread_rwlock_rdlock(&fusefs_fast.held_lock);
         PyObject *o = fusefs_fast.held[sid];
-        if (o == NULL) {
+        if (o == NULL) {  /* (a sample being fetched: its read waits here) */
+            int parked = fusefs_park(data, len, sid);
             pthread_rwlock_unlock(&fusefs_fast.held_lock);
-            return 0;
+            return parked;
         }
         /* (before the unlock: a hold that takes o out of the table then sees it copied) */
         __atomic_store_n(&fusefs_fast.copying[fusefs_tno], o, __ATOMIC_RELAXED);
         pthread_rwlock_unlock(&fusefs_fast.held_lock);
-        uint64_t n = (uint64_t) PyBytes_GET_SIZE(o);
-        uint64_t off = in->offset < n ? in->offset : n;
-        uint64_t k = n - off < in->size ? n - off : in->size;
-        int lost = fusefs_kernel_holds(sid);
-        /* (the event before the reply, as an open's) */
-        fusefs_event(fusefs_fast.ev_read | sid | (lost ? fusefs_fast.ev_read_lost : 0)
-                     | (in->offset < n && in->offset + in->size >= n ? fusefs_fast.ev_read_end : 0),
-                     lost ? FUSEFS_EV_NOW : FUSEFS_EV_IDLE);
-        fusefs_reply(h->unique, 0, PyBytes_AS_STRING(o) + off, (size_t) k);
+        fusefs_read_reply(fusefs_own_fd(), h->unique, sid, in, PyBytes_AS_STRING(o),
+                          (uint64_t) PyBytes_GET_SIZE(o));
         __atomic_store_n(&fusefs_fast.copying[fusefs_tno], NULL, __ATOMIC_RELEASE);
-        __atomic_add_fetch(&fusefs_fast.reads, 1, __ATOMIC_RELAXED);
-        __atomic_add_fetch(&fusefs_fast.read_bytes, k, __ATOMIC_RELAXED);
         return 1;
     }
     case FUSE_LOOKUP: {
@@ -622,6 +748,14 @@ static int fusefs_answer(const char *data, size_t len) {
     }
     case FUSE_INTERRUPT: {  /* answered by nothing; to the loop unless its request was answered here */
         const struct fuse_interrupt_in *in = (const struct fuse_interrupt_in *) (h + 1);
+        fusefs_parked *p = len < sizeof *h + sizeof *in || !in->unique
+            || !__atomic_load_n(&fusefs_fast.parked_n, __ATOMIC_RELAXED) ? NULL : fusefs_unpark(0, in->unique);
+        if (p != NULL) {  /* (a read parked here: EINTR, as the loop answers an interrupted read) */
+            fusefs_reply_on(p->fd, in->unique, EINTR, NULL, 0);
+            free(p);
+            __atomic_add_fetch(&fusefs_fast.interrupts, 1, __ATOMIC_RELAXED);
+            return 1;
+        }
         if (len < sizeof *h + sizeof *in || !fusefs_was_answered(in->unique)) {
             __atomic_add_fetch(&fusefs_fast.interrupts_forwarded, 1, __ATOMIC_RELAXED);
             return 0;
@@ -775,8 +909,17 @@ static int fusefs_fast_configure(int fd, uint64_t file_base, uint64_t n_files, u
         pthread_rwlockattr_destroy(&attr);
         fusefs_fast.held_lock_ready = 1;
     }
+    fusefs_fast.reads_parked = fusefs_fast.parked_forwarded = 0;
     fusefs_fast.held = (PyObject **) calloc(n_files ? n_files : 1, sizeof *fusefs_fast.held);
-    return fusefs_fast.held == NULL ? ENOMEM : 0;
+    fusefs_fast.expected = (unsigned char *) calloc(n_files ? n_files : 1, 1);
+    if (fusefs_fast.held == NULL || fusefs_fast.expected == NULL) {
+        free(fusefs_fast.held);
+        free(fusefs_fast.expected);
+        fusefs_fast.held = NULL;
+        fusefs_fast.expected = NULL;
+        return ENOMEM;
+    }
+    return 0;
 }
 
 static void fusefs_close_clones(void) {
@@ -897,6 +1040,7 @@ static void fusefs_fast_join(void) {
         free(r);
     }
     fusefs_fast.tail = NULL;
+    fusefs_free_parked();  /* (the mount is gone: no one waits for their answers) */
     free(fusefs_fast.ev);
     fusefs_fast.ev = NULL;
     fusefs_fast.ev_n = fusefs_fast.ev_cap = 0;
@@ -956,8 +1100,10 @@ static int fusefs_fast_event_fd(void) {
 }
 
 /* The requests answered here since the start: opens, releases, ioctls, reads; the bytes
- * the reads answered; lookups, forgets, interrupts taken; interrupts handed to the loop. */
-static void fusefs_fast_counts(unsigned long long out[9]) {
+ * the reads answered; lookups, forgets, interrupts taken; interrupts handed to the loop;
+ * reads that waited for a fetch thread's hold (parked), and those of them handed to the
+ * loop (their fetch failed, or the cache did not keep the sample). */
+static void fusefs_fast_counts(unsigned long long out[11]) {
     out[0] = __atomic_load_n(&fusefs_fast.opens, __ATOMIC_RELAXED);
     out[1] = __atomic_load_n(&fusefs_fast.releases, __ATOMIC_RELAXED);
     out[2] = __atomic_load_n(&fusefs_fast.ioctls, __ATOMIC_RELAXED);
@@ -967,6 +1113,8 @@ static void fusefs_fast_counts(unsigned long long out[9]) {
     out[6] = __atomic_load_n(&fusefs_fast.forgets, __ATOMIC_RELAXED);
     out[7] = __atomic_load_n(&fusefs_fast.interrupts, __ATOMIC_RELAXED);
     out[8] = __atomic_load_n(&fusefs_fast.interrupts_forwarded, __ATOMIC_RELAXED);
+    out[9] = __atomic_load_n(&fusefs_fast.reads_parked, __ATOMIC_RELAXED);
+    out[10] = __atomic_load_n(&fusefs_fast.parked_forwarded, __ATOMIC_RELAXED);
 }
 
 /* The requests each thread answered since the start (out: FUSEFS_MAX_THREADS of them); the
@@ -1002,26 +1150,34 @@ static void fusefs_release_dropped(void) {
 /* (with the GIL) Hold o, a bytes object, as sample sid's bytes (NULL: hold none); the
  * table takes a reference to o and drops the one to the object it held before: at once,
  * or, while a thread copies a reply from that object, at a later hold once none does (a
- * hold never waits for a reply: its caller holds the GIL). Does nothing while the thread
- * has no table (not started, or after fusefs_fast_free_held). */
-static void fusefs_fast_hold(uint64_t sid, PyObject *o) {
+ * hold never waits for a reply: its caller holds the GIL). The sample is no longer
+ * expected (fusefs_fast_expect); the reads that waited for it are returned, for the caller
+ * to answer from o, or hand to the loop where o is NULL (fusefs_fast_answer_parked: without
+ * the GIL, o kept alive meanwhile). Does nothing while the thread has no table (not
+ * started, or after fusefs_fast_free_held). */
+static fusefs_parked *fusefs_fast_hold(uint64_t sid, PyObject *o) {
     PyObject *old;
+    fusefs_parked *waiting = NULL;
     if (fusefs_fast.held == NULL || sid >= fusefs_fast.n_files)
-        return;
+        return NULL;
     Py_XINCREF(o);
     if (o != NULL)  /* (a fetch: the read-ahead needs the readers' progress, fusefs_event) */
         __atomic_store_n(&fusefs_fast.filled_ns, fusefs_now_ns(), __ATOMIC_RELAXED);
     pthread_rwlock_wrlock(&fusefs_fast.held_lock);
     old = fusefs_fast.held[sid];
     fusefs_fast.held[sid] = o;
+    unsigned char was = fusefs_fast.expected[sid];
+    fusefs_fast.expected[sid] = 0;
+    if (was & FUSEFS_WAITED)  /* (parked under the read lock: none parks now) */
+        waiting = fusefs_unpark(sid, 0);
     pthread_rwlock_unlock(&fusefs_fast.held_lock);
     if (fusefs_fast.dropped_n)
         fusefs_release_dropped();
     if (old == NULL)
-        return;
+        return waiting;
     if (!fusefs_copying(old)) {  /* (after the lock: a thread that took old marked it) */
         Py_DECREF(old);
-        return;
+        return waiting;
     }
     if (fusefs_fast.dropped_n == fusefs_fast.dropped_cap) {
         size_t cap = fusefs_fast.dropped_cap ? 2 * fusefs_fast.dropped_cap : FUSEFS_MAX_THREADS;
@@ -1030,12 +1186,27 @@ static void fusefs_fast_hold(uint64_t sid, PyObject *o) {
             while (fusefs_copying(old))
                 sched_yield();
             Py_DECREF(old);
-            return;
+            return waiting;
         }
         fusefs_fast.dropped = more;
         fusefs_fast.dropped_cap = cap;
     }
     fusefs_fast.dropped[fusefs_fast.dropped_n++] = old;
+    return waiting;
+}
+
+/* (any thread) Samples sids[n] (out of range ones ignored) are being fetched by a thread
+ * that will hold them (fusefs_fast_hold with their bytes, or NULL where the fetch fails or
+ * they are not kept): until then a read of one waits here (parked) instead of going to the
+ * loop. */
+static void fusefs_fast_expect(const int64_t *sids, size_t n) {
+    if (fusefs_fast.expected == NULL)
+        return;
+    pthread_rwlock_wrlock(&fusefs_fast.held_lock);
+    for (size_t i = 0; i < n; i++)
+        if (sids[i] >= 0 && (uint64_t) sids[i] < fusefs_fast.n_files && fusefs_fast.held[sids[i]] == NULL)
+            fusefs_fast.expected[sids[i]] |= FUSEFS_EXPECTED;
+    pthread_rwlock_unlock(&fusefs_fast.held_lock);
 }
 
 /* (with the GIL, before the thread starts) The kernel flags, n bytes, one per sample: the
@@ -1085,6 +1256,15 @@ static void fusefs_fast_drop_table(void) {
     for (uint64_t i = 0; i < fusefs_fast.n_files; i++)
         Py_XDECREF(held[i]);
     free(held);
+    free(fusefs_fast.expected);
+    fusefs_fast.expected = NULL;
+    fusefs_free_parked();
+    while (fusefs_fast.head) {  /* (what a configured, unstarted fast path handed the loop) */
+        fusefs_req *r = fusefs_fast.head;
+        fusefs_fast.head = r->next;
+        free(r);
+    }
+    fusefs_fast.tail = NULL;
     memset(fusefs_fast.copying, 0, sizeof fusefs_fast.copying);
     fusefs_release_dropped();  /* (no thread runs: every one) */
     free(fusefs_fast.dropped);

@@ -57,9 +57,10 @@ class Arrivals:
     def handling(self, sids: list[int], missed=()) -> dict:
         """For a batch of sids about to start (missed: the samples readers missed, a set),
         what its worker thread does with them (Fetcher.submit's push, unpushed, serve,
-        served). With the fast path, those the cache has room reserved for (the
+        served, expect). With the fast path, those the cache has room reserved for (the
         read-ahead's) are handed to the fast path in the thread (Holders.serve_early: their
-        readers are answered before the loop has them) and not pushed: the cache keeps them
+        readers are answered before the loop has them, and wait there meanwhile:
+        Holders.expect) and not pushed: the cache keeps them
         as they arrive, and their reads leave their pages in the kernel. Nor are the missed
         samples pushed (their readers' own reads bring their pages)."""
         holders, out = self.holders, {"missed": missed}
@@ -69,6 +70,8 @@ class Arrivals:
             reserved = {s for s in sids if holds(s) and s not in missed}
             if reserved:
                 out.update(serve=holders.serve_early, served=reserved)
+                if holders.expects:
+                    out.update(expect=holders.expect)
         if holders.pushes:
             out.update(push=holders.push, unpushed=reserved | set(missed))
         return out

@@ -93,7 +93,7 @@ def cpu_seconds() -> float:
 
 class Core:
     def __init__(self, index: Index, store: ChunkStore, config: MountConfig = DEFAULTS, *,
-                 local=None, kernel=None, hold=None, idle=None, catch_up=None,
+                 local=None, kernel=None, hold=None, table=None, idle=None, catch_up=None,
                  control_socket: str | None = None, plane: DataPlane | None = None,
                  stats: "Stats | None" = None):
         """The dataset of index, its chunks read through store, with the mount's settings
@@ -101,7 +101,9 @@ class Core:
         page cache (fs.KernelCache, which fetched samples are pushed into as they arrive:
         docs/ARCHITECTURE.md, "Kernel page cache"), or None: every read is served by the
         daemon; hold(sid, bytes or None): told of every sample the cache keeps or lets go
-        (the fast path's FastPath.hold, which answers reads from them), or None; idle(bool):
+        (the fast path's FastPath.hold, which answers reads from them), or None; table: the
+        fast path the fetch threads hand samples to (FastPath: hold_many, expect), or None;
+        idle(bool):
         told when the read-ahead has covered its orders, or no longer (FastPath.idle: the
         readers' uses of samples the kernel holds may then reach the core later), or None;
         catch_up(): applies the uses that wait to reach the core (FastPath.catch_up), before
@@ -109,7 +111,7 @@ class Core:
         control socket's path, which `.fusefs/control` links to (None: no link). The files'
         owner is config's uid and gid (None: the daemon's). plane: the data plane
         (dataplane.DataPlane, built by mount.serve with stats, the counters it was given),
-        or None: built here the same way from local, kernel, hold and idle."""
+        or None: built here the same way from local, kernel, hold, table and idle."""
         self.index = index
         self.store = store
         self.local = local
@@ -127,7 +129,7 @@ class Core:
         self.ctrl_dir, self.file_base = self.namespace.ctrl_dir, self.namespace.file_base
         if plane is None:
             plane = DataPlane.build(index, store, config, self.stats, local=local, kernel=kernel,
-                                    hold=hold, idle=idle)
+                                    hold=hold, table=table, idle=idle)
         self.plane = plane
         # (the data plane's parts, which the façade's methods and the statistics reach)
         self.policy, self.cache, self.kernel_view = plane.policy, plane.cache, plane.kernel_view

@@ -44,17 +44,18 @@ class DataPlane:
 
     @classmethod
     def build(cls, index: Index, store: ChunkStore, config: MountConfig, stats, *, local=None,
-              kernel=None, hold=None, idle=None) -> "DataPlane":
+              kernel=None, hold=None, table=None, idle=None) -> "DataPlane":
         """index's data plane over store's chunks, with config's sizes and fetch settings;
         stats: the core's counters (core.Stats); local: the local tier or None; kernel: the
         kernel page cache (fs.KernelCache) or None; hold(sid, bytes or None): the fast path's
-        table (FastPath.hold), or None; idle(bool): told when the read-ahead has covered its
-        orders, or no longer (FastPath.idle), or None."""
+        table (FastPath.hold), or None; table: the fast path the fetch threads hand samples
+        to (FastPath: hold_many, expect), or None; idle(bool): told when the read-ahead has
+        covered its orders, or no longer (FastPath.idle), or None."""
         policy = Policy(index.size)
         cache = SampleCache(config.cache_bytes, config.static_bytes, mirror=hold)
         kernel_view = KernelView(index.n_files, stats, kernel, ino_base=file_base(index))
         handles = Handles(held_cap(config.cache_bytes), room=cache)  # open files, what they keep
-        holders = Holders(cache, handles, kernel_view, serve=hold)
+        holders = Holders(cache, handles, kernel_view, serve=hold, table=table)
         placement, inflight, fetch = Placement(index), {}, config.fetch
         plan = ReadAheadPlan(index, policy, cache, nodes=len(placement.names),
                              node_of=placement.node_of, inflight=inflight, per_node=fetch.per_node,

@@ -13,7 +13,10 @@ hands every other request (folders' and control files' names among them) to pyfu
 request loop unchanged. It answers a read of a dataset handle when the
 sample's bytes are held for it: the cache tells it of every entry that comes or goes
 (`hold`, the cache's mirror: cache.SampleCache), and the thread keeps a reference to each held bytes
-object. The opens, reads, releases and dataset files' forgets it answered reach the
+object. A fetch's worker thread hands it the read-ahead's samples as they are read
+(`hold_many`, holders.Holders.serve_early), and a read of one that comes while it is being
+fetched waits in the thread (`expect`, as the batch starts) and is answered by that hand-over,
+without the loop (or handed to the loop where the fetch fails). The opens, reads, releases and dataset files' forgets it answered reach the
 core as events, in order and in batches (`Core.answered`): from 256 of them (128 samples)
 or 20 ms after the first; the opens and releases of samples the kernel holds, while no
 fetched sample came into the cache for 100 ms, wait 100 ms (the read-ahead has nothing to
@@ -93,6 +96,7 @@ class FastPath:
         return {"requests": counts, "fast_path_requests": counts,
                 "bytes_served": pyfuse3.fast_path_read_bytes(),
                 "interrupts_to_loop": pyfuse3.fast_path_interrupts_forwarded(),
+                **dict(zip(("reads_parked", "parked_to_loop"), pyfuse3.fast_path_parked())),
                 "fast_path_threads": pyfuse3.fast_path_thread_counts()}
 
     @staticmethod
@@ -105,5 +109,20 @@ class FastPath:
     @staticmethod
     def hold(sid: int, data) -> None:
         """Answer the reads of sample sid from data from now on (None: no longer). Only a
-        bytes object is held (the thread reads it without the GIL); other data is not."""
+        bytes object is held (the thread reads it without the GIL); other data is not. The
+        reads that waited for sid (expect) are answered from data, or handed to the loop."""
         pyfuse3.fast_path_hold(sid, data if type(data) is bytes else None)
+
+    @staticmethod
+    def hold_many(items) -> None:
+        """(A fetch's worker thread.) hold() of each (sid, data) of items, in one call: the
+        reads that waited for them are answered in this thread, before the loop hears of
+        them."""
+        pyfuse3.fast_path_hold_many(items)
+
+    @staticmethod
+    def expect(sids) -> None:
+        """(The loop, as a batch starts.) A fetch thread will hold sids (hold_many) or the
+        loop let them go (hold(sid, None)): until then the thread keeps a read of one waiting
+        (parked) instead of handing it to the loop."""
+        pyfuse3.fast_path_expect(sids)

@@ -485,7 +485,8 @@ class Fetcher:
         return new
 
     def submit(self, sids: list[int], claimed: dict[int, Pending] | None = None, *, push=None,
-               unpushed=(), missed=(), serve=None, served=(), readahead: bool = False) -> bool:
+               unpushed=(), missed=(), serve=None, served=(), expect=None,
+               readahead: bool = False) -> bool:
         """Fetch sids (one node) in one batch, on the loop, without waiting: each sample is
         handed to the sink as soon as its read is done, those of a group of reads together
         (the read of a sample asked for earlier in sids is made earlier). `claimed`: sids
@@ -497,8 +498,11 @@ class Fetcher:
         group of its own).
         `serve([(sid, bytes)])`: called in the worker thread with the samples of `served`
         of each group (holders.Holders.serve_early: the fast path answers them before the
-        loop has them), or None. `readahead`: a batch of the read-ahead (counted in readahead_running until it
-        ends). Whether a batch was started (not if every sample is fetched already)."""
+        loop has them), or None. `expect(sids)`: told, before the thread starts, of the
+        samples of `served` this batch fetches (holders.Holders.expect: the fast path keeps
+        their reads waiting for serve), or None. `readahead`: a batch of the read-ahead
+        (counted in readahead_running until it ends). Whether a batch was started (not if
+        every sample is fetched already)."""
         if self.inbox is None:
             raise RuntimeError("a fetch before Fetcher.run: start the core's tasks first")
         pendings = dict(claimed or {})
@@ -506,6 +510,10 @@ class Fetcher:
         if not pendings:
             return False
         sids = [s for s in sids if s in pendings]
+        if expect is not None:
+            expected = [s for s in sids if s in served]
+            if expected:
+                expect(expected)
         n = self.node_of(sids[0])
         b = Batch(self, n, pendings, push, unpushed, missed, readahead, serve, served)
         b.node.busy += 1

@@ -14,7 +14,9 @@ A sample's bytes may be held, at once or in turn, by
 
 Nothing else asks those parts for bytes: a read asks `get`, the fetches' arrivals `keep`,
 the read-ahead `holds`, and a fetch thread `push`es here, or hands the fast path what the
-cache will keep (`serve_early`) before the loop has it.
+cache will keep (`serve_early`) before the loop has it. The fast path keeps a read of a
+sample it is to be handed that way waiting (`expect`, as the batch starts), and answers it
+as the fetch thread hands the sample over: such a read never reaches the loop.
 """
 from __future__ import annotations
 
@@ -24,13 +26,17 @@ from .kernel_view import KernelView
 
 
 class Holders:
-    def __init__(self, cache: SampleCache, handles: Handles, kernel_view: KernelView, serve=None):
+    def __init__(self, cache: SampleCache, handles: Handles, kernel_view: KernelView, serve=None,
+                 table=None):
         """cache: the daemon's cache; handles: the open handles (the bytes each keeps);
         kernel_view: what the kernel page cache holds, and the push into it; serve(sid,
         bytes or None): the fast path's table (FastPath.hold, the cache's mirror too), which
-        a fetch thread fills ahead of the cache (serve_early), or None."""
+        a fetch thread fills ahead of the cache (serve_early), or None; table: the fast path
+        itself (FastPath: hold_many, and expect, which keeps the reads of samples to come
+        waiting there), or None: serve is called per sample, and those reads go to the loop."""
         self.cache, self.handles, self.kernel_view = cache, handles, kernel_view
         self._serve = serve
+        self._table = table if serve is not None else None
         self.pushing: dict[int, bytes] = {}  # sid -> bytes while a worker thread pushes them
 
     def get(self, sid: int) -> bytes | None:
@@ -72,14 +78,30 @@ class Holders:
         has room reserved for: the fast path answers their reads from now on, before the loop
         has them (a reader's read that comes meanwhile does not wait for the loop). The cache
         keeps them once the loop has them (its mirror holds the same bytes again); one it does
-        not keep is let go of then (unserve)."""
+        not keep is let go of then (unserve). The reads that wait for them (expect) are
+        answered here, in this thread."""
+        if self._table is not None:
+            self._table.hold_many(items)
+            return
         serve = self._serve
         for sid, data in items:
             serve(sid, data)
 
+    @property
+    def expects(self) -> bool:
+        """Whether the fast path can keep the reads of samples to come waiting (expect)."""
+        return self._table is not None
+
+    def expect(self, sids) -> None:
+        """(The loop, as a batch starts.) sids will be handed to the fast path by the batch's
+        thread (serve_early), or let go of (unserve: the fetch failed, or the cache did not
+        keep them): until then a read of one waits in the fast path, not the loop."""
+        self._table.expect(sids)
+
     def unserve(self, sids) -> None:
-        """(The loop.) Of samples served early, those the cache did not keep: the fast path
-        lets them go."""
+        """(The loop.) Of samples served early (or expected: their fetch may have failed),
+        those the cache did not keep: the fast path lets them go (the reads that still wait
+        for one go to the loop)."""
         cache, serve = self.cache, self._serve
         for sid in sids:
             if sid not in cache:

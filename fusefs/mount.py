@@ -135,7 +135,8 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
         stats = Stats()
         plane = DataPlane.build(index, store, config, stats, local=local,
                                 kernel=KernelCache() if config.kernel_cache else None,
-                                hold=fast.hold if fast else None, idle=fast.idle if fast else None)
+                                hold=fast.hold if fast else None, table=fast,
+                                idle=fast.idle if fast else None)
         core = Core(index, store, config, local=local, plane=plane, stats=stats,
                     catch_up=fast.catch_up if fast else None, control_socket=sock_path)
         try:

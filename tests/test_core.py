@@ -16,9 +16,10 @@ from testkit.mounts import resolve
 from conftest import Kernel, corrupt_sample, serving
 
 
-def _core(dst, *, local=None, kernel=None, hold=None, **config):
+def _core(dst, *, local=None, kernel=None, hold=None, table=None, **config):
     ix = Index.load(os.path.join(dst, INDEX_NAME))
-    return Core(ix, ChunkStore(dst, ix), MountConfig.of(**config), local=local, kernel=kernel, hold=hold)
+    return Core(ix, ChunkStore(dst, ix), MountConfig.of(**config), local=local, kernel=kernel, hold=hold,
+                table=table)
 
 
 async def read_sample(core, sid, off=0, size=1 << 20):
@@ -308,6 +309,82 @@ def test_a_sample_served_early_that_the_cache_does_not_keep_leaves_the_fast_path
     assert table == {sid: data}
     core.arrivals.arrived([(sid, data)], (), {sid})
     assert (sid in core.cache) == room and (sid in table) == room
+
+
+class ExpectingTable:
+    """The fast path's table as the fetch threads see it (FastPath: hold, hold_many, expect):
+    what is expected, held from a worker thread, or let go of."""
+
+    def __init__(self, loop_thread: list):
+        import threading
+        self.lock, self.loop_thread = threading.Lock(), loop_thread
+        self.held, self.waiting = {}, set()
+        self.expected, self.from_threads, self.let_go = set(), set(), set()
+
+    def hold(self, sid, data):  # (the cache's mirror, and unserve)
+        with self.lock:
+            if data is None:
+                self.held.pop(sid, None)
+                if sid in self.waiting:
+                    self.let_go.add(sid)
+            else:
+                self.held[sid] = data
+            self.waiting.discard(sid)
+
+    def hold_many(self, items):
+        import threading
+        assert threading.get_ident() != self.loop_thread[0]
+        with self.lock:
+            for sid, data in items:
+                self.held[sid] = data
+                if sid in self.waiting:
+                    self.from_threads.add(sid)
+                self.waiting.discard(sid)
+
+    def expect(self, sids):
+        import threading
+        assert threading.get_ident() == self.loop_thread[0]
+        with self.lock:
+            assert not (set(sids) & self.held.keys())
+            self.waiting.update(sids)
+            self.expected.update(sids)
+
+
+def test_every_sample_the_fast_path_is_told_to_expect_is_handed_to_it_or_let_go(three_nodes, tmp_path):
+    """With the fast path, the read-ahead's samples that its fetch threads will hand over are
+    expected as their batch starts (the fast path keeps their reads waiting: Holders.expect),
+    and every one of them is then handed over by its worker thread or, where its fetch fails
+    (a corrupt sample: EIO), let go of on the loop: through an epoch in a cache of a third of
+    the set, none is left expected, and the corrupt one's reader gets EIO."""
+    import threading
+    from fusefs import order as orderfmt
+    from conftest import settled
+    dst, files = three_nodes
+    ix, bad, _ = corrupt_sample(dst, tmp_path / "copy", next(iter(sorted(files))), at=5)
+    loop_thread = []
+    table = ExpectingTable(loop_thread)
+    core = _core(tmp_path / "copy", hold=table.hold, table=table,
+                 cache_bytes=sum(len(v) for v in files.values()) // 3)
+    order = [bad] + [s for s in range(ix.n_files) if s != bad]
+
+    async def go():
+        loop_thread.append(threading.get_ident())
+        async with serving(core):
+            core.set_order(0, orderfmt.encode(order, epoch=0))
+            for sid in order:
+                await settled(core)
+                if sid == bad:
+                    with pytest.raises(FsError) as e:
+                        await read_sample(core, sid)
+                    assert e.value.errno == errno.EIO
+                else:
+                    assert await read_sample(core, sid) == files[os.fsdecode(ix.file_path(sid))]
+            await settled(core)
+    trio.run(go)
+    assert not table.waiting
+    assert bad in table.expected and bad in table.let_go
+    assert table.expected == table.from_threads | table.let_go
+    assert len(table.from_threads) > len(order) // 2
 
 
 def test_opens_and_releases_answered_on_the_fast_path_count_as_the_loops_do(tricky):

@@ -336,3 +336,57 @@ def test_a_hold_never_waits_for_a_reply_and_keeps_its_bytes_until_the_copy_ends(
     assert r.returncode == 0, r.stderr[-2000:]
     during, after, same, n = r.stdout.split()
     assert (int(during), int(after), same, int(n)) == (1, 0, "True", 16 + 200_000), r.stdout
+
+
+def replies(out: bytes) -> list[bytes]:
+    """The replies written in turn, each its bytes."""
+    got = []
+    while out:
+        n = OUT_HEADER.unpack_from(out)[0]
+        got.append(out[:n])
+        out = out[n:]
+    return got
+
+
+def test_a_read_of_an_expected_sample_waits_until_its_hold_answers_it_or_hands_it_on(fast, tricky):
+    """A read of a sample a fetch thread is to hold (fast_path_expect) waits in the fast path:
+    nothing is written and nothing goes to the loop. The hold of the sample's bytes answers
+    every read that waits, each as a read of a held sample (its event, its bytes); a hold of
+    None hands them to the loop; an interrupt of a waiting read answers it EINTR, and the
+    hold that comes later answers nothing. A sample no one expects goes to the loop."""
+    core, answer, events = fast
+    files = tricky[2]
+    ino = core.lookup(core.lookup(1, b"cat").ino, b"img 001.jpg").ino
+    sid, data = ino - core.file_base, files["cat/img 001.jpg"]
+    assert len(data) > 4196
+    assert answer(request(OPEN, ino, OPEN_IN.pack(os.O_RDONLY, 0)))[0]
+    fh = (((core.handles.serial + 1) % SERIAL_WRAP) << SID_BITS) | sid
+    events()
+
+    def read(off: int, size: int, unique: int) -> bytes:
+        return request(READ_OP, ino, READ_IN.pack(fh, off, size, 0, 0, 0, 0), unique=unique)
+    assert answer(read(0, 4096, 20)) == (False, b"")  # (no one fetches it: the loop's)
+    pyfuse3.fast_path_expect([sid, core.index.n_files, -1])  # (out of range ones: ignored)
+    assert answer(read(0, 4096, 22)) == (True, b"")
+    assert answer(read(4096, 100, 24)) == (True, b"")
+    assert pyfuse3.fast_path_parked() == (2, 0) and events() == []
+    pyfuse3.fast_path_hold_many([(sid, data)])
+    done, out = answer(request(IOCTL, ino, unique=26))  # (reads what the hold wrote, then this)
+    assert sorted(replies(out)) == sorted([reply(22, body=data[:4096]), reply(24, body=data[4096:4196]),
+                                           reply(26, errno.ENOTTY)])
+    assert events() == [READ | sid, READ | sid]
+    assert answer(read(0, 10, 28)) == (True, reply(28, body=data[:10]))  # (held now)
+    events()
+    pyfuse3.fast_path_hold(sid, None)
+    pyfuse3.fast_path_expect([sid])
+    assert answer(read(0, 10, 30)) == (True, b"")
+    pyfuse3.fast_path_hold(sid, None)  # (its fetch failed: the loop answers it)
+    assert pyfuse3.fast_path_parked() == (3, 1)
+    assert answer(read(0, 10, 32)) == (False, b"")  # (no longer expected)
+    pyfuse3.fast_path_expect([sid])
+    assert answer(read(0, 10, 34)) == (True, b"")
+    assert answer(request(INTERRUPT, 0, struct.pack("<Q", 34), unique=34 | INT_REQ_BIT)) == \
+        (True, reply(34, errno.EINTR))
+    pyfuse3.fast_path_hold(sid, data)
+    assert answer(request(IOCTL, ino, unique=36)) == (True, reply(36, errno.ENOTTY))  # (only this)
+    assert pyfuse3.fast_path_parked() == (4, 1) and events() == []

@@ -1203,3 +1203,6 @@ IDLE_READAHEAD = True
 
 # fusefs: fast_path_answer lets go of the GIL while it answers, as the thread does
 ANSWER_NOGIL = True
+
+# fusefs: a read of a sample a fetch thread will hold waits in the fast path (fast_path_expect)
+PARKED_READS = True

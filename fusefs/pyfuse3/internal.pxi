@@ -203,9 +203,11 @@ cdef _WorkerData worker_data
 # fusefs: the fast path, a thread in C answering the dataset files' open, ioctl and release,
 # and the reads of samples held for it
 from cpython.object cimport PyObject
-from libc.stdint cimport uintptr_t
+from libc.stdint cimport int64_t, uintptr_t
 
 cdef extern from "_fastpath.h":
+    ctypedef struct fusefs_parked:
+        pass
     int fusefs_fast_configure(int fd, unsigned long long file_base, unsigned long long n_files,
                               unsigned long long fh_base, unsigned sid_bits,
                               unsigned long long serial, unsigned long long serial_wrap,
@@ -232,7 +234,9 @@ cdef extern from "_fastpath.h":
         FUSEFS_LAZY
         FUSEFS_IDLE
         FUSEFS_IDLE_BATCH
-    void fusefs_fast_hold(unsigned long long sid, PyObject *o)
+    fusefs_parked *fusefs_fast_hold(unsigned long long sid, PyObject *o)
+    void fusefs_fast_answer_parked(fusefs_parked *w, const char *buf, unsigned long long n) nogil
+    void fusefs_fast_expect(const int64_t *sids, size_t n) nogil
     void fusefs_fast_free_held()
     void fusefs_fast_kernel_flags(const unsigned char *flags, unsigned long long n)
     int fusefs_fast_tree(unsigned long long n_dirs, const unsigned long long *dir_first_file,
@@ -353,7 +357,7 @@ def fast_path_counts():
     """Requests the fast path's thread answered, by type (open, release, ioctl, read,
     lookup, forget: a batch of forgets counts one; interrupt: of a request answered here,
     taken, not answered)."""
-    cdef unsigned long long c[9]
+    cdef unsigned long long c[11]
     fusefs_fast_counts(c)
     return {'open': c[0], 'release': c[1], 'ioctl': c[2], 'read': c[3], 'lookup': c[5],
             'forget': c[6], 'interrupt': c[7]}
@@ -361,7 +365,7 @@ def fast_path_counts():
 
 def fast_path_read_bytes():
     """The bytes of the reads the fast path's thread answered."""
-    cdef unsigned long long c[9]
+    cdef unsigned long long c[11]
     fusefs_fast_counts(c)
     return c[4]
 
@@ -369,9 +373,38 @@ def fast_path_read_bytes():
 def fast_path_interrupts_forwarded():
     """Interrupts the fast path's thread handed to the loop (their requests were not
     answered there)."""
-    cdef unsigned long long c[9]
+    cdef unsigned long long c[11]
     fusefs_fast_counts(c)
     return c[8]
+
+
+def fast_path_parked():
+    """(reads of expected samples that waited in the fast path for their fetch, those of them
+    handed to the loop after all): fast_path_expect."""
+    cdef unsigned long long c[11]
+    fusefs_fast_counts(c)
+    return c[9], c[10]
+
+
+def fast_path_expect(sids):
+    """Samples (ints) a fetch thread is fetching and will hand to fast_path_hold (with their
+    bytes, or None where the fetch fails or they are not kept): until then a read of one
+    waits in the fast path (parked), not in the loop, and that hold answers it (or hands it
+    to the loop). Samples held already are left as they are."""
+    cdef size_t n = len(sids), i = 0
+    cdef int64_t *a = <int64_t *> stdlib.malloc((n if n else 1) * sizeof(int64_t))
+    if a == NULL:
+        raise MemoryError()
+    try:
+        for sid in sids:
+            if i == n:
+                break
+            a[i] = sid
+            i += 1
+        with nogil:
+            fusefs_fast_expect(a, i)
+    finally:
+        stdlib.free(a)
 
 
 _fusefs_kernel_flags = None  # (kept alive while the thread reads them)
@@ -440,16 +473,37 @@ def _fusefs_free():
     _fusefs_kernel_flags = _fusefs_tree = None
 
 
+cdef _fusefs_hold(unsigned long long sid, data):
+    cdef fusefs_parked *w
+    cdef const char *buf = NULL
+    cdef unsigned long long n = 0
+    if data is None:
+        w = fusefs_fast_hold(sid, NULL)
+    elif type(data) is bytes:
+        w = fusefs_fast_hold(sid, <PyObject *> data)
+        buf = <const char *> data
+        n = len(data)
+    else:
+        raise TypeError('fast_path_hold: data must be bytes or None')
+    if w != NULL:
+        with nogil:  # (data's reference, the caller's, keeps buf alive)
+            fusefs_fast_answer_parked(w, buf, n)
+
+
 def fast_path_hold(sid, data):
     """Let the fast path answer the reads of a handle of sample sid from data (bytes), or
     no longer (None): each read is then an event, the sample with the `read` bit set, and
-    `read_end` when it reached the sample's end. The thread keeps a reference to data meanwhile."""
-    if data is None:
-        fusefs_fast_hold(sid, NULL)
-    elif type(data) is bytes:
-        fusefs_fast_hold(sid, <PyObject *> data)
-    else:
-        raise TypeError('fast_path_hold: data must be bytes or None')
+    `read_end` when it reached the sample's end. The thread keeps a reference to data meanwhile.
+    The reads that waited for sid (fast_path_expect) are answered from data now, without the
+    GIL, or, with None, handed to the loop."""
+    _fusefs_hold(sid, data)
+
+
+def fast_path_hold_many(items):
+    """fast_path_hold(sid, data) of each (sid, data) of items, in one call (data other than
+    bytes: None)."""
+    for sid, data in items:
+        _fusefs_hold(sid, data if type(data) is bytes else None)
 
 
 async def _wait_fuse_readable():

@@ -15,8 +15,10 @@ node that reach the loop with it). --readers threads stand for the readers and t
 thread: each takes every --readers-th position, opens its sample (an open event with the
 next handle, as the C thread gives it), reads it from the bytes the cache holds for the fast
 path (a read event: READ | READ_END, and a crc32 of the bytes, without the GIL, for the
-copy) or, when it holds none, through the core's read (on the loop, the events before it
-applied first, as fs.Operations does), and releases it (a release event). The events reach
+copy), waiting for them where a fetch thread is to hand them over (as the fast path keeps
+such a read: FastPath.expect), or, when none are held or to come, through the core's read
+(on the loop, the events before it applied first, as fs.Operations does), and releases it
+(a release event). The events reach
 the loop in batches, as the fast path hands them over: from fastpath.BATCH of them, and at
 the latest every fastpath.DELAY_US (the fast path: that long after the first). The figure is the loop thread's CPU (CLOCK_THREAD_CPUTIME_ID) from the
 order's commit to the last release applied, per sample; the fetches' worker threads and the
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import inspect
 import json
 import os
 import statistics
@@ -65,11 +68,15 @@ from fusefs.store import ChunkStore
 
 
 class FastPathStandIn:
-    """The fast path's table and events, kept in Python: the cache's mirror (hold) and
-    the events the reader threads make, handed to Core.answered on the loop."""
+    """The fast path's table and events, kept in Python: the cache's mirror (hold), what the
+    fetch threads hand it (hold_many) and the samples they will (expect: a reader of one waits
+    for it, as the fast path keeps such a read), and the events the reader threads make,
+    handed to Core.answered on the loop."""
 
     def __init__(self):
         self.held: dict[int, bytes] = {}
+        self.expected: set[int] = set()
+        self.arrived = threading.Condition()
         self.lock = threading.Lock()
         self.events: list[int] = []
         self.serial = 0
@@ -78,10 +85,31 @@ class FastPathStandIn:
         self.waking = False
 
     def hold(self, sid: int, data) -> None:
-        if data is None:
-            self.held.pop(sid, None)
-        else:
-            self.held[sid] = data
+        with self.arrived:
+            if data is None:
+                self.held.pop(sid, None)
+            else:
+                self.held[sid] = data
+            if sid in self.expected:
+                self.expected.discard(sid)
+                self.arrived.notify_all()
+
+    def hold_many(self, items) -> None:  # (a fetch thread)
+        with self.arrived:
+            for sid, data in items:
+                self.held[sid] = data if type(data) is bytes else None
+                self.expected.discard(sid)
+            self.arrived.notify_all()
+
+    def expect(self, sids) -> None:  # (the loop)
+        with self.arrived:
+            self.expected.update(s for s in sids if s not in self.held)
+
+    def wait(self, sid: int):  # (a reader thread) its bytes once held, None if not to come
+        with self.arrived:
+            while sid in self.expected:
+                self.arrived.wait()
+            return self.held.get(sid)
 
     def event(self, e: int) -> None:  # (a reader thread)
         with self.lock:
@@ -129,7 +157,8 @@ class TaskCpu(trio.abc.Instrument):
 async def one_pass(index: Index, store: ChunkStore, cache_bytes: int, order: np.ndarray,
                    readers: int, hinted: bool = True) -> dict:
     fp = FastPathStandIn()
-    core = Core(index, store, MountConfig(cache_bytes=cache_bytes), hold=fp.hold)
+    table = {"table": fp} if "table" in inspect.signature(Core).parameters else {}  # (older versions: none)
+    core = Core(index, store, MountConfig(cache_bytes=cache_bytes), hold=fp.hold, **table)
     fp.serial = core.handles.serial
     fp.token, fp.wake = trio.lowlevel.current_trio_token(), trio.Event()
     done = trio.Event()
@@ -151,6 +180,8 @@ async def one_pass(index: Index, store: ChunkStore, cache_bytes: int, order: np.
         for sid in order[k::readers].tolist():
             fh = fp.open(sid)
             data = fp.held.get(sid)
+            if data is None and table:
+                data = fp.wait(sid)
             if data is not None:
                 zlib.crc32(data)
                 fp.event(READ | READ_END | sid)
