@@ -56,6 +56,15 @@
  * interrupt of a parked read answers it EINTR (as the loop answers an interrupted read).
  * Parked reads are bounded by the kernel's requests outstanding.
  *
+ * With misses told (fusefs_fast_misses, before the start), a read that takes the whole of a
+ * sample (offset 0, the tree's size or more) neither held nor expected waits here too: it
+ * marks the sample expected and becomes an event at once (`read` | `missed` | sample; a
+ * second read of it meanwhile waits for the same, untold). fusefs fetches the sample and
+ * its worker thread hands the bytes over (fusefs_fast_hand: the reads that wait are
+ * answered, nothing is held; the answer of the read that told of the miss carries `missed`
+ * and `read_end`), or fusefs lets the reads go to the loop (a hold of NULL). A read of part
+ * of a sample still goes to the loop, which keeps its bytes for the handle's next read.
+ *
  * A lookup of a dataset file's name (a file, not a folder, in one of the dataset's folders)
  * is answered here too, as fusefs's Core.lookup would, from the tree fusefs hands over
  * before the thread starts (fusefs_fast_tree: per folder its run of files, sorted by name;
@@ -116,8 +125,8 @@
 #define FUSEFS_IDLE_BATCH 16  /* ... when this many times the batch wait */
 /* an event's hurry (fusefs_event): it reaches fusefs within the delay (NOW); may wait longer
  * (LAZY: fusefs_events_lazy_delays); or within the delay unless the read-ahead is idle,
- * then as a lazy one (IDLE) */
-enum { FUSEFS_EV_NOW, FUSEFS_EV_LAZY, FUSEFS_EV_IDLE };
+ * then as a lazy one (IDLE); or at once (AT_ONCE: a miss, whose reader waits for fusefs) */
+enum { FUSEFS_EV_NOW, FUSEFS_EV_LAZY, FUSEFS_EV_IDLE, FUSEFS_EV_AT_ONCE };
 #define FUSEFS_MAX_THREADS 64  /* (fast_path_thread_counts' array in internal.pxi holds as many) */
 #define FUSEFS_INT_REQ_BIT (1ULL << 0)  /* an interrupt's unique: its request's with this bit */
 /* The events' bits are fusefs's (fusefs/core.py), given at the start: single, distinct
@@ -148,6 +157,8 @@ typedef struct fusefs_parked {
     struct fusefs_parked *next;
     int fd;          /* the fd it was read from: its answer goes there */
     uint64_t sid;
+    uint64_t ev_bits; /* more bits of its answer's event: ev_missed for the read that told
+                       * fusefs of its miss (its answer then has ev_missed and ev_read_end) */
     size_t len;
     char data[];     /* the request */
 } fusefs_parked;
@@ -213,12 +224,14 @@ static struct {
     fusefs_parked *parked;  /* the reads that wait for expected samples, under parked_lock */
     size_t parked_n;
     pthread_mutex_t parked_lock;
-    unsigned long long reads_parked, parked_forwarded;  /* (atomic) */
+    unsigned long long reads_parked, parked_forwarded, misses_parked;  /* (atomic) */
     fusefs_tree tree;  /* for lookups (fusefs_fast_tree; the caller keeps it alive) */
     unsigned long long lookups, forgets, interrupts, interrupts_forwarded;  /* (atomic) */
     uint64_t answered[FUSEFS_ANSWERED];  /* a ring of the uniques answered here (atomic) */
     unsigned long long answered_n;
     uint64_t ev_released, ev_read, ev_read_end, ev_read_lost;  /* the events' bits */
+    uint64_t ev_missed;  /* with ev_read: a read of a sample neither held nor expected waits
+                          * here (fusefs_fast_misses; 0: such reads go to the loop) */
     fusefs_routes routes;
 } fusefs_fast = {0, -1, -1, -1, -1, .lock = PTHREAD_MUTEX_INITIALIZER,
                  .parked_lock = PTHREAD_MUTEX_INITIALIZER,
@@ -375,7 +388,7 @@ static void fusefs_event(uint64_t e, int hurry) {
     }
     if (fusefs_fast.ev_n == 0)
         clock_gettime(CLOCK_MONOTONIC, &fusefs_fast.ev_first);
-    if (hurry == FUSEFS_EV_NOW && !fusefs_fast.ev_urgent) {
+    if ((hurry == FUSEFS_EV_NOW || hurry == FUSEFS_EV_AT_ONCE) && !fusefs_fast.ev_urgent) {
         fusefs_fast.ev_urgent = 1;
         clock_gettime(CLOCK_MONOTONIC, &fusefs_fast.ev_urgent_first);
     } else if (hurry == FUSEFS_EV_IDLE && !fusefs_fast.ev_eager) {
@@ -383,7 +396,7 @@ static void fusefs_event(uint64_t e, int hurry) {
         clock_gettime(CLOCK_MONOTONIC, &fusefs_fast.ev_eager_first);
     }
     fusefs_fast.ev[fusefs_fast.ev_n++] = e;
-    if (fusefs_events_full())
+    if (hurry == FUSEFS_EV_AT_ONCE || fusefs_events_full())
         fusefs_signal_events();
     pthread_mutex_unlock(&fusefs_fast.lock);
 }
@@ -525,11 +538,11 @@ static void fusefs_forward(const char *data, size_t len) {
 /* Answer the read `in` (request unique, read from fd) of sample sid from its n bytes at buf:
  * its event first (as an open's: the release may come at once, on another thread). */
 static void fusefs_read_reply(int fd, uint64_t unique, uint64_t sid, const struct fuse_read_in *in,
-                              const char *buf, uint64_t n) {
+                              const char *buf, uint64_t n, uint64_t ev_bits) {
     uint64_t off = in->offset < n ? in->offset : n;
     uint64_t k = n - off < in->size ? n - off : in->size;
     int lost = fusefs_kernel_holds(sid);
-    fusefs_event(fusefs_fast.ev_read | sid | (lost ? fusefs_fast.ev_read_lost : 0)
+    fusefs_event(fusefs_fast.ev_read | sid | (lost ? fusefs_fast.ev_read_lost : 0) | ev_bits
                  | (in->offset < n && in->offset + in->size >= n ? fusefs_fast.ev_read_end : 0),
                  lost ? FUSEFS_EV_NOW : FUSEFS_EV_IDLE);
     fusefs_reply_on(fd, unique, 0, buf + off, (size_t) k);
@@ -541,23 +554,42 @@ static void fusefs_read_reply(int fd, uint64_t unique, uint64_t sid, const struc
  * is to hold it (FUSEFS_EXPECTED), the read waits here for that hold (fusefs_fast_hold
  * answers it, or hands it to the loop where the fetch fails), 1; else 0 (the loop's). */
 static int fusefs_park(const char *data, size_t len, uint64_t sid) {
-    if (fusefs_fast.expected == NULL
-            || !(__atomic_load_n(&fusefs_fast.expected[sid], __ATOMIC_RELAXED) & FUSEFS_EXPECTED))
+    if (fusefs_fast.expected == NULL)
         return 0;
+    int missed = 0;
+    if (!(__atomic_load_n(&fusefs_fast.expected[sid], __ATOMIC_RELAXED) & FUSEFS_EXPECTED)) {
+        /* (a miss: it waits here, and fusefs hears of it as an event, if the read takes the
+         * whole sample, so that one fetch answers it) */
+        const struct fuse_read_in *in = (const struct fuse_read_in *) ((const struct fuse_in_header *) data + 1);
+        if (!fusefs_fast.ev_missed || fusefs_fast.tree.size == NULL || sid >= fusefs_fast.n_files
+                || in->offset != 0 || fusefs_fast.tree.size[sid] == 0 || in->size < fusefs_fast.tree.size[sid])
+            return 0;
+        missed = 1;
+    }
     fusefs_parked *p = (fusefs_parked *) malloc(sizeof *p + len);
     if (p == NULL)
         return 0;
     p->fd = fusefs_own_fd();
     p->sid = sid;
+    p->ev_bits = 0;
     p->len = len;
     memcpy(p->data, data, len);
     pthread_mutex_lock(&fusefs_fast.parked_lock);
     p->next = fusefs_fast.parked;
     fusefs_fast.parked = p;
     fusefs_fast.parked_n++;
-    __atomic_or_fetch(&fusefs_fast.expected[sid], FUSEFS_WAITED, __ATOMIC_RELAXED);
+    /* (a second read of a missed sample waits for the same fetch: no second event) */
+    unsigned char was = __atomic_fetch_or(&fusefs_fast.expected[sid], FUSEFS_EXPECTED | FUSEFS_WAITED,
+                                          __ATOMIC_RELAXED);
+    missed = missed && !(was & FUSEFS_EXPECTED);
+    if (missed)
+        p->ev_bits = fusefs_fast.ev_missed;
     pthread_mutex_unlock(&fusefs_fast.parked_lock);
     __atomic_add_fetch(&fusefs_fast.reads_parked, 1, __ATOMIC_RELAXED);
+    if (missed) {
+        __atomic_add_fetch(&fusefs_fast.misses_parked, 1, __ATOMIC_RELAXED);
+        fusefs_event(fusefs_fast.ev_read | fusefs_fast.ev_missed | sid, FUSEFS_EV_AT_ONCE);
+    }
     return 1;
 }
 
@@ -589,7 +621,8 @@ static void fusefs_fast_answer_parked(fusefs_parked *w, const char *buf, uint64_
         fusefs_parked *next = w->next;
         const struct fuse_in_header *h = (const struct fuse_in_header *) w->data;
         if (buf != NULL) {
-            fusefs_read_reply(w->fd, h->unique, w->sid, (const struct fuse_read_in *) (h + 1), buf, n);
+            fusefs_read_reply(w->fd, h->unique, w->sid, (const struct fuse_read_in *) (h + 1), buf, n,
+                              w->ev_bits && n ? w->ev_bits : 0);
         } else {
             fusefs_forward_from(w->fd, w->data, w->len);
             __atomic_add_fetch(&fusefs_fast.parked_forwarded, 1, __ATOMIC_RELAXED);
@@ -696,7 +729,7 @@ static int fusefs_answer(const char *data, size_t len) {
         __atomic_store_n(&fusefs_fast.copying[fusefs_tno], o, __ATOMIC_RELAXED);
         pthread_rwlock_unlock(&fusefs_fast.held_lock);
         fusefs_read_reply(fusefs_own_fd(), h->unique, sid, in, PyBytes_AS_STRING(o),
-                          (uint64_t) PyBytes_GET_SIZE(o));
+                          (uint64_t) PyBytes_GET_SIZE(o), 0);
         __atomic_store_n(&fusefs_fast.copying[fusefs_tno], NULL, __ATOMIC_RELEASE);
         return 1;
     }
@@ -880,6 +913,9 @@ static int fusefs_fast_configure(int fd, uint64_t file_base, uint64_t n_files, u
     fusefs_fast.ev_read = events[1];
     fusefs_fast.ev_read_end = events[2];
     fusefs_fast.ev_read_lost = events[3];
+    uint64_t m = fusefs_fast.ev_missed;
+    if (m && ((m & (m - 1)) || (m & seen) || m < (1ULL << sid_bits)))
+        return EINVAL;
     fusefs_fast_drop_table();  /* (a table an earlier run left, if its close never came) */
     fusefs_fast.fd = fd;
     fusefs_fast.file_base = file_base;
@@ -909,7 +945,7 @@ static int fusefs_fast_configure(int fd, uint64_t file_base, uint64_t n_files, u
         pthread_rwlockattr_destroy(&attr);
         fusefs_fast.held_lock_ready = 1;
     }
-    fusefs_fast.reads_parked = fusefs_fast.parked_forwarded = 0;
+    fusefs_fast.reads_parked = fusefs_fast.parked_forwarded = fusefs_fast.misses_parked = 0;
     fusefs_fast.held = (PyObject **) calloc(n_files ? n_files : 1, sizeof *fusefs_fast.held);
     fusefs_fast.expected = (unsigned char *) calloc(n_files ? n_files : 1, 1);
     if (fusefs_fast.held == NULL || fusefs_fast.expected == NULL) {
@@ -1102,8 +1138,9 @@ static int fusefs_fast_event_fd(void) {
 /* The requests answered here since the start: opens, releases, ioctls, reads; the bytes
  * the reads answered; lookups, forgets, interrupts taken; interrupts handed to the loop;
  * reads that waited for a fetch thread's hold (parked), and those of them handed to the
- * loop (their fetch failed, or the cache did not keep the sample). */
-static void fusefs_fast_counts(unsigned long long out[11]) {
+ * loop (their fetch failed, or the cache did not keep the sample); misses that waited
+ * (fusefs_fast_misses: each an event). */
+static void fusefs_fast_counts(unsigned long long out[12]) {
     out[0] = __atomic_load_n(&fusefs_fast.opens, __ATOMIC_RELAXED);
     out[1] = __atomic_load_n(&fusefs_fast.releases, __ATOMIC_RELAXED);
     out[2] = __atomic_load_n(&fusefs_fast.ioctls, __ATOMIC_RELAXED);
@@ -1115,6 +1152,7 @@ static void fusefs_fast_counts(unsigned long long out[11]) {
     out[8] = __atomic_load_n(&fusefs_fast.interrupts_forwarded, __ATOMIC_RELAXED);
     out[9] = __atomic_load_n(&fusefs_fast.reads_parked, __ATOMIC_RELAXED);
     out[10] = __atomic_load_n(&fusefs_fast.parked_forwarded, __ATOMIC_RELAXED);
+    out[11] = __atomic_load_n(&fusefs_fast.misses_parked, __ATOMIC_RELAXED);
 }
 
 /* The requests each thread answered since the start (out: FUSEFS_MAX_THREADS of them); the
@@ -1193,6 +1231,28 @@ static fusefs_parked *fusefs_fast_hold(uint64_t sid, PyObject *o) {
     }
     fusefs_fast.dropped[fusefs_fast.dropped_n++] = old;
     return waiting;
+}
+
+/* (with the GIL) The reads that wait for sample sid (parked), taken, for the caller to
+ * answer from its bytes (fusefs_fast_answer_parked) without holding them: a fetched sample
+ * that a missed read waits for, whether fusefs keeps it or not. The sample is no longer
+ * expected. NULL (at once, without a lock) where none waits. */
+static fusefs_parked *fusefs_fast_hand(uint64_t sid) {
+    if (fusefs_fast.expected == NULL || sid >= fusefs_fast.n_files
+            || !(__atomic_load_n(&fusefs_fast.expected[sid], __ATOMIC_RELAXED) & FUSEFS_WAITED))
+        return NULL;
+    pthread_rwlock_wrlock(&fusefs_fast.held_lock);
+    fusefs_parked *waiting = fusefs_fast.expected[sid] & FUSEFS_WAITED ? fusefs_unpark(sid, 0) : NULL;
+    fusefs_fast.expected[sid] = 0;
+    pthread_rwlock_unlock(&fusefs_fast.held_lock);
+    return waiting;
+}
+
+/* (with the GIL, before the thread starts) The event bit of a miss that waits here (with
+ * `read` and the sample), or 0: such reads go to the loop. Checked at the start (a single
+ * bit above every sample, not one of the other events'); forgotten at fusefs_fast_free_held. */
+static void fusefs_fast_misses(uint64_t bit) {
+    fusefs_fast.ev_missed = bit;
 }
 
 /* (any thread) Samples sids[n] (out of range ones ignored) are being fetched by a thread
@@ -1276,6 +1336,7 @@ static void fusefs_fast_drop_table(void) {
  * tree. */
 static void fusefs_fast_free_held(void) {
     fusefs_fast_drop_table();
+    fusefs_fast_misses(0);
     fusefs_fast_kernel_flags(NULL, 0);
     memset(&fusefs_fast.tree, 0, sizeof fusefs_fast.tree);
 }

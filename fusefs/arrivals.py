@@ -72,6 +72,8 @@ class Arrivals:
                 out.update(serve=holders.serve_early, served=reserved)
                 if holders.expects:
                     out.update(expect=holders.expect)
+            if holders.expects:  # (any of them may be a miss whose read waits there)
+                out.update(hand=holders.hand_many)
         if holders.pushes:
             out.update(push=holders.push, unpushed=reserved | set(missed))
         return out
@@ -95,6 +97,8 @@ class Arrivals:
         self.deliver_many(items, missed)
         if served:
             self.holders.unserve([s for s, _ in items if s in served])
+        if self.holders.waiting:
+            self.holders.arrived(items)
 
     def ended(self, node: int, readahead: bool) -> None:
         """A batch on node ended: a read-ahead batch leaves a request slot free."""

@@ -32,7 +32,7 @@ from .config import DEFAULTS, MountConfig
 from .control import FH_BASE, ControlHooks, ControlNamespace
 from .dataplane import DataPlane
 from .entries import WRITE_FLAGS, Attr, FsError, OpenResult
-from .handles import EVENT_BITS, READ, READ_END, READ_LOST, RELEASED, SERIAL_WRAP, SID_BITS, SID_MASK
+from .handles import EVENT_BITS, MISSED, READ, READ_END, READ_LOST, RELEASED, SERIAL_WRAP, SID_BITS, SID_MASK
 from .histogram import Histogram
 from .idstable import PathsText, chunks_read
 from .memory import resident_bytes
@@ -232,15 +232,19 @@ class Core:
         return {"file_base": self.file_base, "n_files": self.index.n_files, "sid_bits": SID_BITS,
                 "serial": self.handles.serial, "serial_wrap": SERIAL_WRAP, "write_flags": WRITE_FLAGS,
                 "events": EVENT_BITS, "kernel_flags": self.kernel_view.flags(),
-                "tree": self.namespace.tree()}
+                "tree": self.namespace.tree(), "missed": MISSED if self.holders.expects else 0}
 
     def answered(self, events) -> None:
         """Opens, reads, releases and forgets of dataset files answered outside the loop
         (fastpath), in the order they came: an open's handle, a release's with RELEASED
         set, a read's sample with READ set (and READ_END where it reached the sample's end),
-        a forgotten sample with FORGOTTEN set."""
+        a forgotten sample with FORGOTTEN set, a missed sample whose read waits in the fast
+        path with READ and MISSED set (fetched together once the others are applied:
+        reads.Reads.parked_misses), and that read's answer with READ, MISSED and READ_END
+        (counted as a miss already)."""
         stats, kernel_view, handles = self.stats, self.kernel_view, self.handles
         used = []  # released samples whose uses are yet to be counted (_use_many)
+        missed = []
         for e in events:
             if e >= RELEASED:
                 if e & READ:
@@ -253,14 +257,20 @@ class Core:
                     handles.released(e - RELEASED)
                     used.append(e & SID_MASK)
             elif e >= READ:
+                if e & MISSED and not e & READ_END:  # (its answer has READ_END: below)
+                    missed.append(e & SID_MASK)
+                    continue
                 self.stats.reads += 1
-                self.reads.answered(e & SID_MASK, bool(e & READ_END), bool(e & READ_LOST))
+                self.reads.answered(e & SID_MASK, bool(e & READ_END), bool(e & READ_LOST),
+                                    counted=bool(e & MISSED))
             else:
                 stats.opens += 1
                 kernel_view.opened(e & SID_MASK)
                 handles.opened(e)  # (one sequence of handles)
         if used:
             self._use_many(used)
+        if missed:
+            self.reads.parked_misses(missed)
 
     def _sid_of_fh(self, fh: int) -> int | None:
         return fh & SID_MASK if fh < FH_BASE else None

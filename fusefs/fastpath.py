@@ -56,7 +56,7 @@ class FastPath:
 
     def start(self, answered, file_base: int, n_files: int, sid_bits: int, serial: int, serial_wrap: int,
               write_flags: int, events: tuple[int, int, int, int], kernel_flags=None,
-              tree=None, threads: int = 1) -> None:
+              tree=None, threads: int = 1, missed: int = 0) -> None:
         """Start the thread (after pyfuse3.init, before pyfuse3.main), its events handed to
         answered(events) from then on; handles continue the
         core's serials; events: the bits the core reads its events by (released, read,
@@ -64,8 +64,13 @@ class FastPath:
         kernel to hold its pages (read by the thread as it answers a read: READ_LOST).
         tree: the index's arrays the thread answers the lookups of files' names from
         (pyfuse3.fast_path_tree), or None: the loop answers every lookup. threads: how many
-        threads read /dev/fuse (the first the session's fd, each other a clone of it)."""
+        threads read /dev/fuse (the first the session's fd, each other a clone of it).
+        missed: the bit of a miss's event (handles.MISSED): a read of the whole of a sample
+        neither held nor being fetched waits in the thread and reaches the core as an event
+        (Core.answered), which fetches the sample and hands it over (hand_many); 0: such
+        reads go to the loop."""
         self.answered = answered
+        pyfuse3.fast_path_misses(missed)
         pyfuse3.fast_path_kernel_flags(kernel_flags)
         pyfuse3.fast_path_tree(tree)
         self.fd = pyfuse3.fast_path_start(file_base, n_files, FH_BASE, sid_bits, serial, serial_wrap,
@@ -96,7 +101,7 @@ class FastPath:
         return {"requests": counts, "fast_path_requests": counts,
                 "bytes_served": pyfuse3.fast_path_read_bytes(),
                 "interrupts_to_loop": pyfuse3.fast_path_interrupts_forwarded(),
-                **dict(zip(("reads_parked", "parked_to_loop"), pyfuse3.fast_path_parked())),
+                **dict(zip(("reads_parked", "parked_to_loop", "misses_parked"), pyfuse3.fast_path_parked())),
                 "fast_path_threads": pyfuse3.fast_path_thread_counts()}
 
     @staticmethod
@@ -119,6 +124,13 @@ class FastPath:
         reads that waited for them are answered in this thread, before the loop hears of
         them."""
         pyfuse3.fast_path_hold_many(items)
+
+    @staticmethod
+    def hand_many(items) -> None:
+        """(Any thread.) Of each (sid, bytes) of items, the reads that wait for sid (a miss,
+        or an expected sample) are answered from its bytes, which are not held: a fetched
+        sample that readers missed, whether the cache keeps it or not."""
+        pyfuse3.fast_path_hand_many(items)
 
     @staticmethod
     def expect(sids) -> None:

@@ -195,13 +195,13 @@ class Batch:
     a task of the fetcher's nursery, the one case that costs a task."""
 
     __slots__ = ("fetcher", "n", "node", "pendings", "push", "unpushed", "missed", "readahead",
-                 "serve", "served", "from_local", "tries", "over", "inbox")
+                 "serve", "served", "hand", "from_local", "tries", "over", "inbox")
 
     def __init__(self, fetcher: "Fetcher", n: int, pendings: dict, push, unpushed, missed,
-                 readahead: bool, serve, served):
+                 readahead: bool, serve, served, hand=None):
         self.fetcher, self.n, self.node, self.pendings = fetcher, n, fetcher.nodes[n], pendings
         self.push, self.unpushed, self.missed, self.readahead = push, unpushed, missed, readahead
-        self.serve, self.served = serve, served
+        self.serve, self.served, self.hand = serve, served, hand
         self.from_local: set[int] = set()
         self.tries = Tries(fetcher.retries, fetcher.backoff, fetcher.max_backoff, fetcher.io_timeout)
         self.over = False  # ended, or given up at the fetcher's end: late posts are ignored
@@ -261,6 +261,8 @@ class Batch:
             early = [(sid, r) for sid, r in got.items() if sid in served and not isinstance(r, Exception)]
             if early:
                 self.serve(early)
+        if self.hand is not None:  # (the reads that wait for any of them: answered now)
+            self.hand(got.items())
         todo = [] if push is None else [(sid, r) for sid, r in got.items()
                                         if sid not in unpushed and not isinstance(r, Exception)]
         if todo:
@@ -485,7 +487,7 @@ class Fetcher:
         return new
 
     def submit(self, sids: list[int], claimed: dict[int, Pending] | None = None, *, push=None,
-               unpushed=(), missed=(), serve=None, served=(), expect=None,
+               unpushed=(), missed=(), serve=None, served=(), expect=None, hand=None,
                readahead: bool = False) -> bool:
         """Fetch sids (one node) in one batch, on the loop, without waiting: each sample is
         handed to the sink as soon as its read is done, those of a group of reads together
@@ -500,7 +502,9 @@ class Fetcher:
         of each group (holders.Holders.serve_early: the fast path answers them before the
         loop has them), or None. `expect(sids)`: told, before the thread starts, of the
         samples of `served` this batch fetches (holders.Holders.expect: the fast path keeps
-        their reads waiting for serve), or None. `readahead`: a batch of the read-ahead
+        their reads waiting for serve), or None. `hand([(sid, bytes | Exception)])`: called in
+        the worker thread with each group's results (holders.Holders.hand_many: the reads of
+        missed samples that wait in the fast path are answered), or None. `readahead`: a batch of the read-ahead
         (counted in readahead_running until it ends). Whether a batch was started (not if
         every sample is fetched already)."""
         if self.inbox is None:
@@ -515,7 +519,7 @@ class Fetcher:
             if expected:
                 expect(expected)
         n = self.node_of(sids[0])
-        b = Batch(self, n, pendings, push, unpushed, missed, readahead, serve, served)
+        b = Batch(self, n, pendings, push, unpushed, missed, readahead, serve, served, hand)
         b.node.busy += 1
         if readahead:
             self.readahead_running[n] += 1

@@ -20,14 +20,16 @@ SERIAL_WRAP = 1 << 29  # serials wrap far below control handles (control.FH_BASE
 # the fast path's events (fusefs/_fastpath.h): a handle opened; RELEASED | handle released;
 # READ | sample read from the bytes held for it (| READ_END: up to the sample's end;
 # | READ_LOST: the kernel view held the sample when the read was answered); FORGOTTEN |
-# sample: the kernel forgot the sample's inode
+# sample: the kernel forgot the sample's inode; READ | MISSED | sample: a read of a sample
+# neither held nor being fetched waits in the fast path for it (Reads.parked_misses)
 RELEASED = 1 << 63
 READ = 1 << 62
 READ_END = 1 << 61
 READ_LOST = 1 << 60
 FORGOTTEN = RELEASED | READ  # (a released handle never has READ's bit)
+MISSED = 1 << 59
 EVENT_BITS = (RELEASED, READ, READ_END, READ_LOST)  # handed to the fast path at its start
-assert SERIAL_WRAP << SID_BITS <= min(RELEASED, READ) and 1 << SID_BITS <= min(READ_END, READ_LOST)
+assert SERIAL_WRAP << SID_BITS <= min(RELEASED, READ) and 1 << SID_BITS <= min(READ_END, READ_LOST, MISSED)
 HELD_MIN = 8 << 20  # bytes open handles may keep between reads, at least (else budget / 8)
 
 

@@ -37,6 +37,8 @@ class Holders:
         self.cache, self.handles, self.kernel_view = cache, handles, kernel_view
         self._serve = serve
         self._table = table if serve is not None else None
+        self.waiting: set[int] = set()  # missed samples whose reads wait in the fast path for
+        # their arrival (wait_for)
         self.pushing: dict[int, bytes] = {}  # sid -> bytes while a worker thread pushes them
 
     def get(self, sid: int) -> bytes | None:
@@ -91,6 +93,40 @@ class Holders:
     def expects(self) -> bool:
         """Whether the fast path can keep the reads of samples to come waiting (expect)."""
         return self._table is not None
+
+    def hand_many(self, items) -> None:
+        """(A fetch's worker thread.) Fetched, checked samples, [(sid, bytes)]: the reads
+        that wait in the fast path for one (a miss: Reads.parked_misses) are answered from
+        its bytes, which the fast path does not hold."""
+        self._table.hand_many(items)
+
+    def hand(self, sid: int, data: bytes) -> None:
+        """(The loop.) The reads that wait in the fast path for sid are answered from data."""
+        self._table.hand_many(((sid, data),))
+
+    def let_go(self, sid: int) -> None:
+        """(The loop.) The reads that wait in the fast path for sid go to the loop (where it
+        is cached, the fast path holds it again and answers them)."""
+        data = self.cache.get(sid)
+        self._serve(sid, data)
+
+    def wait_for(self, sid: int) -> None:
+        """(The loop.) A read of sid, which is being fetched, waits in the fast path: it is
+        answered when the sample arrives, or goes to the loop if its fetch fails (arrived)."""
+        self.waiting.add(sid)
+
+    def arrived(self, items) -> None:
+        """(The loop.) Of a fetched group, [(sid, bytes | Exception)], the samples whose
+        reads wait in the fast path (wait_for): answered from their bytes (where the worker
+        thread did not), or, where the fetch failed, handed to the loop."""
+        waiting = self.waiting
+        for sid, r in items:
+            if sid in waiting:
+                waiting.discard(sid)
+                if isinstance(r, (bytes, bytearray, memoryview)):
+                    self.hand(sid, bytes(r) if type(r) is not bytes else r)
+                else:
+                    self.let_go(sid)
 
     def expect(self, sids) -> None:
         """(The loop, as a batch starts.) sids will be handed to the fast path by the batch's

@@ -69,17 +69,19 @@ class Reads:
         if view.forgot(sid, needed):
             self.prefetcher.rewind()
 
-    def answered(self, sid: int, end: bool, held: bool) -> None:
+    def answered(self, sid: int, end: bool, held: bool, counted: bool = False) -> None:
         """A read of sample sid was answered from its cached bytes outside the loop (the
         fast path): as fetch() would count it, and as the daemon's read (Core.read) would
         tell what the kernel holds (end: the read reached the sample's end; held: the
         kernel was taken to hold its pages when the read was answered, so it had dropped
         them. Not held now: a push that ended after the read, waiting for the pages it
-        held, may have set it since)."""
+        held, may have set it since). counted: the read waited in the fast path for its miss,
+        counted then (parked_misses), not as a hit."""
         if held:
             self.lost(sid)
-        self._recent.append(sid)
-        self.stats.hits += 1
+        if not counted:
+            self._recent.append(sid)
+            self.stats.hits += 1
         if end:
             self.kernel_view.read_through(sid)
 
@@ -126,11 +128,51 @@ class Reads:
             raise FsError(errno.EIO, f"its fetch gave up {waited:.1f} s ago, and its node is still down")
         del self.gave_up[sid]
 
-    async def _fetch_missed(self, sid: int):
-        """Fetch a sample no one is fetching, with companions: the next samples queued for
-        read-ahead on its node up to a batch, or, reading without an order, the next k-1
-        samples of its chunk when the reads look like a scan. The reader has its sample as
-        soon as its read is done; the companions' reads go on in the background."""
+    def parked_misses(self, sids: list[int]) -> None:
+        """Reads of sids (each the whole sample) wait in the fast path, which holds none of
+        them and knew of no fetch of them (handles.MISSED): each is answered from where the
+        daemon holds it, or from the fetch under way, or from a fetch of its own (with
+        companions, as _fetch_missed's; the misses of a node together in one batch), by the
+        worker thread that reads it (holders.Holders.hand_many), or handed back to the loop
+        where the sample is known corrupt or its fetch gave up lately (the loop's read
+        answers EIO) or the fetch fails. Nothing waits on the loop for them."""
+        holders, fetcher, stats = self.holders, self.fetcher, self.stats
+        gathered: dict[int, Gathered] = {}
+        for sid in sids:
+            self._recent.append(sid)
+            if sid in self.corrupt or (self.gave_up and sid in self.gave_up):
+                holders.let_go(sid)  # (the loop's read answers it: EIO)
+                continue
+            data = holders.get(sid)
+            if data is not None:
+                stats.hits += 1
+                holders.hand(sid, data)
+            elif sid in fetcher.inflight:
+                stats.read_waits += 1
+                holders.wait_for(sid)  # (handed over as it arrives, if its thread did not)
+            else:
+                stats.misses += 1
+                batch = self._companions(sid)
+                claimed = fetcher.claim(batch)
+                self.arrivals.fetched_elsewhere(batch, claimed)
+                holders.wait_for(sid)  # (let go of if its fetch fails)
+                g = gathered.setdefault(fetcher.node_of(sid), Gathered())
+                g.missed.append(sid)
+                g.companions += [s for s in batch if s != sid and s in claimed]
+                g.claimed.update(claimed)
+        for g in gathered.values():
+            sids_, missed = g.missed + g.companions, set(g.missed)
+            try:
+                fetcher.submit(sids_, g.claimed, **self.arrivals.handling(sids_, missed))
+            except Exception as e:  # (not serving any more: the reads go to the loop)
+                fetcher.abandon(g.claimed, e)
+                for sid in g.missed:
+                    holders.let_go(sid)
+
+    def _companions(self, sid: int) -> list[int]:
+        """sid and the samples fetched along with it: the next samples queued for read-ahead
+        on its node up to a batch, or, reading without an order, the next k-1 samples of its
+        chunk when the reads look like a scan."""
         fetcher = self.fetcher
         k = fetcher.batch - 1
         batch = [sid] + [s for s in self.prefetcher.take_queued(sid) if s != sid]
@@ -140,6 +182,14 @@ class Reads:
             holds = self.holders.holds
             batch += [s for s in range(sid + 1, end) if chunk[s] == chunk[sid]
                       and not holds(s) and s not in fetcher.inflight]
+        return batch
+
+    async def _fetch_missed(self, sid: int):
+        """Fetch a sample no one is fetching, with companions (_companions). The reader has
+        its sample as soon as its read is done; the companions' reads go on in the
+        background."""
+        fetcher = self.fetcher
+        batch = self._companions(sid)
         claimed = fetcher.claim(batch)
         self.arrivals.fetched_elsewhere(batch, claimed)
         gathered = self._gather(sid, batch, claimed)

@@ -312,8 +312,8 @@ def test_a_sample_served_early_that_the_cache_does_not_keep_leaves_the_fast_path
 
 
 class ExpectingTable:
-    """The fast path's table as the fetch threads see it (FastPath: hold, hold_many, expect):
-    what is expected, held from a worker thread, or let go of."""
+    """The fast path's table as the fetch threads see it (FastPath: hold, hold_many, expect,
+    hand_many): what is expected, held from a worker thread, or let go of."""
 
     def __init__(self, loop_thread: list):
         import threading
@@ -340,6 +340,9 @@ class ExpectingTable:
                 if sid in self.waiting:
                     self.from_threads.add(sid)
                 self.waiting.discard(sid)
+
+    def hand_many(self, items):  # (the reads of misses: none wait in this test)
+        pass
 
     def expect(self, sids):
         import threading
@@ -385,6 +388,53 @@ def test_every_sample_the_fast_path_is_told_to_expect_is_handed_to_it_or_let_go(
     assert bad in table.expected and bad in table.let_go
     assert table.expected == table.from_threads | table.let_go
     assert len(table.from_threads) > len(order) // 2
+
+
+def test_misses_that_wait_in_the_fast_path_are_fetched_and_handed_over_by_the_fetch_thread(three_nodes, tmp_path):
+    """Reads that wait in the fast path for samples it neither holds nor expects reach the
+    core as events (READ | MISSED | sample, Core.answered): a sample no one fetches is
+    fetched, and its worker thread hands its bytes over (Holders.hand_many: the reads are
+    answered there, not on the loop); one the cache holds is handed over from the loop; a
+    known corrupt one is let go of (its reads go to the loop: EIO). Each is counted once:
+    a miss, a hit; the answer of a missed read (READ | MISSED | READ_END) is no hit."""
+    import threading
+    from fusefs.handles import MISSED, READ, READ_END
+    from conftest import settled
+    dst, files = three_nodes
+    rels = sorted(files)
+    ix, bad, _ = corrupt_sample(dst, tmp_path / "copy", rels[0], at=5)
+    loop_thread, handed, lock = [], [], threading.Lock()
+    table = ExpectingTable(loop_thread)
+
+    def hand_many(items):
+        with lock:
+            handed.extend((sid, data, threading.get_ident() != loop_thread[0])
+                          for sid, data in items if isinstance(data, bytes))
+    table.hand_many = hand_many
+    core = _core(tmp_path / "copy", hold=table.hold, table=table)
+    assert core.fast_path_args()["missed"] == MISSED
+    name = lambda sid: os.fsdecode(ix.file_path(sid))  # noqa: E731
+    missed, cached = [s for s in range(ix.n_files) if s != bad][:2]
+
+    async def go():
+        loop_thread.append(threading.get_ident())
+        async with serving(core):
+            assert await read_sample(core, cached) == files[name(cached)]  # (now cached)
+            with pytest.raises(FsError):  # (now known corrupt)
+                await read_sample(core, bad)
+            before = core.statistics()
+            table.waiting.update((missed, cached, bad))  # (as the fast path marks what a miss waits for)
+            core.answered([READ | MISSED | missed, READ | MISSED | cached, READ | MISSED | bad])
+            await settled(core)
+            s = core.statistics()
+            assert (s["misses"] - before["misses"], s["hits"] - before["hits"]) == (1, 1)
+            core.answered([READ | MISSED | READ_END | missed])  # (the missed read's answer)
+            assert core.statistics()["hits"] == s["hits"]
+    trio.run(go)
+    assert (missed, files[name(missed)], True) in handed  # (by its worker thread)
+    assert (cached, files[name(cached)], False) in handed  # (from the loop)
+    assert bad in table.let_go and bad not in [sid for sid, _, _ in handed]
+    assert not core.holders.waiting
 
 
 def test_opens_and_releases_answered_on_the_fast_path_count_as_the_loops_do(tricky):

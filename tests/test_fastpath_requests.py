@@ -369,7 +369,7 @@ def test_a_read_of_an_expected_sample_waits_until_its_hold_answers_it_or_hands_i
     pyfuse3.fast_path_expect([sid, core.index.n_files, -1])  # (out of range ones: ignored)
     assert answer(read(0, 4096, 22)) == (True, b"")
     assert answer(read(4096, 100, 24)) == (True, b"")
-    assert pyfuse3.fast_path_parked() == (2, 0) and events() == []
+    assert pyfuse3.fast_path_parked() == (2, 0, 0) and events() == []
     pyfuse3.fast_path_hold_many([(sid, data)])
     done, out = answer(request(IOCTL, ino, unique=26))  # (reads what the hold wrote, then this)
     assert sorted(replies(out)) == sorted([reply(22, body=data[:4096]), reply(24, body=data[4096:4196]),
@@ -381,7 +381,7 @@ def test_a_read_of_an_expected_sample_waits_until_its_hold_answers_it_or_hands_i
     pyfuse3.fast_path_expect([sid])
     assert answer(read(0, 10, 30)) == (True, b"")
     pyfuse3.fast_path_hold(sid, None)  # (its fetch failed: the loop answers it)
-    assert pyfuse3.fast_path_parked() == (3, 1)
+    assert pyfuse3.fast_path_parked() == (3, 1, 0)
     assert answer(read(0, 10, 32)) == (False, b"")  # (no longer expected)
     pyfuse3.fast_path_expect([sid])
     assert answer(read(0, 10, 34)) == (True, b"")
@@ -389,4 +389,59 @@ def test_a_read_of_an_expected_sample_waits_until_its_hold_answers_it_or_hands_i
         (True, reply(34, errno.EINTR))
     pyfuse3.fast_path_hold(sid, data)
     assert answer(request(IOCTL, ino, unique=36)) == (True, reply(36, errno.ENOTTY))  # (only this)
-    assert pyfuse3.fast_path_parked() == (4, 1) and events() == []
+    assert pyfuse3.fast_path_parked() == (4, 1, 0) and events() == []
+
+
+def test_a_read_of_a_whole_sample_no_one_fetches_waits_and_is_told_at_once(tricky):
+    """With misses told (fast_path_misses), a read of the whole of a sample that is neither
+    held nor expected waits in the fast path and becomes an event at once (READ | MISSED |
+    sample: the core fetches it); a second read of it meanwhile waits for the same fetch,
+    untold. fast_path_hand_many answers both from bytes the fast path does not hold (the
+    first read's event: READ | MISSED | READ_END, counted as that miss; the second's a plain
+    read), so the next read is a miss again. A read of part of a sample goes to the loop. A
+    bit that is not a single one above every sample is refused at the start."""
+    from fusefs.handles import MISSED
+    src, dst, files = tricky
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    core = Core(ix, ChunkStore(dst, ix))
+    pyfuse3.fast_path_misses(READ)  # (another event's bit)
+    with pytest.raises(OSError) as e, configured(core):
+        pass
+    assert e.value.errno == errno.EINVAL
+    pyfuse3.fast_path_misses(MISSED)
+    with configured(core, delay_us=10**9) as (r, w):
+        def answer(req: bytes) -> tuple[bool, bytes]:
+            done = pyfuse3.fast_path_answer(req)
+            try:
+                return done, os.read(r, 1 << 21)
+            except BlockingIOError:
+                return done, b""
+
+        def events() -> list[int]:
+            ev = pyfuse3.fast_path_events()
+            return list(memoryview(ev).cast("Q")) if ev else []
+        ino = core.lookup(core.lookup(1, b"cat").ino, b"img 002.jpg").ino
+        sid, data = ino - core.file_base, files["cat/img 002.jpg"]
+        whole = len(data) + 4096  # (a read as the kernel's: a whole number of pages, past the end)
+        assert answer(request(OPEN, ino, OPEN_IN.pack(os.O_RDONLY, 0)))[0]
+        fh = (((core.handles.serial + 1) % SERIAL_WRAP) << SID_BITS) | sid
+        events()
+
+        def read(off: int, size: int, unique: int) -> bytes:
+            return request(READ_OP, ino, READ_IN.pack(fh, off, size, 0, 0, 0, 0), unique=unique)
+        assert answer(read(0, len(data) - 1, 20)) == (False, b"")  # (part of it: the loop's)
+        assert answer(read(1, whole, 22)) == (False, b"")
+        assert pyfuse3.fast_path_pending()[2] is False
+        assert answer(read(0, whole, 24)) == (True, b"")
+        assert pyfuse3.fast_path_pending()[2] is True  # (told at once, whatever the delay)
+        assert answer(read(0, whole, 26)) == (True, b"")
+        assert events() == [READ | MISSED | sid]
+        pyfuse3.fast_path_hand_many([(sid + 1, files["cat/img 003.jpg"]), (sid, data)])
+        done, out = answer(request(IOCTL, ino, unique=28))
+        assert sorted(replies(out)) == sorted([reply(24, body=data), reply(26, body=data),
+                                               reply(28, errno.ENOTTY)])
+        assert sorted(events()) == sorted([READ | MISSED | READ_END | sid, READ | READ_END | sid])
+        assert answer(read(0, whole, 30)) == (True, b"")  # (not held: a miss again)
+        assert events() == [READ | MISSED | sid] and pyfuse3.fast_path_parked() == (3, 0, 2)
+        pyfuse3.fast_path_hold(sid, None)  # (the core lets it go: to the loop)
+        assert pyfuse3.fast_path_parked() == (3, 1, 2)

@@ -1206,3 +1206,6 @@ ANSWER_NOGIL = True
 
 # fusefs: a read of a sample a fetch thread will hold waits in the fast path (fast_path_expect)
 PARKED_READS = True
+
+# fusefs: a read of a whole sample no one fetches waits in the fast path, told as an event (fast_path_misses)
+PARKED_MISSES = True

@@ -237,6 +237,8 @@ cdef extern from "_fastpath.h":
     fusefs_parked *fusefs_fast_hold(unsigned long long sid, PyObject *o)
     void fusefs_fast_answer_parked(fusefs_parked *w, const char *buf, unsigned long long n) nogil
     void fusefs_fast_expect(const int64_t *sids, size_t n) nogil
+    fusefs_parked *fusefs_fast_hand(unsigned long long sid)
+    void fusefs_fast_misses(unsigned long long bit)
     void fusefs_fast_free_held()
     void fusefs_fast_kernel_flags(const unsigned char *flags, unsigned long long n)
     int fusefs_fast_tree(unsigned long long n_dirs, const unsigned long long *dir_first_file,
@@ -357,7 +359,7 @@ def fast_path_counts():
     """Requests the fast path's thread answered, by type (open, release, ioctl, read,
     lookup, forget: a batch of forgets counts one; interrupt: of a request answered here,
     taken, not answered)."""
-    cdef unsigned long long c[11]
+    cdef unsigned long long c[12]
     fusefs_fast_counts(c)
     return {'open': c[0], 'release': c[1], 'ioctl': c[2], 'read': c[3], 'lookup': c[5],
             'forget': c[6], 'interrupt': c[7]}
@@ -365,7 +367,7 @@ def fast_path_counts():
 
 def fast_path_read_bytes():
     """The bytes of the reads the fast path's thread answered."""
-    cdef unsigned long long c[11]
+    cdef unsigned long long c[12]
     fusefs_fast_counts(c)
     return c[4]
 
@@ -373,17 +375,47 @@ def fast_path_read_bytes():
 def fast_path_interrupts_forwarded():
     """Interrupts the fast path's thread handed to the loop (their requests were not
     answered there)."""
-    cdef unsigned long long c[11]
+    cdef unsigned long long c[12]
     fusefs_fast_counts(c)
     return c[8]
 
 
 def fast_path_parked():
-    """(reads of expected samples that waited in the fast path for their fetch, those of them
-    handed to the loop after all): fast_path_expect."""
-    cdef unsigned long long c[11]
+    """(reads that waited in the fast path for their sample's fetch, those of them handed to
+    the loop after all, misses among them): fast_path_expect, fast_path_misses."""
+    cdef unsigned long long c[12]
     fusefs_fast_counts(c)
-    return c[9], c[10]
+    return c[9], c[10], c[11]
+
+
+def fast_path_misses(bit):
+    """Before fast_path_start: a read of a sample neither held nor expected that asks for the
+    whole sample (offset 0, the size fast_path_tree gives or more) waits in the fast path
+    too, and is told as an event at once (bit | the `read` bit | the sample; a second read
+    of the sample meanwhile waits for the same one): the caller fetches the sample and hands
+    it over (fast_path_hand, fast_path_hold), or lets the read go to the loop
+    (fast_path_hold(sid, None)). 0: such reads go to the loop. The bit must be a single bit
+    above every sample, none of the other events' (fast_path_start checks: EINVAL)."""
+    fusefs_fast_misses(bit)
+
+
+def fast_path_hand_many(items):
+    """Of each (sid, data) of items (data other than bytes: skipped), the reads that wait for
+    sid are answered from data, without the GIL, which the fast path does not hold (a fetched
+    sample that readers missed, whether it is kept or not); sid is no longer expected. A
+    sample no read waits for costs a look at one byte."""
+    cdef fusefs_parked *w
+    cdef const char *buf
+    cdef unsigned long long n
+    for sid, data in items:
+        if type(data) is not bytes:
+            continue
+        w = fusefs_fast_hand(sid)
+        if w != NULL:
+            buf = <const char *> data
+            n = len(data)
+            with nogil:
+                fusefs_fast_answer_parked(w, buf, n)
 
 
 def fast_path_expect(sids):

@@ -62,20 +62,24 @@ from fusefs import fastpath
 from fusefs import order as orderfmt
 from fusefs.config import MountConfig
 from fusefs.core import Core
+from fusefs import handles
 from fusefs.handles import READ, READ_END, RELEASED, SID_BITS, SERIAL_WRAP
+
+MISSED = getattr(handles, "MISSED", 0)  # (older versions: misses go to the loop)
 from fusefs.index import INDEX_NAME, Index
 from fusefs.store import ChunkStore
 
 
 class FastPathStandIn:
     """The fast path's table and events, kept in Python: the cache's mirror (hold), what the
-    fetch threads hand it (hold_many) and the samples they will (expect: a reader of one waits
-    for it, as the fast path keeps such a read), and the events the reader threads make,
+    fetch threads hand it (hold_many, hand_many) and the samples they will (expect: a reader of
+    one waits for it, as the fast path keeps such a read), and the events the reader threads make,
     handed to Core.answered on the loop."""
 
     def __init__(self):
         self.held: dict[int, bytes] = {}
         self.expected: set[int] = set()
+        self.handed: dict[int, bytes] = {}
         self.arrived = threading.Condition()
         self.lock = threading.Lock()
         self.events: list[int] = []
@@ -101,20 +105,38 @@ class FastPathStandIn:
                 self.expected.discard(sid)
             self.arrived.notify_all()
 
+    def hand_many(self, items) -> None:  # (a fetch thread) bytes for readers that wait, not held
+        with self.arrived:
+            for sid, data in items:
+                if sid in self.expected and type(data) is bytes:
+                    self.handed[sid] = data
+                    self.expected.discard(sid)
+            self.arrived.notify_all()
+
     def expect(self, sids) -> None:  # (the loop)
         with self.arrived:
             self.expected.update(s for s in sids if s not in self.held)
+
+    def miss(self, sid: int):  # (a reader thread) as the fast path keeps a miss: told at once
+        with self.arrived:
+            if sid in self.held:
+                return self.held[sid]
+            told = sid not in self.expected
+            self.expected.add(sid)
+        if told:
+            self.event(READ | MISSED | sid, now=True)
+        return self.wait(sid)
 
     def wait(self, sid: int):  # (a reader thread) its bytes once held, None if not to come
         with self.arrived:
             while sid in self.expected:
                 self.arrived.wait()
-            return self.held.get(sid)
+            return self.handed.pop(sid, None) or self.held.get(sid)
 
-    def event(self, e: int) -> None:  # (a reader thread)
+    def event(self, e: int, now: bool = False) -> None:  # (a reader thread)
         with self.lock:
             self.events.append(e)
-            due = len(self.events) >= fastpath.BATCH and not self.waking
+            due = (now or len(self.events) >= fastpath.BATCH) and not self.waking
             if due:
                 self.waking = True
         if due:
@@ -179,12 +201,14 @@ async def one_pass(index: Index, store: ChunkStore, cache_bytes: int, order: np.
     def reader(k: int) -> None:
         for sid in order[k::readers].tolist():
             fh = fp.open(sid)
-            data = fp.held.get(sid)
+            data, missed = fp.held.get(sid), 0
             if data is None and table:
                 data = fp.wait(sid)
+            if data is None and table and MISSED:
+                data, missed = fp.miss(sid), MISSED
             if data is not None:
                 zlib.crc32(data)
-                fp.event(READ | READ_END | sid)
+                fp.event(READ | READ_END | missed | sid)
             else:
                 data = trio.from_thread.run(loop_read, fh, int(sizes[sid]), trio_token=fp.token)
                 zlib.crc32(data)
