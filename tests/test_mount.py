@@ -204,6 +204,35 @@ def test_corrupt_chunk_gives_eio_and_a_log_line_and_the_rest_is_served(tricky, t
         assert str(chunk_path) in text and "zz/img 003.jpg" in text and "checksum" in text
 
 
+def test_misses_wait_in_the_fast_path_and_a_corrupt_ones_read_goes_to_the_loop(tricky, tmp_path):
+    """Without an order every first read of a sample is a miss. A read of a whole sample
+    waits in the fast path's C thread, the loop hears of it as an event, and the fetch's
+    worker thread answers it with the sample's exact bytes (misses_parked), no request
+    reaching the loop. A corrupt sample's read waits there too, then goes to the loop, which
+    answers EIO (parked_to_loop)."""
+    src, dst, files = tricky
+    copy = tmp_path / "dst"
+    shutil.copytree(dst, copy)
+    ix = Index.load(str(copy / INDEX_NAME))
+    name = next(rel for rel, blob in sorted(files.items())  # (a whole read of it: one request)
+                if rel.startswith("cat/") and blob is not None and 4096 <= len(blob) <= 70_000)
+    victim = resolve(ix, name)[1]
+    flip_byte(copy / ix.chunks[int(ix.chunk[victim])].path, int(ix.offset[victim]) + 5)
+    mnt = tmp_path / "mnt"
+    with running_mount(str(copy), mnt) as (proc, log):
+        before = mount_stats(str(mnt))
+        with pytest.raises(OSError) as e:
+            open(mnt / name, "rb").read()
+        assert e.value.errno == errno.EIO
+        assert mount_stats(str(mnt))["parked_to_loop"] - before["parked_to_loop"] == 1
+        assert read_tree(mnt / "dog") == read_tree(os.path.join(src, "dog"))
+        s = mount_stats(str(mnt))
+        # (not every one: a read that looks like a scan fetches the next samples along)
+        assert s["misses_parked"] - before["misses_parked"] >= 2, s
+        assert s["reads_parked"] - before["reads_parked"] >= s["misses_parked"] - before["misses_parked"]
+        assert s["parked_to_loop"] - before["parked_to_loop"] == 1 and proc.poll() is None
+
+
 @pytest.mark.parametrize("damage", ["no index", "truncated index", "missing chunk", "truncated chunk"])
 def test_mount_refuses_a_damaged_dataset_naming_the_file(tricky, tmp_path, damage):
     dst = tmp_path / "dst"
