@@ -500,7 +500,8 @@ def test_bench_hotpath_runs_every_regime_and_paces_the_paced_one(tmp_path):
     assert sorted(x["regime"] for x in lines) == sorted(set(rows) - {"loose_cold", "loose_warm", "pack"})
     assert all(x["bench"] == "bench_hotpath" and x["commit"] and x["machine"] for x in lines)
     assert set(rows) == {"loose_cold", "loose_warm", "chunks_cold", "chunks", "kernel", "kernel_os",
-                         "kernel_paced", "daemon", "handlers", "fetch_loop", "small_fill", "small_kernel",
+                         "kernel_paced", "daemon", "handlers", "fetch_loop", "fetch_loop_missed",
+                         "small_fill", "small_kernel",
                          "small_dropped", "small_dropped_16", "minimal_read", "minimal_kernel", "minimal_paced",
                          "minimal_c_read", "minimal_c_kernel", "minimal_c_paced", "scale", "pack"}
     # the node's shape: 16 readers, every sample fetched again through a tenth cached
@@ -522,6 +523,10 @@ def test_bench_hotpath_runs_every_regime_and_paces_the_paced_one(tmp_path):
     assert loop["daemon_cpu_us_per_sample"] > 0, loop
     assert all(loop["task_shares"][k] > 0 for k in ("deliveries", "read-ahead")), loop
     assert loop["task_shares"]["fetches"] == 0, loop  # (no task a batch; no retries here)
+    # ... and without an order: every read a miss, each waiting in the fast path, not the loop
+    missed = rows.pop("fetch_loop_missed")
+    assert missed["samples"] == 300 and missed["daemon_cpu_us_per_sample"] > 0, missed
+    assert missed["loop_reads"] == [0, 0, 0] and loop["loop_reads"] == [0, 0, 0], (loop, missed)
     for name, row in rows.items():
         assert row["samples"] == 300 and row["samples_per_s"] > 0, name
         if not name.startswith("loose"):

@@ -26,6 +26,8 @@ fresh order:
            by threads standing in for the readers and the fast path), apart from the
            kernel's copies that set the fetched regimes' figures on this VM (a version whose
            fusefs the script cannot drive, an old REF, has no such row)
+  fetch_loop_missed  the same without an order (fetch_cost.py --without-order): the
+           readers' random reads are every one a miss, as a loader's that hands no order
   small_*  a fresh daemon with a cache of a tenth of the set (as in training): small_fill
            (first epoch, the chunk files on disk as in chunks_cold), small_kernel (the
            next: the kernel page cache still holds what was pushed), small_dropped (the
@@ -304,9 +306,7 @@ def fusefs_round(dst, mnt, pool, rels, orders, a, env=None, options=(), pool16=N
                 warm_chunks(dst)
             epoch(name, proc, order, number)
     out["handlers"] = handlers_row(dst, env)
-    loop = fetch_loop_row(dst, env)
-    if loop is not None:
-        out["fetch_loop"] = loop
+    out.update(fetch_loop_rows(dst, env))
     return out
 
 
@@ -319,22 +319,29 @@ def handlers_row(dst: str, env=None) -> dict:
     return json.loads(r.stdout)
 
 
-def fetch_loop_row(dst: str, env=None) -> dict | None:
+def fetch_loop_rows(dst: str, env=None) -> dict:
     """The loop's CPU per fetched sample, in-process (scripts/bench/fetch_cost.py, a cache of
-    a tenth of the set, 3 passes), with the fusefs of env's PYTHONPATH; None where that
-    fusefs is too old for the script."""
+    a tenth of the set, 3 passes), with the fusefs of env's PYTHONPATH: fetch_loop (along an
+    order) and fetch_loop_missed (without one: every read a miss); none where that fusefs is
+    too old for the script."""
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fetch_cost.py")
     env = {k: v for k, v in (env or os.environ).items() if k != "PYTHONSAFEPATH"}  # (it imports common)
-    r = subprocess.run([sys.executable, script, dst, "--cache", "0.1", "--passes", "3", "--results", "-"],
-                       env=env, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, script, dst, "--cache", "0.1", "--passes", "3", "--without-order",
+                        "--results", "-"], env=env, capture_output=True, text=True)
     if r.returncode != 0:
         print(f"fetch_loop: fetch_cost.py failed with this version: {r.stderr.strip().splitlines()[-1:]}",
               file=sys.stderr)
-        return None
-    f = json.loads(r.stdout)
-    return {"regime": "fetch_loop", "samples": f["samples"], "daemon_cpu_us_per_sample": f["loop_cpu_us_per_sample"],
-            "passes_us_per_sample": f["passes_us_per_sample"], "loop_reads": f["loop_reads"],
-            "task_shares": f["task_shares"]}
+        return {}
+    out = {}
+    for line in r.stdout.splitlines():
+        if not line.startswith("{"):
+            continue
+        f = json.loads(line)
+        name = "fetch_loop" if f["order"] else "fetch_loop_missed"
+        out[name] = {"regime": name, "samples": f["samples"], "daemon_cpu_us_per_sample": f["loop_cpu_us_per_sample"],
+                     "passes_us_per_sample": f["passes_us_per_sample"], "loop_reads": f["loop_reads"],
+                     "task_shares": f["task_shares"]}
+    return out
 
 
 def main() -> int:
