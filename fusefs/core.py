@@ -270,7 +270,13 @@ class Core:
         if used:
             self._use_many(used)
         if missed:
-            self.reads.parked_misses(missed)
+            try:
+                self.reads.parked_misses(missed)
+            except Exception:  # (a bug: their reads must not wait for ever)
+                log.exception("fetching %d missed sample(s) for the fast path failed: their reads "
+                              "go to the loop", len(missed))
+                for sid in missed:
+                    self.holders.let_go(sid)
 
     def _sid_of_fh(self, fh: int) -> int | None:
         return fh & SID_MASK if fh < FH_BASE else None

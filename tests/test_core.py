@@ -437,6 +437,25 @@ def test_misses_that_wait_in_the_fast_path_are_fetched_and_handed_over_by_the_fe
     assert not core.holders.waiting
 
 
+def test_misses_whose_handling_fails_go_to_the_loop_not_left_waiting(three_nodes, caplog):
+    """Should the core fail to handle the fast path's misses (a bug), their reads are let go
+    of (they go to the loop, which answers them) and the failure is logged: none is left
+    waiting in the fast path for a fetch that will not come."""
+    import threading
+    from fusefs.handles import MISSED, READ
+    dst, files = three_nodes
+    table = ExpectingTable([threading.get_ident()])
+    core = _core(dst, hold=table.hold, table=table)
+
+    def broken(sids):
+        raise RuntimeError("a bug")
+    core.reads.parked_misses = broken
+    table.waiting.update((1, 2))  # (as the fast path marks what a miss waits for)
+    core.answered([READ | MISSED | 1, READ | MISSED | 2])
+    assert table.let_go == {1, 2} and not table.waiting
+    assert "their reads go to the loop" in caplog.text
+
+
 def test_opens_and_releases_answered_on_the_fast_path_count_as_the_loops_do(tricky):
     """The fast path's thread answers opens and releases in C and hands them over as events
     (handles, a release's with RELEASED set, fastpath.py): applied in order, they leave the
