@@ -526,7 +526,9 @@ def test_bench_hotpath_runs_every_regime_and_paces_the_paced_one(tmp_path):
     # ... and without an order: every read a miss, each waiting in the fast path, not the loop
     missed = rows.pop("fetch_loop_missed")
     assert missed["samples"] == 300 and missed["daemon_cpu_us_per_sample"] > 0, missed
-    assert missed["loop_reads"] == [0, 0, 0] and loop["loop_reads"] == [0, 0, 0], (loop, missed)
+    # (a miss's read reaches the loop only where the sample it waits for is let go of meanwhile:
+    # a sample served early that the cache does not keep; without the fast path's waits, all did)
+    assert max(missed["loop_reads"] + loop["loop_reads"]) < 300 // 10, (loop, missed)
     for name, row in rows.items():
         assert row["samples"] == 300 and row["samples_per_s"] > 0, name
         if not name.startswith("loose"):
