@@ -123,10 +123,10 @@ class Holders:
         for sid, r in items:
             if sid in waiting:
                 waiting.discard(sid)
-                if isinstance(r, (bytes, bytearray, memoryview)):
-                    self.hand(sid, bytes(r) if type(r) is not bytes else r)
-                else:
+                if isinstance(r, Exception):
                     self.let_go(sid)
+                else:
+                    self.hand(sid, r if type(r) is bytes else bytes(r))
 
     def expect(self, sids) -> None:
         """(The loop, as a batch starts.) sids will be handed to the fast path by the batch's

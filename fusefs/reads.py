@@ -135,9 +135,10 @@ class Reads:
         companions, as _fetch_missed's; the misses of a node together in one batch), by the
         worker thread that reads it (holders.Holders.hand_many), or handed back to the loop
         where the sample is known corrupt or its fetch gave up lately (the loop's read
-        answers EIO) or the fetch fails. Nothing waits on the loop for them."""
+        answers EIO) or the fetch fails. Nothing waits on the loop for them; their fetches
+        join the misses gathered this turn (_gather), submitted once all are in."""
         holders, fetcher, stats = self.holders, self.fetcher, self.stats
-        gathered: dict[int, Gathered] = {}
+        first: dict[int, Gathered] = {}  # node -> the batch these misses started
         for sid in sids:
             self._recent.append(sid)
             if sid in self.corrupt or (self.gave_up and sid in self.gave_up):
@@ -156,18 +157,11 @@ class Reads:
                 claimed = fetcher.claim(batch)
                 self.arrivals.fetched_elsewhere(batch, claimed)
                 holders.wait_for(sid)  # (let go of if its fetch fails)
-                g = gathered.setdefault(fetcher.node_of(sid), Gathered())
-                g.missed.append(sid)
-                g.companions += [s for s in batch if s != sid and s in claimed]
-                g.claimed.update(claimed)
-        for g in gathered.values():
-            sids_, missed = g.missed + g.companions, set(g.missed)
-            try:
-                fetcher.submit(sids_, g.claimed, **self.arrivals.handling(sids_, missed))
-            except Exception as e:  # (not serving any more: the reads go to the loop)
-                fetcher.abandon(g.claimed, e)
-                for sid in g.missed:
-                    holders.let_go(sid)
+                gathered = self._gather(sid, batch, claimed)
+                if gathered is not None:
+                    first[fetcher.node_of(sid)] = gathered
+        for node, gathered in first.items():
+            self._submit(node, gathered)
 
     def _companions(self, sid: int) -> list[int]:
         """sid and the samples fetched along with it: the next samples queued for read-ahead
@@ -230,6 +224,7 @@ class Reads:
             self.fetcher.submit(sids, gathered.claimed, **self.arrivals.handling(sids, missed))
         except Exception as e:  # (not serving any more: its readers get EIO, not a hang)
             self.fetcher.abandon(gathered.claimed, e)
+            self.holders.arrived([(sid, e) for sid in gathered.missed])  # (fast path's waits: to the loop)
 
 
 class Gathered:

@@ -456,6 +456,19 @@ def test_misses_whose_handling_fails_go_to_the_loop_not_left_waiting(three_nodes
     assert "their reads go to the loop" in caplog.text
 
 
+def test_misses_whose_fetch_cannot_start_go_to_the_loop(three_nodes):
+    """A miss waiting in the fast path whose batch the fetcher refuses (it no longer serves)
+    is let go of, as a failed fetch is (Holders.arrived): its read goes to the loop."""
+    import threading
+    from fusefs.handles import MISSED, READ
+    dst, files = three_nodes
+    table = ExpectingTable([threading.get_ident()])
+    core = _core(dst, hold=table.hold, table=table)  # (not running: submit refuses)
+    table.waiting.add(3)
+    core.answered([READ | MISSED | 3])
+    assert table.let_go == {3} and not core.holders.waiting and 3 not in core.fetcher.inflight
+
+
 def test_opens_and_releases_answered_on_the_fast_path_count_as_the_loops_do(tricky):
     """The fast path's thread answers opens and releases in C and hands them over as events
     (handles, a release's with RELEASED set, fastpath.py): applied in order, they leave the
