@@ -27,9 +27,6 @@ from .store import CorruptSample
 
 log = logging.getLogger("fusefs")
 
-# a group of at least this many fetched samples has its keys computed at once (numpy's fixed
-# cost per call is about that of this many Python calls of Policy.key)
-KEYS_AT_ONCE = 16
 GAVE_UP_MAX = 4096  # samples whose fetch gave up that are remembered (the oldest go first)
 
 
@@ -119,11 +116,7 @@ class Arrivals:
                 ok.append(item)
         if not ok:
             return
-        if len(ok) < KEYS_AT_ONCE:
-            key = self.policy.key
-            keys = [key(sid) for sid, _ in ok]
-        else:
-            keys = self.policy.keys(np.array([sid for sid, _ in ok], dtype=np.int64)).tolist()
+        keys = self.policy.keys_of([sid for sid, _ in ok])
         if self.local is not None:  # (each offered to the local tier first)
             for (sid, r), key in zip(ok, keys):
                 self._keep(sid, r, key)

@@ -598,13 +598,13 @@ def test_a_large_group_of_fetched_samples_is_kept_as_each_alone_would_be(three_n
     """Arrivals.deliver_many keys a group of at least KEYS_AT_ONCE samples in one numpy pass
     (Policy.keys): what the cache keeps, and at which keys, is what delivering each alone
     gives (the missed sample's key counts its reader's use; an error is not kept)."""
-    from fusefs.arrivals import KEYS_AT_ONCE
+    from fusefs.policy import KEYS_AT_ONCE
     from fusefs.store import CorruptSample
     dst, files = three_nodes
     cores = [make_core(dst, cache_bytes=make_core(dst).index.total_bytes // 3) for _ in range(2)]
     ix = cores[0].index
     order = np.random.default_rng(5).permutation(ix.n_files)
-    group = order[::-3][:3 * KEYS_AT_ONCE].tolist()
+    group = order[::-3][:KEYS_AT_ONCE + 8].tolist()
     items = [(s, files[os.fsdecode(ix.file_path(s))]) for s in group]
     items[7] = (items[7][0], CorruptSample("chunk", "sample", "bad bytes"))
     missed = group[3]
