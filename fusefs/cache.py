@@ -177,9 +177,10 @@ class SampleCache:
         self._heap = [(-k, next(self._seq), s) for s, k in self._key.items() if s not in pins]
         heapq.heapify(self._heap)
 
-    def _make_room(self, nbytes: int, key: float) -> bool:
+    def _make_room(self, nbytes: int, key: float, gone: list | None = None) -> bool:
         """Evict entries needed later than key (or never), furthest first, until nbytes
-        are free; evict nothing if that cannot free enough."""
+        are free; evict nothing if that cannot free enough. gone: a list the evicted
+        samples are added to, for the caller to tell the mirror of (None: told here)."""
         if nbytes <= self.free:
             return True
         heap, entries, current = self._heap, self._entries, self._key
@@ -200,17 +201,19 @@ class SampleCache:
                 heapq.heappush(heap, item)
             return False
         for sid in taken:
-            self._evict(sid)
+            self._evict(sid, gone)
         return True
 
-    def _evict(self, sid: int) -> None:
+    def _evict(self, sid: int, gone: list | None = None) -> None:
         data = self._entries.pop(sid)
         del self._key[sid]
         self.used -= len(data) + self.overhead
         self.evictions += 1
         if sid in self._readers:
             self._left(sid, data)
-        if self._mirror is not None:
+        if gone is not None:
+            gone.append(sid)
+        elif self._mirror is not None:
             self._mirror(sid, None)
 
     def reserve(self, sid: int, size: int, key: float = math.inf) -> bool:
@@ -226,6 +229,31 @@ class SampleCache:
         self.reserved += need
         self.peak = max(self.peak, self.used + self.reserved)
         return True
+
+    def reserve_many(self, sids, sizes, keys) -> int:
+        """reserve() of each of sids (sizes[i] bytes, needed at keys[i]) in turn, until one
+        finds no room: how many did (len(sids): all). A run of the read-ahead's samples in
+        one call; the mirror is told of the entries evicted for them once the run is
+        reserved."""
+        res, overhead, budget = self._reservations, self.overhead, self.budget
+        gone: list[int] = []
+        done = len(sids)
+        for i, sid in enumerate(sids):
+            if sid in res:
+                continue
+            need = sizes[i] + overhead
+            if need > budget - self.used - self.reserved and not self._make_room(need, keys[i], gone):
+                done = i
+                break
+            res[sid] = need
+            self.reserved += need
+            if self.used + self.reserved > self.peak:
+                self.peak = self.used + self.reserved
+        mirror = self._mirror
+        if mirror is not None:
+            for sid in gone:
+                mirror(sid, None)
+        return done
 
     def settle(self, sid: int) -> int:
         """Give back sample sid's reservation (it arrived, or its fetch is not needed): the

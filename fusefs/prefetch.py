@@ -16,6 +16,9 @@ from .store import MAX_READ
 # order's plan of tens of thousands of tiny samples would hold the loop for tens of ms):
 # it goes on at its task's next turn, and the loop answers requests in between.
 ADVANCE_STEP = 512
+# ... in rounds that take up to this many samples to queue from each plan, their room
+# reserved in one call of the cache (and their keys computed in one numpy pass)
+ADVANCE_RUN = 64
 
 
 def default_readahead(budget: int, samples: int, mean_size: float) -> int:
@@ -137,48 +140,82 @@ class ReadAheadPlan:
         what is neither cached nor in flight, until the budget holds nothing needed later
         than the head's sample or every plan is fully covered (round robin over ranks), or
         `step` positions were looked at: then True (the heads keep where they got to).
-        Sets `idle`: whether every plan is covered to its end."""
-        cache, inflight, queued = self.cache, self.inflight, self.queued
-        sizes, node_of, key = self.index.size_v, self.node_of, self.policy.key
-        holds = self.holds
+        Sets `idle`: whether every plan is covered to its end. Each round takes a run of up
+        to ADVANCE_RUN samples from each plan, interleaved, and reserves their room in one
+        call (SampleCache.reserve_many), their keys from one numpy pass."""
+        inflight, queued, queues, heads = self.inflight, self.queued, self.queues, self.heads
+        holds, readahead = self.holds, self.readahead
         looked = 0  # positions looked at
         self.idle = bounded = False  # (bounded: a plan stopped short of its end)
         active = [(rank, plan) for rank, plan in self.policy.plans.items()
-                  if self.heads.get(rank, 0) < len(plan.ids) + len(plan.next_ids)]
+                  if heads.get(rank, 0) < len(plan.ids) + len(plan.next_ids)]
         while active:
+            runs = []  # (rank, [(sid, pos)]) of this round
             for item in list(active):
                 rank, plan = item
                 ids, consumed, n = plan.ids_v, plan.consumed_v, len(plan.ids)
                 nxt, end = plan.next_ids_v, n + len(plan.next_ids)
-                pos = max(self.heads.get(rank, 0), plan.cursor)
-                start = pos
-                while pos < end:
-                    if pos < n:
-                        sid = ids[pos]
-                        if consumed[pos]:
+                pos = max(heads.get(rank, 0), plan.cursor)
+                run = []
+                while len(run) < ADVANCE_RUN and (step is None or looked < step):
+                    start = pos
+                    while pos < end:
+                        if pos < n:
+                            sid = ids[pos]
+                            if consumed[pos]:
+                                pos += 1
+                                continue
+                        else:
+                            sid = nxt[pos - n]
+                        if sid in inflight or sid in queued or holds(sid):
                             pos += 1
                             continue
-                    else:
-                        sid = nxt[pos - n]
-                    if sid in inflight or sid in queued or holds(sid):
-                        pos += 1
-                        continue
-                    break
-                self.heads[rank] = pos
-                if pos >= end or plan.bytes_between(plan.frontier, pos) > self.readahead:
-                    active.remove(item)  # covered, or as far ahead as it may look
-                    bounded = bounded or pos < end
-                    continue
-                if not cache.reserve(sid, sizes[sid], key(sid)):
-                    return False  # the budget holds nothing needed later than this
-                node = node_of(sid)
-                self.queues[node][sid] = None
-                queued[sid] = node
-                self.heads[rank] = pos + 1
-                looked += pos + 1 - start
-                if step is not None and looked >= step:
-                    return True
+                        break
+                    if pos >= end or plan.bytes_between(plan.frontier, pos) > readahead:
+                        active.remove(item)  # covered, or as far ahead as it may look
+                        bounded = bounded or pos < end
+                        break
+                    run.append((sid, pos))
+                    pos += 1
+                    looked += pos - start
+                heads[rank] = pos
+                if run:
+                    runs.append((rank, run))
+            if runs and not self._reserve(runs):
+                return False  # the budget holds nothing needed later than this
+            if step is not None and looked >= step:
+                return True
         self.idle = not bounded
+        return False
+
+    def _reserve(self, runs) -> bool:
+        """Reserve room for the runs' samples, interleaved (each plan's first, then each
+        one's second, ...; each sample once) and queue them on their nodes, until one finds
+        no room: then False, and each plan's head goes back to its first sample not
+        queued."""
+        sids, owners, seen = [], [], set()
+        for k in range(max(len(run) for _, run in runs)):
+            for rank, run in runs:
+                if k < len(run):
+                    sid, pos = run[k]
+                    if sid not in seen:
+                        seen.add(sid)
+                        sids.append(sid)
+                        owners.append((rank, pos))
+        sizes, keys = self.index.size_v, self.policy.keys_of(sids)
+        done = self.cache.reserve_many(sids, [sizes[s] for s in sids], keys)
+        node_of, queues, queued = self.node_of, self.queues, self.queued
+        for sid in sids[:done]:
+            node = node_of(sid)
+            queues[node][sid] = None
+            queued[sid] = node
+        if done == len(sids):
+            return True
+        back = set()
+        for rank, pos in owners[done:]:
+            if rank not in back:
+                back.add(rank)
+                self.heads[rank] = pos
         return False
 
     def batches(self, running: list[int]) -> list[tuple[int, list[int]]]:

@@ -200,6 +200,22 @@ def test_evictions_take_the_furthest_key_first_through_heap_rebuilds():
     assert len(rebuilds) >= 3 and c.evictions > 1000
 
 
+def twin_caches(rng, puts: int):
+    """Two caches (4,000 bytes, sample 3 pinned) with the same entries, up to puts random
+    ones, each with a mirror (a dict): ([mirror, mirror], [cache, cache])."""
+    held = [{}, {}]
+    caches = [SampleCache(4_000, static=500, entry_overhead=16,
+                          mirror=lambda sid, data, h=h: h.__setitem__(sid, data) if data is not None
+                          else h.pop(sid)) for h in held]
+    for c in caches:
+        c.set_pins(np.array([3]), np.array([1.0]), np.full(40, 400))
+    for _ in range(int(rng.integers(0, puts))):
+        sid, data, key = int(rng.integers(40)), bytes(int(rng.integers(1, 500))), float(rng.integers(100))
+        for c in caches:
+            c.put(sid, data, key)
+    return held, caches
+
+
 def test_a_group_put_at_once_keeps_what_puts_one_by_one_keep_up_to_the_first_refused():
     """SampleCache.put_many (a fetched group's samples, in one call) leaves the cache, its
     mirror, its counters (the peak: the most held after any put) and its eviction order as
@@ -209,16 +225,7 @@ def test_a_group_put_at_once_keeps_what_puts_one_by_one_keep_up_to_the_first_ref
     rng = np.random.default_rng(11)
     stops = []
     for trial in range(200):
-        held = [{}, {}]
-        caches = [SampleCache(4_000, static=500, entry_overhead=16,
-                              mirror=lambda sid, data, h=h: h.__setitem__(sid, data) if data is not None
-                              else h.pop(sid)) for h in held]
-        for c in caches:
-            c.set_pins(np.array([3]), np.array([1.0]), np.full(40, 400))
-        for _ in range(int(rng.integers(0, 12))):  # (some cached already, some reserved)
-            sid, data, key = int(rng.integers(40)), bytes(int(rng.integers(1, 500))), float(rng.integers(100))
-            for c in caches:
-                c.put(sid, data, key)
+        held, caches = twin_caches(rng, 12)  # (some cached already, some reserved)
         for sid in rng.choice(40, 3, replace=False).tolist():
             size, key = int(rng.integers(1, 300)), float(rng.integers(100))
             for c in caches:
@@ -242,6 +249,35 @@ def test_a_group_put_at_once_keeps_what_puts_one_by_one_keep_up_to_the_first_ref
         if stop < len(items) - 1:  # (the rest, from where it stopped)
             assert many.put_many(items, keys, stop + 1) >= stop + 1
     assert 0 < stops.count(8) < len(stops)  # (some groups kept whole, some refused in part)
+
+
+def test_a_run_reserved_at_once_reserves_what_reserves_one_by_one_do_up_to_the_first_refused():
+    """SampleCache.reserve_many (a run of the read-ahead's samples, in one call) leaves the
+    cache, its mirror (told of the evictions once the run is reserved), its reservations and
+    counters as reserve() of each in turn does, and stops at the first sample reserve() would
+    refuse: its index."""
+    rng = np.random.default_rng(12)
+    stops = []
+    for trial in range(200):
+        held, caches = twin_caches(rng, 14)
+        sids = [int(s) for s in rng.choice(60, 8, replace=False)]
+        sids[-1] = sids[0]  # (a sample reserved already: counts as reserved)
+        sizes = [int(rng.integers(1, 700)) for _ in sids]
+        keys = [float(rng.integers(100)) if rng.random() < 0.9 else math.inf for _ in sids]
+        one, many = caches
+        stop = len(sids)
+        for i, sid in enumerate(sids):
+            if not one.reserve(sid, sizes[i], keys[i]):
+                stop = i
+                break
+        assert many.reserve_many(sids, sizes, keys) == stop
+        stops.append(stop)
+        assert one._entries == many._entries and one._key == many._key and held[0] == held[1]
+        assert one._reservations == many._reservations and one.counters() == many.counters()
+        for c in caches:
+            c.put(999, b"z" * 300, 50.0)  # (what goes next: the same eviction order)
+        assert one._entries == many._entries and held[0] == held[1]
+    assert 0 < stops.count(8) < len(stops)  # (whole runs, runs cut short)
 
 
 def test_a_new_orders_rekey_and_a_heap_rebuild_hold_one_eviction_heap_at_a_time():
