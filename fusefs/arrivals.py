@@ -91,7 +91,7 @@ class Arrivals:
         settle = self.cache.settle
         for s, _ in items:
             settle(s)
-        self.deliver_many(items, missed)
+        self.deliver_many(items, missed, served)
         if served:
             self.holders.unserve([s for s, _ in items if s in served])
         if self.holders.waiting:
@@ -102,9 +102,10 @@ class Arrivals:
         if readahead:
             self.wake.set()
 
-    def deliver_many(self, items, missed=()) -> None:
+    def deliver_many(self, items, missed=(), served=()) -> None:
         """deliver() of each (sid, result) of a group of reads (the fetched ones kept in the
-        group's order); `missed`: the samples readers missed (a set). The keys of a large
+        group's order); `missed`: the samples readers missed (a set); `served`: those the
+        fast path holds already (Holders.serve_early). The keys of a large
         group come from one numpy pass over the plans (Policy.keys), not a Python call each,
         and the cache keeps the group's samples in one call (SampleCache.put_many)."""
         ok = []
@@ -123,7 +124,7 @@ class Arrivals:
             return
         keep_many, at = self.holders.keep_many, 0
         while at < len(ok):
-            at = keep_many(ok, keys, at)
+            at = keep_many(ok, keys, at, served)
             if at < len(ok):
                 self._keep_refused(*ok[at], keys[at])
                 at += 1

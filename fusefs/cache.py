@@ -270,11 +270,12 @@ class SampleCache:
         next use, math.inf: none planned). Returns whether it was kept."""
         return self.put_many(((sid, data),), (key,)) == 1
 
-    def put_many(self, items, keys, start: int = 0) -> int:
+    def put_many(self, items, keys, start: int = 0, told=()) -> int:
         """put() of each (sid, data) of items[start:], needed at keys[i], in order, until one
         is not kept: returns its index (len(items): every one kept). A fetched group's
         samples, without a call each. (A sample cached already is dropped first, kept or
-        not.)"""
+        not.) told: samples the mirror holds with these very bytes already (the fast path
+        was handed them by their fetch thread: Holders.serve_early), not told again."""
         entries, current, pins, heap, seq, mirror = (self._entries, self._key, self.pin_set,
                                                      self._heap, self._seq, self._mirror)
         overhead, push = self.overhead, heapq.heappush
@@ -282,15 +283,14 @@ class SampleCache:
         for i in range(start, len(items)):
             sid, data = items[i]
             key = keys[i]
-            if sid in entries:
-                self.drop(sid)
+            dropped = sid in entries and self.drop(sid)
             need = len(data) + overhead
             if need > self.budget - self.used - self.reserved and not self._make_room(need, key):
                 kept = i
                 break
             entries[sid] = data
             current[sid] = key
-            if mirror is not None:
+            if mirror is not None and (dropped or sid not in told):
                 mirror(sid, data)
             if sid in pins:
                 self.pinned_bytes += need

@@ -66,9 +66,10 @@ class Holders:
         key; whether it was kept."""
         return self.cache.put(sid, data, key)
 
-    def keep_many(self, items, keys, start: int = 0) -> int:
-        """keep() of each (sid, data) of items[start:] until one is not kept: its index."""
-        return self.cache.put_many(items, keys, start)
+    def keep_many(self, items, keys, start: int = 0, served=()) -> int:
+        """keep() of each (sid, data) of items[start:] until one is not kept: its index.
+        served: those of them the fast path holds already (serve_early)."""
+        return self.cache.put_many(items, keys, start, served)
 
     @property
     def serves_early(self) -> bool:

@@ -251,6 +251,20 @@ def test_a_group_put_at_once_keeps_what_puts_one_by_one_keep_up_to_the_first_ref
     assert 0 < stops.count(8) < len(stops)  # (some groups kept whole, some refused in part)
 
 
+def test_a_group_put_at_once_tells_the_mirror_only_of_what_it_does_not_hold_already():
+    """put_many's told samples (the fast path holds their bytes already: its fetch thread
+    handed them over) are not told again, unless the put replaced an entry (whose drop let go
+    of them); every other sample is."""
+    calls = []
+    cache = SampleCache(10_000, entry_overhead=0, mirror=lambda sid, data: calls.append((sid, data)))
+    old, a, b, c = b"o" * 10, b"a" * 10, b"b" * 10, b"c" * 10
+    cache.put(3, old, 5.0)
+    calls.clear()
+    assert cache.put_many([(1, a), (2, b), (3, c)], [1.0, 2.0, 3.0], told={1, 3}) == 3
+    assert calls == [(2, b), (3, None), (3, c)]
+    assert cache.get(1) is a and cache.get(3) is c
+
+
 def test_a_run_reserved_at_once_reserves_what_reserves_one_by_one_do_up_to_the_first_refused():
     """SampleCache.reserve_many (a run of the read-ahead's samples, in one call) leaves the
     cache, its mirror (told of the evictions once the run is reserved), its reservations and
