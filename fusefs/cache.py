@@ -181,22 +181,23 @@ class SampleCache:
         """Evict entries needed later than key (or never), furthest first, until nbytes
         are free; evict nothing if that cannot free enough. gone: a list the evicted
         samples are added to, for the caller to tell the mirror of (None: told here)."""
-        if nbytes <= self.free:
+        short = nbytes - (self.budget - self.used - self.reserved)  # bytes still to free
+        if short <= 0:
             return True
-        heap, entries, current = self._heap, self._entries, self._key
-        taken, freed = {}, 0
-        while heap and self.free + freed < nbytes:
+        heap, entries, current, overhead = self._heap, self._entries, self._key, self.overhead
+        pop, taken = heapq.heappop, {}
+        while heap and short > 0:
             neg, seq, sid = heap[0]
             # stale: evicted, dropped or re-keyed since; or an item of the same key as the
             # one taken (an entry put again, or re-keyed back, under the same key)
             if sid not in entries or current[sid] != -neg or sid in taken:
-                heapq.heappop(heap)
+                pop(heap)
                 continue
             if not (-neg > key or -neg == math.inf):
                 break
-            taken[sid] = heapq.heappop(heap)
-            freed += len(entries[sid]) + self.overhead
-        if self.free + freed < nbytes:
+            taken[sid] = pop(heap)
+            short -= len(entries[sid]) + overhead
+        if short > 0:
             for item in taken.values():
                 heapq.heappush(heap, item)
             return False
