@@ -88,12 +88,10 @@ class Arrivals:
         samples of the batch that readers missed; served: those handed to the fast path in
         the thread; sets): reservations settled, each delivered, and a served one the cache
         did not keep let go of."""
-        settle = self.cache.settle
-        for s, _ in items:
-            settle(s)
-        self.deliver_many(items, missed, served)
-        if served:
-            self.holders.unserve([s for s, _ in items if s in served])
+        self.cache.settle_many(items)
+        unkept = self.deliver_many(items, missed, served)
+        if served and unkept:
+            self.holders.unserve([s for s in unkept if s in served])
         if self.holders.waiting:
             self.holders.arrived(items)
 
@@ -102,32 +100,38 @@ class Arrivals:
         if readahead:
             self.wake.set()
 
-    def deliver_many(self, items, missed=(), served=()) -> None:
+    def deliver_many(self, items, missed=(), served=()) -> list[int]:
         """deliver() of each (sid, result) of a group of reads (the fetched ones kept in the
         group's order); `missed`: the samples readers missed (a set); `served`: those the
         fast path holds already (Holders.serve_early). The keys of a large
         group come from one numpy pass over the plans (Policy.keys), not a Python call each,
-        and the cache keeps the group's samples in one call (SampleCache.put_many)."""
-        ok = []
+        and the cache keeps the group's samples in one call (SampleCache.put_many). Returns
+        the samples the cache may not have kept (the others it did keep): those refused,
+        failed or missed, or all where a local tier is offered them first."""
+        ok, unkept = [], []
         for item in items:
             sid, r = item
             if sid in missed or isinstance(r, Exception):
                 self.deliver(sid, r, missed=sid in missed)
+                unkept.append(sid)
             else:
                 ok.append(item)
         if not ok:
-            return
+            return unkept
         keys = self.policy.keys_of([sid for sid, _ in ok])
         if self.local is not None:  # (each offered to the local tier first)
             for (sid, r), key in zip(ok, keys):
                 self._keep(sid, r, key)
-            return
+                unkept.append(sid)
+            return unkept
         keep_many, at = self.holders.keep_many, 0
         while at < len(ok):
             at = keep_many(ok, keys, at, served)
             if at < len(ok):
                 self._keep_refused(*ok[at], keys[at])
+                unkept.append(ok[at][0])
                 at += 1
+        return unkept
 
     def deliver(self, sid: int, result, missed: bool = False) -> None:
         """A fetch finished: keep the bytes if the orders need them before something cached

@@ -263,6 +263,13 @@ class SampleCache:
         self.reserved -= need
         return need
 
+    def settle_many(self, items) -> None:
+        """settle() of the sample of each (sid, _) of items (a fetched group's)."""
+        res, freed = self._reservations, 0
+        for sid, _ in items:
+            freed += res.pop(sid, 0)
+        self.reserved -= freed
+
     def holds_reservation(self, sid: int) -> bool:
         return sid in self._reservations
 

@@ -244,12 +244,20 @@ class Batch:
         stats.bytes += nbytes
         if local:
             self.from_local.update(got)
-        pendings, settled = self.pendings, []
-        for sid, r in got.items():
+        pendings, inflight, settled = self.pendings, self.fetcher.inflight, []
+        for sid, r in got.items():  # (_settle's, inline: a fetched sample's one pass)
             if sid in pendings and not isinstance(r, Exception):
-                self._settle(sid, r)
+                p = pendings.pop(sid)
+                p.data = r
+                del inflight[sid]
+                p.set()
                 settled.append((sid, r))
         if settled:
+            from_local = self.from_local
+            if not from_local:
+                stats.samples += len(settled)
+            elif not local:
+                stats.samples += sum(1 for sid, _ in settled if sid not in from_local)
             self._hand_over(settled)
 
     def on_read(self, got: dict, nreads: int = 0, nbytes: int = 0, local: bool = False) -> None:

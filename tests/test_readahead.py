@@ -612,13 +612,16 @@ def test_a_large_group_of_fetched_samples_is_kept_as_each_alone_would_be(three_n
         core.set_order(0, orderfmt.encode(order.tolist() + order[:40].tolist(), epoch=0))
         for s in order[:25].tolist():
             core.use(s)
-    cores[0].arrivals.deliver_many(items, {missed})
+    unkept = cores[0].arrivals.deliver_many(items, {missed})
     for s, r in items:
         cores[1].arrivals.deliver(s, r, missed=s == missed)
     a, b = cores[0].cache, cores[1].cache
     assert a._key == b._key and a._entries.keys() == b._entries.keys() and len(a._entries) > KEYS_AT_ONCE
     assert a.used == b.used and items[7][0] not in a._entries and missed in a._entries
     assert a._key[missed] == cores[0].policy.key_after_use(missed) != cores[0].policy.key(missed)
+    # (what it says it may not have kept: the failed one, the missed one, any refused)
+    assert {items[7][0], missed} <= set(unkept)
+    assert all(s in a._entries for s, _ in items if s not in unkept)
 
 
 def test_readers_that_lag_each_other_past_the_skip_window_widen_it_and_stop_missing(three_nodes):
