@@ -233,9 +233,14 @@ def script(tmp_path, text: str) -> str:
 
 
 def run(cmd: list[str], hinted: bool, cwd, timeout: float = 300) -> subprocess.CompletedProcess:
-    """cmd, under `fusefs run` if hinted; it must exit 0."""
+    """cmd, under `fusefs run` if hinted; it must exit 0. Its temporary files go in cwd/tmp
+    (TMPDIR): a DataLoader's persistent workers, terminated at the script's exit, leave
+    multiprocessing's pymp-* folders behind, which must not stay in /tmp."""
     full = [FUSEFS, "run", "--", *cmd] if hinted else cmd
-    r = subprocess.run(full, capture_output=True, text=True, cwd=cwd, timeout=timeout)
+    tmp = os.path.join(cwd, "tmp")
+    os.makedirs(tmp, exist_ok=True)
+    r = subprocess.run(full, capture_output=True, text=True, cwd=cwd, timeout=timeout,
+                       env=dict(os.environ, TMPDIR=tmp))
     assert r.returncode == 0, f"{' '.join(full)}:\n{r.stderr[-4000:]}"
     return r
 
