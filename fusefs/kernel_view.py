@@ -46,6 +46,7 @@ class KernelView:
         self._lock = threading.Lock()  # push() runs in several fetch threads at once
         self.ino_base = ino_base
         self.held = np.zeros(n_files, dtype=bool)  # pushed or read through, not forgotten since
+        self._held_v = memoryview(self.held)  # (the same flags, read as Python bools: holds)
         self.drops = False           # the kernel dropped many pushed pages under this order
         self._recent = 0.0           # drops found lately, each by exp(-opens since / DROP_WINDOW)
         self._opens_at_drop = 0      # stats.opens_pushed at the last drop
@@ -67,11 +68,11 @@ class KernelView:
         """Whether the kernel page cache holds sample sid's pages: pushed (or read through
         the daemon) and not forgotten, found dropped or cleared since. Such a sample is
         neither pushed again nor read ahead."""
-        return bool(self.held[sid])
+        return self._held_v[sid]
 
     def opened(self, sid: int) -> None:
         """Sample sid was opened: counted as opened pushed if its reads are the kernel's."""
-        if self.held[sid]:
+        if self._held_v[sid]:
             self.stats.opens_pushed += 1
 
     def push(self, items) -> None:
