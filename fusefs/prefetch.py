@@ -193,6 +193,14 @@ class ReadAheadPlan:
         one's second, ...; each sample once) and queue them on their nodes, until one finds
         no room: then False, and each plan's head goes back to its first sample not
         queued."""
+        if len(runs) == 1:  # (one plan: its run as it is, unless a sample comes twice)
+            rank, run = runs[0]
+            sids = [sid for sid, _ in run]
+            if len(set(sids)) == len(sids):
+                done = self._queue(sids)
+                if done < len(sids):
+                    self.heads[rank] = run[done][1]
+                return done == len(sids)
         sids, owners, seen = [], [], set()
         for k in range(max(len(run) for _, run in runs)):
             for rank, run in runs:
@@ -202,6 +210,17 @@ class ReadAheadPlan:
                         seen.add(sid)
                         sids.append(sid)
                         owners.append((rank, pos))
+        done = self._queue(sids)
+        back = set()
+        for rank, pos in owners[done:]:
+            if rank not in back:
+                back.add(rank)
+                self.heads[rank] = pos
+        return done == len(sids)
+
+    def _queue(self, sids: list[int]) -> int:
+        """Reserve room for sids in turn (SampleCache.reserve_many, their keys from one call)
+        and queue them on their nodes, until one finds no room: how many were queued."""
         sizes, keys = self.index.size_v, self.policy.keys_of(sids)
         done = self.cache.reserve_many(sids, [sizes[s] for s in sids], keys)
         node_of, queues, queued = self.node_of, self.queues, self.queued
@@ -209,14 +228,7 @@ class ReadAheadPlan:
             node = node_of(sid)
             queues[node][sid] = None
             queued[sid] = node
-        if done == len(sids):
-            return True
-        back = set()
-        for rank, pos in owners[done:]:
-            if rank not in back:
-                back.add(rank)
-                self.heads[rank] = pos
-        return False
+        return done
 
     def batches(self, running: list[int]) -> list[tuple[int, list[int]]]:
         """The batches to start now, (node, samples), taken out of the queues, for nodes
