@@ -242,9 +242,12 @@ class Core:
         path with READ and MISSED set (fetched together once the others are applied:
         reads.Reads.parked_misses), and that read's answer with READ, MISSED and READ_END
         (counted as a miss already)."""
-        stats, kernel_view, handles = self.stats, self.kernel_view, self.handles
+        stats, handles, opened, answered = self.stats, self.handles, self.kernel_view.opened, self.reads.answered
+        kept = handles.held  # (what handles keep between reads: rarely anything)
         used = []  # released samples whose uses are yet to be counted (_use_many)
         missed = []
+        opens = reads = releases = 0  # (counted once the batch is applied: nothing reads them here)
+        last = 0  # the last handle opened (one sequence of handles)
         for e in events:
             if e >= RELEASED:
                 if e & READ:
@@ -253,20 +256,24 @@ class Core:
                         used = []
                     self._forgot(e & SID_MASK)
                 else:
-                    stats.releases += 1
-                    handles.released(e - RELEASED)
+                    releases += 1
+                    if kept:
+                        handles.let_go(e - RELEASED)
                     used.append(e & SID_MASK)
             elif e >= READ:
                 if e & MISSED and not e & READ_END:  # (its answer has READ_END: below)
                     missed.append(e & SID_MASK)
                     continue
-                self.stats.reads += 1
-                self.reads.answered(e & SID_MASK, bool(e & READ_END), bool(e & READ_LOST),
-                                    counted=bool(e & MISSED))
+                reads += 1
+                answered(e & SID_MASK, e & READ_END, e & READ_LOST, e & MISSED)
             else:
-                stats.opens += 1
-                kernel_view.opened(e & SID_MASK)
-                handles.opened(e)  # (one sequence of handles)
+                opens += 1
+                opened(e & SID_MASK)
+                last = e
+        stats.opens += opens
+        stats.reads += reads
+        stats.releases += releases
+        handles.count(opens, releases, last)
         if used:
             self._use_many(used)
         if missed:

@@ -56,10 +56,13 @@ class Handles:
         self.serial = serial = (self.serial + 1) % SERIAL_WRAP
         return (serial << SID_BITS) | sid
 
-    def opened(self, fh: int) -> None:
-        """The fast path opened handle fh (its serials go on from there)."""
-        self.open += 1
-        self.serial = fh >> SID_BITS
+    def count(self, opened: int, released: int, last: int) -> None:
+        """The fast path opened `opened` handles, the last of them `last` (its serials go on
+        from there), and released `released` (each let go of: let_go, where handles keep
+        anything)."""
+        self.open += opened - released
+        if opened:
+            self.serial = last >> SID_BITS
 
     def keep(self, fh: int, data: bytes) -> None:
         """Keep data for fh's next read, if it has none kept and the cap allows."""
@@ -73,8 +76,12 @@ class Handles:
         """fh was closed: what it kept goes."""
         self.open -= 1
         if self.held:
-            data = self.held.pop(fh, None)
-            if data is not None:
-                self.held_bytes -= len(data)
-                if self.room is not None:
-                    self.room.let_go_for_reader(fh & SID_MASK)
+            self.let_go(fh)
+
+    def let_go(self, fh: int) -> None:
+        """What fh kept between its reads goes (fh was closed)."""
+        data = self.held.pop(fh, None)
+        if data is not None:
+            self.held_bytes -= len(data)
+            if self.room is not None:
+                self.room.let_go_for_reader(fh & SID_MASK)

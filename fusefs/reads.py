@@ -69,14 +69,14 @@ class Reads:
         if view.forgot(sid, needed):
             self.prefetcher.rewind()
 
-    def answered(self, sid: int, end: bool, held: bool, counted: bool = False) -> None:
+    def answered(self, sid: int, end: int, held: int, counted: int = 0) -> None:
         """A read of sample sid was answered from its cached bytes outside the loop (the
-        fast path): as fetch() would count it, and as the daemon's read (Core.read) would
-        tell what the kernel holds (end: the read reached the sample's end; held: the
-        kernel was taken to hold its pages when the read was answered, so it had dropped
-        them. Not held now: a push that ended after the read, waiting for the pages it
-        held, may have set it since). counted: the read waited in the fast path for its miss,
-        counted then (parked_misses), not as a hit."""
+        fast path; end, held, counted: flags, nonzero or 0): as fetch() would count it, and
+        as the daemon's read (Core.read) would tell what the kernel holds (end: the read
+        reached the sample's end; held: the kernel was taken to hold its pages when the read
+        was answered, so it had dropped them. Not held now: a push that ended after the
+        read, waiting for the pages it held, may have set it since). counted: the read
+        waited in the fast path for its miss, counted then (parked_misses), not as a hit."""
         if held:
             self.lost(sid)
         if not counted:
