@@ -221,15 +221,7 @@ class SampleCache:
         """Set room aside for a fetch about to start of sample sid, of size bytes, needed at
         key (see policy.Policy.key), evicting only entries needed later. A sample holds one
         reservation at most (True at once if it holds one)."""
-        if sid in self._reservations:
-            return True
-        need = size + self.overhead
-        if not self._make_room(need, key):
-            return False
-        self._reservations[sid] = need
-        self.reserved += need
-        self.peak = max(self.peak, self.used + self.reserved)
-        return True
+        return self.reserve_many((sid,), (size,), (key,)) == 1
 
     def reserve_many(self, sids, sizes, keys) -> int:
         """reserve() of each of sids (sizes[i] bytes, needed at keys[i]) in turn, until one
