@@ -289,7 +289,7 @@ def test_the_read_aheads_samples_reach_the_fast_path_from_the_fetch_thread_and_o
             await settled(core)
     trio.run(go)
     assert len(from_threads) > len(order) // 2  # (most came from the fetch threads)
-    assert table.keys() == core.cache._entries.keys() and 0 < len(table) < ix.n_files
+    assert table.keys() == core.cache._dump()[0].keys() and 0 < len(table) < ix.n_files
     assert all(table[s] is core.cache.get(s) or table[s] == core.cache.get(s) for s in table)
 
 
@@ -536,7 +536,7 @@ def test_a_batch_of_releases_on_the_fast_path_counts_its_uses_as_releasing_one_b
         plan, cache = core.plans[0], core.cache
         return (plan.cursor, plan.frontier, plan.skipped, plan.uses.tobytes(), plan.consumed.tobytes(),
                 [p.uses.tobytes() for p in core.plans.values()],
-                dict(cache._key), sorted((k, s) for k, _, s in cache._heap if cache._key.get(s) == -k),
+                cache._dump()[:3], sorted(cache._dump()[3]),
                 core.prefetcher.plan._used, core.kernel_view._recent, core.stats.releases,
                 core.stats.kernel_forgotten)
 

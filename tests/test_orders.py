@@ -99,7 +99,7 @@ def test_echoed_samples_come_from_the_cache_once(three_nodes):
     s = core.statistics()
     assert s["backend_samples"] == len(set(order.tolist())) == len(order) // 2
     assert s["eio"] == 0  # each kept past its echo only while no order needs the room
-    assert all(core.cache._key[sid] == float("inf") for sid in core.cache._entries)
+    assert all(key == float("inf") for key in core.cache._dump()[1].values())
 
 
 def test_sampler_modes_through_a_mount(three_nodes, tmp_path):

@@ -165,18 +165,16 @@ def test_an_entry_put_again_or_re_keyed_back_under_its_key_is_evicted_once():
             c.put(sid, b"x" * 10, key=key)
         again(c)
         assert c.put(3, b"y" * 20, key=5.0)  # room for two: samples 2 and 1, furthest first
-        assert sorted(c._entries) == [0, 3] and c.evictions == 2 and c.used == c.budget
+        assert sorted(c._dump()[0]) == [0, 3] and c.evictions == 2 and c.used == c.budget
 
 
-def test_evictions_take_the_furthest_key_first_through_heap_rebuilds():
-    """Random puts, re-keys and drops on a small cache, long enough for the eviction heap to
-    be rebuilt several times: after every step the cache holds what a reference that evicts
-    the entry of largest key first holds (a put evicts only entries needed later than it,
-    or nothing)."""
+def test_evictions_take_the_furthest_key_first_through_puts_rekeys_and_drops():
+    """Random puts, re-keys and drops on a small cache: after every step the cache holds what
+    a reference that evicts the entry of largest key first holds (a put evicts only entries
+    needed later than it, or nothing), and its heap holds each entry once (indexed: a re-key
+    moves its item, and leaves nothing stale)."""
     rng = np.random.default_rng(7)
     c = SampleCache(50, entry_overhead=0)
-    rebuilds, rebuild = [], c._rebuild_heap
-    c._rebuild_heap = lambda: (rebuilds.append(len(c._heap)), rebuild())
     ref: dict[int, float] = {}  # sid -> key, of what the cache should hold
     for _ in range(20_000):
         sid, key, op = int(rng.integers(200)), float(rng.random()), rng.random()
@@ -196,8 +194,9 @@ def test_evictions_take_the_furthest_key_first_through_heap_rebuilds():
         else:
             c.drop(sid)
             ref.pop(sid, None)
-        assert c._entries.keys() == ref.keys()
-    assert len(rebuilds) >= 3 and c.evictions > 1000
+        entries, keys, _, heap = c._dump()
+        assert entries.keys() == ref.keys() and keys == ref and sorted(heap) == sorted(ref)
+    assert c.evictions > 1000
 
 
 def twin_caches(rng, puts: int):
@@ -244,7 +243,7 @@ def test_a_group_put_at_once_keeps_what_puts_one_by_one_keep_up_to_the_first_ref
         stops.append(stop)
         for c in caches:
             c.put(999, b"z" * 300, 50.0)  # (what goes next: the same eviction order)
-        assert one._entries == many._entries and one._key == many._key and held[0] == held[1]
+        assert one._dump() == many._dump() and held[0] == held[1]
         assert one.counters() == many.counters()
         if stop < len(items) - 1:  # (the rest, from where it stopped)
             assert many.put_many(items, keys, stop + 1) >= stop + 1
@@ -286,45 +285,44 @@ def test_a_run_reserved_at_once_reserves_what_reserves_one_by_one_do_up_to_the_f
                 break
         assert many.reserve_many(sids, sizes, keys) == stop
         stops.append(stop)
-        assert one._entries == many._entries and one._key == many._key and held[0] == held[1]
-        assert one._reservations == many._reservations and one.counters() == many.counters()
+        assert one._dump() == many._dump() and held[0] == held[1]
+        assert one.counters() == many.counters()
         for c in caches:
             c.put(999, b"z" * 300, 50.0)  # (what goes next: the same eviction order)
-        assert one._entries == many._entries and held[0] == held[1]
+        assert one._dump() == many._dump() and held[0] == held[1]
     assert 0 < stops.count(8) < len(stops)  # (whole runs, runs cut short)
 
 
-def test_a_new_orders_rekey_and_a_heap_rebuild_hold_one_eviction_heap_at_a_time():
-    """A new order re-keys every entry (rekey_all) and the eviction heap is rebuilt past two
-    items an entry: both let go of the old heap's items before making the new ones, so the
-    memory they take at their peak (Python's allocations, traced) stays under a quarter of a
-    heap's items over what the cache held before. Old and new heap at once took a heap's
-    worth more, which stayed in the daemon's resident memory as holes (390,000 entries,
-    in-process: 66-119 MB over the start after each of three orders, against 8)."""
+def test_a_new_orders_rekey_orders_equal_keys_by_when_they_were_put_and_takes_no_python_memory():
+    """A new order re-keys every entry (rekey_all): the heap is rebuilt in place (one item an
+    entry, no second heap beside it: Python's allocations, traced, peak at the ids and their
+    keys, 16 bytes an entry),
+    each entry under its new key, and of equal keys the one put first goes first, whatever
+    re-keys came between."""
     import tracemalloc
     n = 20_000
     c = SampleCache(1 << 40, entry_overhead=0)
+    for sid in range(n):
+        c.put(sid, b"x", key=float(sid))
+    for sid in range(n):  # (re-keys in reverse: the heap's ties would follow them)
+        c.rekey(n - 1 - sid, float(2 * n + sid))
     tracemalloc.start()
     try:
-        for sid in range(n):
-            c.put(sid, b"x", key=float(sid))
-        before = tracemalloc.get_traced_memory()[0]
-        for sid in range(n - 100):  # (one item more an entry: the heap is near its rebuild)
-            c.rekey(sid, float(n + sid))
-        item = (tracemalloc.get_traced_memory()[0] - before) / (n - 100)
-        assert len(c._heap) == 2 * n - 100 and item > 50
-        for ready, change in ((lambda: None, lambda: c.rekey_all(lambda sids: sids.astype(np.float64) + 3 * n)),
-                              (lambda: [c.rekey(sid % n, 4.0 * n + sid) for sid in range(n + 1024)],
-                               lambda: c.rekey(0, 9.0 * n))):  # (the re-key that rebuilds it)
-            ready()
-            tracemalloc.reset_peak()
-            base = tracemalloc.get_traced_memory()[0]
-            change()
-            assert len(c._heap) == n  # (rebuilt: one item an entry)
-            assert tracemalloc.get_traced_memory()[1] - base < 0.25 * item * n
+        base = tracemalloc.get_traced_memory()[0]
+        c.rekey_all(lambda sids: np.full(len(sids), 7.0))
+        assert tracemalloc.get_traced_memory()[1] - base <= 16 * n + 4096  # (ids and keys, no heap)
     finally:
         tracemalloc.stop()
-    assert sorted(c._entries) == list(range(n)) and len(c._key) == n
+    entries, keys, _, heap = c._dump()
+    assert len(entries) == n and set(keys.values()) == {7.0} and c.heap_items == len(heap) == n
+    evicted = []
+    small = SampleCache(3, entry_overhead=0, mirror=lambda sid, data: data is None and evicted.append(sid))
+    for sid in (5, 6, 7):
+        small.put(sid, b"x", key=1.0)
+    small.rekey(5, 2.0), small.rekey(5, 1.0)  # (its turn among equal keys: the last re-keyed)
+    assert small.put(8, b"x", key=0.5) and evicted == [6]
+    small.rekey_all(lambda sids: np.ones(len(sids)))  # (equal keys: in the order put)
+    assert small.put(9, b"x", key=0.5) and evicted == [6, 5]
 
 
 def test_policy_keys_span_the_epoch_boundary():
@@ -388,7 +386,7 @@ def test_the_cache_mirror_holds_exactly_the_cached_entries():
                 cache.settle(100 + sid)
         else:
             cache.put(sid, bytes(int(rng.integers(1, 900))), float(rng.integers(0, 100)))
-        assert held.keys() == cache._entries.keys()
+        assert held.keys() == cache._dump()[0].keys()
         assert all(held[s] is cache.get(s) for s in held)
     assert cache.evictions > 0 and held
 
@@ -421,3 +419,29 @@ def test_what_open_handles_keep_is_counted_once_and_covered_by_entries_no_order_
     assert c.outside == 3000  # (the other handle still keeps them)
     c.let_go_for_reader(2)
     assert c.outside == 0 and 4 in c
+
+
+def test_the_caches_c_entries_hold_one_reference_an_entry_and_refuse_bad_ids():
+    """fusefs._cachecore keeps a reference to each entry's bytes while it is cached and lets
+    go of it as the entry leaves (evicted, dropped, or the cache itself let go of); its
+    arrays grow past the data set's count given; a negative id is refused with a reason."""
+    import gc
+    import sys
+    kept, evicted, dropped = bytes(100), bytes(100), bytes(100)
+    def refs():
+        return [sys.getrefcount(b) for b in (kept, evicted, dropped)]
+    base = refs()
+    c = SampleCache(250, entry_overhead=0, samples=4)
+    assert c.put(1, evicted, key=9.0) and c.put(2, dropped, key=1.0)
+    assert refs()[1:] == [base[1] + 1, base[2] + 1]
+    assert c.put(5_000, kept, key=2.0)  # (past the count given: the arrays grow; sample 1 goes)
+    assert 1 not in c and c.get(5_000) is kept and c.evictions == 1
+    assert c.drop(2) and not c.drop(2) and c.get(2) is None and 7 not in c and "x" not in c
+    assert refs() == [base[0] + 1, base[1], base[2]]
+    with pytest.raises(ValueError, match="out of range"):
+        c.put(-1, b"x")
+    with pytest.raises(ValueError, match="out of range"):
+        c.reserve(-3, 10)
+    del c
+    gc.collect()
+    assert refs() == base

@@ -39,8 +39,9 @@ def test_budget_never_exceeded_and_bytes_exact(three_nodes, data):
     # everything read was used for the last time: no order needs any cached entry again
     assert all(core.next_use(i) is None for i in set(ids))
     cache = core.cache
-    assert all(cache._key[s] == float("inf") for s in cache._entries)
-    assert cache.used == sum(cache.cost(len(v)) for v in cache._entries.values())  # the running total
+    entries, keys = cache._dump()[:2]
+    assert all(k == float("inf") for k in keys.values())
+    assert cache.used == sum(cache.cost(len(v)) for v in entries.values())  # the running total
     assert cache.reserved == 0
 
 
@@ -616,12 +617,13 @@ def test_a_large_group_of_fetched_samples_is_kept_as_each_alone_would_be(three_n
     for s, r in items:
         cores[1].arrivals.deliver(s, r, missed=s == missed)
     a, b = cores[0].cache, cores[1].cache
-    assert a._key == b._key and a._entries.keys() == b._entries.keys() and len(a._entries) > KEYS_AT_ONCE
-    assert a.used == b.used and items[7][0] not in a._entries and missed in a._entries
-    assert a._key[missed] == cores[0].policy.key_after_use(missed) != cores[0].policy.key(missed)
+    (a_entries, a_keys), (b_entries, b_keys) = a._dump()[:2], b._dump()[:2]
+    assert a_keys == b_keys and a_entries.keys() == b_entries.keys() and len(a) > KEYS_AT_ONCE
+    assert a.used == b.used and items[7][0] not in a and missed in a
+    assert a_keys[missed] == cores[0].policy.key_after_use(missed) != cores[0].policy.key(missed)
     # (what it says it may not have kept: the failed one, the missed one, any refused)
     assert {items[7][0], missed} <= set(unkept)
-    assert all(s in a._entries for s, _ in items if s not in unkept)
+    assert all(s in a for s, _ in items if s not in unkept)
 
 
 def test_readers_that_lag_each_other_past_the_skip_window_widen_it_and_stop_missing(three_nodes):
@@ -677,8 +679,9 @@ def test_samples_the_cursor_passes_unused_are_keyed_by_their_next_use(three_node
     core.use(order[10])  # (the fast reader, 10 positions ahead: the cursor passes 0-6)
     passed = order[:10 - plan.skip_window + 1]
     assert plan.cursor == len(passed) and plan.skipped == len(passed) and plan.passed == []
+    keys = core.cache._dump()[1]
     for s in order[:8]:
-        assert core.cache._key[s] == core.policy.key(s), s
-    assert all(core.cache._key[s] >= n for s in passed)  # (next needed in the next epoch)
+        assert keys[s] == core.policy.key(s), s
+    assert all(keys[s] >= n for s in passed)  # (next needed in the next epoch)
     core.use(order[0])  # (the slow reader's late use counts for nothing, and keys nothing)
-    assert core.cache._key[order[0]] == core.policy.key(order[0]) >= n
+    assert core.cache._dump()[1][order[0]] == core.policy.key(order[0]) >= n

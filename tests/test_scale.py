@@ -116,23 +116,19 @@ def test_a_local_tier_eviction_costs_the_same_whatever_it_holds(tmp_path):
     assert costs[0] == costs[1], costs
 
 
-def test_the_eviction_heaps_stale_items_stay_within_one_an_entry():
-    """Every use re-keys its cached sample (a new heap item; the old one stays, stale): the
-    heap is rebuilt before it holds more stale items than entries (plus a constant), by
-    re-keys alone (a cache that fetches nothing) as by puts, so its memory stays within what
-    each entry's overhead counts (cache.ENTRY_OVERHEAD)."""
+def test_the_eviction_heap_holds_one_item_an_entry_through_rekeys_and_puts():
+    """Every use re-keys its cached sample: the indexed heap moves its item, so however many
+    re-keys and puts come, it holds one item an entry, nothing stale (its memory is what each
+    entry's overhead counts, cache.ENTRY_OVERHEAD)."""
     n = 5_000
     cache = SampleCache(budget=1 << 30)
     for sid in range(n):
         cache.put(sid, b"x", key=float(sid))
-    longest = 0
     for step in range(20 * n):  # re-keys only
         cache.rekey(step % n, float(n + step))
-        longest = max(longest, len(cache._heap))
-    assert n < longest <= 2 * n + 1024 + 1
-    for sid in range(n, 3 * n):  # puts that evict, with re-keys between
+        assert cache.heap_items == n
+    for sid in range(n, 3 * n):  # puts, with re-keys between
         cache.put(sid, b"x", key=float(sid))
         cache.rekey(sid - n, float(5 * n + sid))
-        longest = max(longest, len(cache._heap))
-    assert longest <= 2 * len(cache._entries) + 1024 + 1
-    assert sorted(cache._entries) == list(range(3 * n))  # (nothing evicted: the budget holds all)
+        assert cache.heap_items == len(cache) == sid + 1
+    assert sorted(cache._dump()[0]) == list(range(3 * n))  # (nothing evicted: the budget holds all)
