@@ -5,7 +5,8 @@
   (fusefs/_fastpath.h). Needs Cython (a build requirement), gcc, the Python headers and
   libfuse3's (pkg-config fuse3, or FUSE3_CFLAGS and FUSE3_LIBS where libfuse3 lies elsewhere).
 - fusefs._cachecore (fusefs/_cachecore.c): the sample cache's entries, reservations and
-  eviction heap. Needs gcc and the Python headers.
+  eviction heap; fusefs._plancore (fusefs/_plancore.c): a plan's counting of a batch of
+  uses. Each needs gcc and the Python headers.
 - fusefs._fetchio (fusefs/_fetchio.c): a fetch batch's reads and checksums without the GIL.
   Needs xxHash's headers. FUSEFS_NO_NATIVE=1 installs without it (fusefs then reads in
   Python, and `fusefs mount` says so on its first line).
@@ -27,10 +28,12 @@ from setuptools.command.build_ext import build_ext
 OPT_OUT = "FUSEFS_NO_NATIVE"
 NEEDS = {"fusefs.pyfuse3": "gcc python3-dev libfuse3-dev pkg-config",
          "fusefs._cachecore": "gcc python3-dev",
+         "fusefs._plancore": "gcc python3-dev",
          "fusefs._fetchio": "gcc python3-dev libxxhash-dev"}
 # what each extension's sources include from outside the tree: checked before the build
 HEADERS = {"fusefs.pyfuse3": ["Python.h", "fuse_lowlevel.h"],
            "fusefs._cachecore": ["Python.h"],
+           "fusefs._plancore": ["Python.h"],
            "fusefs._fetchio": ["Python.h", "xxhash.h"]}
 
 
@@ -114,7 +117,8 @@ def extensions() -> list[Extension]:
                         extra_link_args=["-lpthread", "-lrt"],
                         # (the C the generated source includes: a change to it rebuilds)
                         depends=["fusefs/_fastpath.h"])
-    out = [binding, Extension("fusefs._cachecore", ["fusefs/_cachecore.c"], extra_compile_args=["-O2"])]
+    out = [binding, *(Extension(f"fusefs.{name}", [f"fusefs/{name}.c"], extra_compile_args=["-O2"])
+                      for name in ("_cachecore", "_plancore"))]
     if native_wanted():
         out.append(Extension("fusefs._fetchio", ["fusefs/_fetchio.c"], libraries=["xxhash"],
                              extra_compile_args=["-O2"]))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _plancore
 from .order import Order
 
 INF = float("inf")
@@ -74,6 +75,9 @@ class Plan:
         self._by_sample_v, self._first_v = memoryview(self._by_sample), memoryview(self._first)
         self._next_first_v, self._cum_v = memoryview(self.next_first), memoryview(self._cum)
         self._was_passed_v = memoryview(self.was_passed)
+        # (what _plancore.use_many counts a batch of uses in)
+        self._arrays = (self.uses, self.total, self._by_sample, self._first, self.consumed, self.next_first,
+                        self.was_passed, self.ids)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -171,33 +175,16 @@ class Plan:
 
     def use_many(self, sids) -> list:
         """use() of each of sids in turn, for the batched path of a single plan
-        (core.Core.answered): the samples whose use was counted, each followed by where it is
-        needed next after that use (position_of), [sid, position, sid, position, ...]; a
-        sample this order no longer needs is left out. The samples whose last use was
-        completed are not returned (only the local tier asks for them, per sample); the
-        cursor's passed samples go to `passed`, as use() leaves them."""
-        uses_v, total_v, by_sample, first = self._uses_v, self._total_v, self._by_sample_v, self._first_v
-        consumed, next_first, n = self.consumed_v, self._next_first_v, len(self.ids)
-        out = []
-        for sid in sids:
-            uses, total = uses_v[sid], total_v[sid]
-            if uses >= total:
-                if self._was_passed_v[sid]:
-                    self._late_use(sid)
-                continue
-            at = first[sid] + uses
-            pos = by_sample[at]
-            consumed[pos] = True
-            uses_v[sid] = uses = uses + 1
-            if uses < total:
-                out += (sid, by_sample[at + 1])
-            else:
-                nxt = next_first[sid]
-                out += (sid, n + nxt if nxt >= 0 else INF)
-            if pos >= self.frontier:
-                self.frontier = pos + 1
-            if pos == self.cursor or self.cursor < self.frontier - self.skip_window:
-                self._advance()
+        (core.Core.answered), in one call of fusefs._plancore (C): the samples whose use was
+        counted, each followed by where it is needed next after that use (position_of),
+        [sid, position, sid, position, ...]; a sample this order no longer needs is left out.
+        The samples whose last use was completed are not returned (only the local tier asks
+        for them, per sample); the cursor's passed samples go to `passed`, as use() leaves
+        them."""
+        out, self.cursor, self.frontier, self.skip_window, skipped, late = _plancore.use_many(
+            self._arrays, sids, self.cursor, self.frontier, self.skip_window, MAX_SKIP_WINDOW, self.passed)
+        self.skipped += skipped
+        self.late += late
         return out
 
     def _mark(self, sid: int, pos: int) -> list[int]:

@@ -138,6 +138,44 @@ def test_readers_that_lag_each_other_widen_the_skip_window_until_nothing_is_pass
     assert r.late == 1 and r.skip_window == MAX_SKIP_WINDOW
 
 
+def test_a_batch_of_uses_counted_in_c_leaves_the_plan_as_uses_one_by_one_do():
+    """Plan.use_many (fusefs._plancore, C) against Plan.use, the Python reference: random
+    orders with repeated samples and a next order, readers that interleave, skip, lag and
+    read past the order's end, in batches of random size: after every batch both plans hold
+    the same uses, consumed positions, cursor, frontier, window, passed samples and counts,
+    and each used sample's next position is position_of's after the use."""
+    rng = np.random.default_rng(5)
+    late = skipped = 0
+    for trial in range(60):
+        n_files = int(rng.integers(5, 60))
+        ids = rng.integers(0, n_files, int(rng.integers(1, 3 * n_files)))
+        nxt = order.Order(rng.permutation(n_files)[:int(rng.integers(0, n_files))]) if trial % 2 else None
+        window = int(rng.integers(1, 8))
+        one, many = (Plan(order.Order(ids, next=nxt), np.ones(n_files), skip_window=window) for _ in range(2))
+        reads = [int(s) for s in ids if rng.random() < 0.85]
+        for k in range(0, len(reads) - 3, 4):  # (readers interleave, and lag)
+            if rng.random() < 0.5:
+                reads[k], reads[k + 3] = reads[k + 3], reads[k]
+        reads += [int(s) for s in rng.integers(0, n_files, 5)]  # (past the end, and some not needed)
+        at = 0
+        while at < len(reads):
+            batch = reads[at:at + int(rng.integers(1, 9))]
+            at += len(batch)
+            want = []
+            for sid in batch:
+                if one.use(sid) is not None:
+                    want += (sid, one.position_of(sid))
+            assert many.use_many(batch) == want
+            for a in ("cursor", "frontier", "skip_window", "skipped", "late", "passed"):
+                assert getattr(one, a) == getattr(many, a), a
+            for a in ("uses", "consumed", "was_passed"):
+                assert np.array_equal(getattr(one, a), getattr(many, a)), a
+        late, skipped = late + many.late, skipped + many.skipped
+    assert late > 0 and skipped > late  # (the paths of a skip and of a late use were taken)
+    with pytest.raises(IndexError):
+        many.use_many([n_files])
+
+
 def test_an_order_with_the_next_epochs_parses_whole_and_not_cut_after_its_first():
     two = order.encode([3, 1], epoch=4, next_follows=True) + order.encode([2, 0], epoch=5)
     first = len(order.encode([3, 1]))

@@ -1,0 +1,167 @@
+/* fusefs._plancore: a plan's counting of a batch of uses in C (plan.Plan.use_many).
+ *
+ * The fast path's releases reach the loop in batches; each released sample's use moves its
+ * plan on: its next occurrence marked consumed, its use counted, the frontier and the cursor
+ * moved (occurrences passed unused taken as skipped), and where it is needed next returned
+ * for the cache's re-key. In Python that was about 150 opcodes a sample on the loop
+ * (docs/HOTPATH.md, "Per sample on the loop"); here it is one call a batch, over the plan's
+ * own numpy arrays (no copy), with the GIL (the loop's). plan.Plan.use is the one-sample
+ * reference: tests/test_core.py holds the two to the same state. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+
+enum { USES, TOTAL, BY_SAMPLE, FIRST, CONSUMED, NEXT_FIRST, WAS_PASSED, IDS, NARRAYS };
+
+static const struct {
+    const char *name;
+    Py_ssize_t itemsize;
+    int writable;
+} arrays[NARRAYS] = {
+    {"uses", 4, 1}, {"total", 4, 0}, {"by_sample", 4, 0}, {"first", 4, 0},
+    {"consumed", 1, 1}, {"next_first", 4, 0}, {"was_passed", 1, 1}, {"ids", 8, 0},
+};
+
+typedef struct {
+    int32_t *uses;
+    const int32_t *total, *by_sample, *first, *next_first;
+    uint8_t *consumed, *was_passed;
+    const int64_t *ids;
+    Py_ssize_t n_files, n, n_by;
+    long long cursor, frontier, skip_window, max_skip_window, skipped, late;
+    PyObject *passed;
+} plan_t;
+
+/* The cursor past what is consumed, and past what lies more than skip_window behind the
+ * frontier (skipped: counted as a use, and passed). */
+static int advance(plan_t *p) {
+    while (p->cursor < p->n && (p->consumed[p->cursor] || p->cursor < p->frontier - p->skip_window)) {
+        Py_ssize_t at = p->cursor;
+        if (!p->consumed[at]) { /* skipped by the readers */
+            int64_t sid = p->ids[at];
+            if (sid >= 0 && sid < p->n_files && p->uses[sid] < p->total[sid]
+                && p->by_sample[p->first[sid] + p->uses[sid]] == at) {
+                p->consumed[at] = 1;
+                p->uses[sid]++;
+                p->skipped++;
+                PyObject *o = PyLong_FromLongLong(sid);
+                if (o == NULL || PyList_Append(p->passed, o) < 0) {
+                    Py_XDECREF(o);
+                    return -1;
+                }
+                Py_DECREF(o);
+                if (p->uses[sid] >= p->total[sid]) /* (its last: a later use is late) */
+                    p->was_passed[sid] = 1;
+            }
+        }
+        p->cursor++;
+    }
+    return 0;
+}
+
+static PyObject *use_many(PyObject *self, PyObject *args) {
+    PyObject *tuple, *sids_o, *passed;
+    long long cursor, frontier, skip_window, max_skip_window;
+    if (!PyArg_ParseTuple(args, "O!OLLLLO!", &PyTuple_Type, &tuple, &sids_o, &cursor, &frontier, &skip_window,
+                          &max_skip_window, &PyList_Type, &passed))
+        return NULL;
+    if (PyTuple_GET_SIZE(tuple) != NARRAYS)
+        return PyErr_Format(PyExc_ValueError, "use_many: %d arrays expected", NARRAYS);
+    Py_buffer views[NARRAYS];
+    int got = 0;
+    PyObject *sids = NULL, *out = NULL, *result = NULL;
+    for (; got < NARRAYS; got++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(tuple, got), &views[got],
+                               PyBUF_C_CONTIGUOUS | (arrays[got].writable ? PyBUF_WRITABLE : 0)) < 0)
+            goto end;
+        if (views[got].itemsize != arrays[got].itemsize) {
+            PyErr_Format(PyExc_ValueError, "use_many: %s: %zd-byte items expected", arrays[got].name,
+                         arrays[got].itemsize);
+            got++;
+            goto end;
+        }
+    }
+    plan_t p = {
+        .uses = views[USES].buf, .total = views[TOTAL].buf, .by_sample = views[BY_SAMPLE].buf,
+        .first = views[FIRST].buf, .next_first = views[NEXT_FIRST].buf, .consumed = views[CONSUMED].buf,
+        .was_passed = views[WAS_PASSED].buf, .ids = views[IDS].buf,
+        .n_files = views[USES].len / 4, .n = views[IDS].len / 8, .n_by = views[BY_SAMPLE].len / 4,
+        .cursor = cursor, .frontier = frontier, .skip_window = skip_window,
+        .max_skip_window = max_skip_window, .passed = passed,
+    };
+    if (views[TOTAL].len / 4 < p.n_files || views[FIRST].len / 4 < p.n_files
+        || views[NEXT_FIRST].len / 4 < p.n_files || views[WAS_PASSED].len < p.n_files
+        || views[CONSUMED].len < p.n || p.n_by < p.n) {
+        PyErr_SetString(PyExc_ValueError, "use_many: the arrays of one plan expected");
+        goto end;
+    }
+    if ((sids = PySequence_Fast(sids_o, "use_many: a sequence of sample ids")) == NULL
+        || (out = PyList_New(0)) == NULL)
+        goto end;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(sids); i++) {
+        Py_ssize_t sid = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(sids, i), PyExc_IndexError);
+        if (sid == -1 && PyErr_Occurred())
+            goto end;
+        if (sid < 0 || sid >= p.n_files) {
+            PyErr_Format(PyExc_IndexError, "use_many: sample %zd out of range", sid);
+            goto end;
+        }
+        int32_t uses = p.uses[sid], total = p.total[sid];
+        if (uses >= total) {
+            if (p.was_passed[sid]) { /* a late use: the readers lag each other by more than the window */
+                p.was_passed[sid] = 0;
+                p.late++;
+                long long lag = p.frontier - p.by_sample[p.first[sid] + total - 1];
+                long long w = 2 * lag > p.skip_window ? 2 * lag : p.skip_window;
+                p.skip_window = w < p.max_skip_window ? w : p.max_skip_window;
+            }
+            continue;
+        }
+        Py_ssize_t at = (Py_ssize_t)p.first[sid] + uses;
+        long long pos = p.by_sample[at];
+        p.consumed[pos] = 1;
+        p.uses[sid] = ++uses;
+        PyObject *o = PyLong_FromSsize_t(sid), *next;
+        if (uses < total)
+            next = PyLong_FromLong(p.by_sample[at + 1]);
+        else if (p.next_first[sid] >= 0)
+            next = PyLong_FromLongLong(p.n + p.next_first[sid]);
+        else
+            next = PyFloat_FromDouble(INFINITY);
+        int bad = o == NULL || next == NULL || PyList_Append(out, o) < 0 || PyList_Append(out, next) < 0;
+        Py_XDECREF(o);
+        Py_XDECREF(next);
+        if (bad)
+            goto end;
+        if (pos >= p.frontier)
+            p.frontier = pos + 1;
+        if ((pos == p.cursor || p.cursor < p.frontier - p.skip_window) && advance(&p) < 0)
+            goto end;
+    }
+    result = Py_BuildValue("OLLLLL", out, p.cursor, p.frontier, p.skip_window, p.skipped, p.late);
+end:
+    for (int k = 0; k < got; k++)
+        PyBuffer_Release(&views[k]);
+    Py_XDECREF(sids);
+    Py_XDECREF(out);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"use_many", use_many, METH_VARARGS,
+     "use_many(arrays, sids, cursor, frontier, skip_window, max_skip_window, passed) -> (out, cursor, "
+     "frontier, skip_window, skipped, late): plan.Plan.use_many's counting (arrays: uses, total, "
+     "by_sample, first, consumed, next_first, was_passed, ids; passed: the list the passed samples go "
+     "to; out: [sid, next position, ...])"},
+    {NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "fusefs._plancore", "A plan's counting of a batch of uses in C.", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__plancore(void) {
+    return PyModule_Create(&module);
+}
