@@ -1,12 +1,15 @@
-/* fusefs._plancore: a plan's counting of a batch of uses in C (plan.Plan.use_many).
+/* fusefs._plancore: a plan's counting of a batch of uses, and a group's next positions, in C
+ * (plan.Plan.use_many, positions_of).
  *
  * The fast path's releases reach the loop in batches; each released sample's use moves its
  * plan on: its next occurrence marked consumed, its use counted, the frontier and the cursor
  * moved (occurrences passed unused taken as skipped), and where it is needed next returned
  * for the cache's re-key. In Python that was about 150 opcodes a sample on the loop
  * (docs/HOTPATH.md, "Per sample on the loop"); here it is one call a batch, over the plan's
- * own numpy arrays (no copy), with the GIL (the loop's). plan.Plan.use is the one-sample
- * reference: tests/test_core.py holds the two to the same state. */
+ * own numpy arrays (no copy), with the GIL (the loop's). So is where each of a group of
+ * samples is needed next (the cache's keys under one order: the read-ahead's reservations,
+ * a fetched group's puts). plan.Plan.use and position_of are the one-sample references:
+ * tests/test_order.py holds each pair to the same results. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -29,10 +32,78 @@ typedef struct {
     const int32_t *total, *by_sample, *first, *next_first;
     uint8_t *consumed, *was_passed;
     const int64_t *ids;
-    Py_ssize_t n_files, n, n_by;
+    Py_ssize_t n_files, n;
     long long cursor, frontier, skip_window, max_skip_window, skipped, late;
     PyObject *passed;
 } plan_t;
+
+typedef struct {
+    Py_buffer views[NARRAYS];
+    int got; /* views taken */
+} views_t;
+
+static void release(views_t *v) {
+    for (int k = 0; k < v->got; k++)
+        PyBuffer_Release(&v->views[k]);
+    v->got = 0;
+}
+
+/* The plan's arrays (a tuple, in the order of `arrays`) read into p, the scalars left to the
+ * caller: 0, or -1 with an exception (release(v) either way). */
+static int get_plan(PyObject *tuple, views_t *v, plan_t *p) {
+    v->got = 0;
+    if (PyTuple_GET_SIZE(tuple) != NARRAYS) {
+        PyErr_Format(PyExc_ValueError, "a plan's %d arrays expected", NARRAYS);
+        return -1;
+    }
+    Py_buffer *views = v->views;
+    for (int k = 0; k < NARRAYS; k++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(tuple, k), &views[k],
+                               PyBUF_C_CONTIGUOUS | (arrays[k].writable ? PyBUF_WRITABLE : 0)) < 0)
+            return -1;
+        v->got++;
+        if (views[k].itemsize != arrays[k].itemsize) {
+            PyErr_Format(PyExc_ValueError, "a plan's %s: %zd-byte items expected", arrays[k].name,
+                         arrays[k].itemsize);
+            return -1;
+        }
+    }
+    *p = (plan_t){
+        .uses = views[USES].buf, .total = views[TOTAL].buf, .by_sample = views[BY_SAMPLE].buf,
+        .first = views[FIRST].buf, .next_first = views[NEXT_FIRST].buf, .consumed = views[CONSUMED].buf,
+        .was_passed = views[WAS_PASSED].buf, .ids = views[IDS].buf,
+        .n_files = views[USES].len / 4, .n = views[IDS].len / 8,
+    };
+    if (views[TOTAL].len / 4 < p->n_files || views[FIRST].len / 4 < p->n_files
+        || views[NEXT_FIRST].len / 4 < p->n_files || views[WAS_PASSED].len < p->n_files
+        || views[CONSUMED].len < p->n || views[BY_SAMPLE].len / 4 < p->n) {
+        PyErr_SetString(PyExc_ValueError, "the arrays of one plan expected");
+        return -1;
+    }
+    return 0;
+}
+
+/* Sample id o of the plan (-1 with an IndexError: out of its range). */
+static Py_ssize_t sid_in(const plan_t *p, PyObject *o) {
+    Py_ssize_t sid = PyNumber_AsSsize_t(o, PyExc_IndexError);
+    if (sid == -1 && PyErr_Occurred())
+        return -1;
+    if (sid < 0 || sid >= p->n_files) {
+        PyErr_Format(PyExc_IndexError, "sample %zd out of range", sid);
+        return -1;
+    }
+    return sid;
+}
+
+/* Where sid is needed next once it has been used `uses` times (Plan.position_of): its next
+ * occurrence here, or len(order) plus its first in the next order, or inf (never). */
+static PyObject *next_of(const plan_t *p, Py_ssize_t sid, int32_t uses) {
+    if (uses < p->total[sid])
+        return PyLong_FromLong(p->by_sample[p->first[sid] + uses]);
+    if (p->next_first[sid] >= 0)
+        return PyLong_FromLongLong(p->n + p->next_first[sid]);
+    return PyFloat_FromDouble(INFINITY);
+}
 
 /* The cursor past what is consumed, and past what lies more than skip_window behind the
  * frontier (skipped: counted as a use, and passed). */
@@ -67,47 +138,20 @@ static PyObject *use_many(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!OLLLLO!", &PyTuple_Type, &tuple, &sids_o, &cursor, &frontier, &skip_window,
                           &max_skip_window, &PyList_Type, &passed))
         return NULL;
-    if (PyTuple_GET_SIZE(tuple) != NARRAYS)
-        return PyErr_Format(PyExc_ValueError, "use_many: %d arrays expected", NARRAYS);
-    Py_buffer views[NARRAYS];
-    int got = 0;
+    views_t v;
+    plan_t p;
     PyObject *sids = NULL, *out = NULL, *result = NULL;
-    for (; got < NARRAYS; got++) {
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(tuple, got), &views[got],
-                               PyBUF_C_CONTIGUOUS | (arrays[got].writable ? PyBUF_WRITABLE : 0)) < 0)
-            goto end;
-        if (views[got].itemsize != arrays[got].itemsize) {
-            PyErr_Format(PyExc_ValueError, "use_many: %s: %zd-byte items expected", arrays[got].name,
-                         arrays[got].itemsize);
-            got++;
-            goto end;
-        }
-    }
-    plan_t p = {
-        .uses = views[USES].buf, .total = views[TOTAL].buf, .by_sample = views[BY_SAMPLE].buf,
-        .first = views[FIRST].buf, .next_first = views[NEXT_FIRST].buf, .consumed = views[CONSUMED].buf,
-        .was_passed = views[WAS_PASSED].buf, .ids = views[IDS].buf,
-        .n_files = views[USES].len / 4, .n = views[IDS].len / 8, .n_by = views[BY_SAMPLE].len / 4,
-        .cursor = cursor, .frontier = frontier, .skip_window = skip_window,
-        .max_skip_window = max_skip_window, .passed = passed,
-    };
-    if (views[TOTAL].len / 4 < p.n_files || views[FIRST].len / 4 < p.n_files
-        || views[NEXT_FIRST].len / 4 < p.n_files || views[WAS_PASSED].len < p.n_files
-        || views[CONSUMED].len < p.n || p.n_by < p.n) {
-        PyErr_SetString(PyExc_ValueError, "use_many: the arrays of one plan expected");
+    if (get_plan(tuple, &v, &p) < 0)
         goto end;
-    }
+    p.cursor = cursor, p.frontier = frontier, p.skip_window = skip_window;
+    p.max_skip_window = max_skip_window, p.passed = passed;
     if ((sids = PySequence_Fast(sids_o, "use_many: a sequence of sample ids")) == NULL
         || (out = PyList_New(0)) == NULL)
         goto end;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(sids); i++) {
-        Py_ssize_t sid = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(sids, i), PyExc_IndexError);
-        if (sid == -1 && PyErr_Occurred())
+        Py_ssize_t sid = sid_in(&p, PySequence_Fast_GET_ITEM(sids, i));
+        if (sid < 0)
             goto end;
-        if (sid < 0 || sid >= p.n_files) {
-            PyErr_Format(PyExc_IndexError, "use_many: sample %zd out of range", sid);
-            goto end;
-        }
         int32_t uses = p.uses[sid], total = p.total[sid];
         if (uses >= total) {
             if (p.was_passed[sid]) { /* a late use: the readers lag each other by more than the window */
@@ -123,13 +167,7 @@ static PyObject *use_many(PyObject *self, PyObject *args) {
         long long pos = p.by_sample[at];
         p.consumed[pos] = 1;
         p.uses[sid] = ++uses;
-        PyObject *o = PyLong_FromSsize_t(sid), *next;
-        if (uses < total)
-            next = PyLong_FromLong(p.by_sample[at + 1]);
-        else if (p.next_first[sid] >= 0)
-            next = PyLong_FromLongLong(p.n + p.next_first[sid]);
-        else
-            next = PyFloat_FromDouble(INFINITY);
+        PyObject *o = PyLong_FromSsize_t(sid), *next = next_of(&p, sid, uses);
         int bad = o == NULL || next == NULL || PyList_Append(out, o) < 0 || PyList_Append(out, next) < 0;
         Py_XDECREF(o);
         Py_XDECREF(next);
@@ -142,11 +180,36 @@ static PyObject *use_many(PyObject *self, PyObject *args) {
     }
     result = Py_BuildValue("OLLLLL", out, p.cursor, p.frontier, p.skip_window, p.skipped, p.late);
 end:
-    for (int k = 0; k < got; k++)
-        PyBuffer_Release(&views[k]);
+    release(&v);
     Py_XDECREF(sids);
     Py_XDECREF(out);
     return result;
+}
+
+static PyObject *positions_of(PyObject *self, PyObject *args) {
+    PyObject *tuple, *sids_o;
+    if (!PyArg_ParseTuple(args, "O!O", &PyTuple_Type, &tuple, &sids_o))
+        return NULL;
+    views_t v;
+    plan_t p;
+    PyObject *sids = NULL, *out = NULL;
+    if (get_plan(tuple, &v, &p) < 0
+        || (sids = PySequence_Fast(sids_o, "positions_of: a sequence of sample ids")) == NULL
+        || (out = PyList_New(PySequence_Fast_GET_SIZE(sids))) == NULL)
+        goto end;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(sids); i++) {
+        Py_ssize_t sid = sid_in(&p, PySequence_Fast_GET_ITEM(sids, i));
+        PyObject *o = sid < 0 ? NULL : next_of(&p, sid, p.uses[sid]);
+        if (o == NULL) {
+            Py_CLEAR(out);
+            goto end;
+        }
+        PyList_SET_ITEM(out, i, o);
+    }
+end:
+    release(&v);
+    Py_XDECREF(sids);
+    return out;
 }
 
 static PyMethodDef methods[] = {
@@ -155,6 +218,8 @@ static PyMethodDef methods[] = {
      "frontier, skip_window, skipped, late): plan.Plan.use_many's counting (arrays: uses, total, "
      "by_sample, first, consumed, next_first, was_passed, ids; passed: the list the passed samples go "
      "to; out: [sid, next position, ...])"},
+    {"positions_of", positions_of, METH_VARARGS,
+     "positions_of(arrays, sids) -> [position, ...]: plan.Plan.position_of of each of sids"},
     {NULL},
 };
 

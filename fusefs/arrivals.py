@@ -4,7 +4,7 @@ The fetcher (fetch.py) hands every group of samples that arrive here (`arrived`)
 started the batch: a reader that missed (reads.py) or the read-ahead (prefetch.py). Each
 sample's reservation in the cache is settled; its bytes are offered to the local tier and
 kept in the cache if the orders need them before something cached (cache.py, by policy.py's
-keys: a group's keys in one numpy pass, its entries in one call); a sample the cache refuses
+keys: a group's keys in one call, its entries in one call); a sample the cache refuses
 takes back room the read-ahead reserved for samples needed later (ReadAheadPlan.yield_room).
 A corrupt sample is remembered (EIO at once from then on), and so is one whose node did not
 answer within --io-timeout (for GAVE_UP_S). A batch's end wakes the read-ahead, which may
@@ -103,8 +103,8 @@ class Arrivals:
     def deliver_many(self, items, missed=(), served=()) -> list[int]:
         """deliver() of each (sid, result) of a group of reads (the fetched ones kept in the
         group's order); `missed`: the samples readers missed (a set); `served`: those the
-        fast path holds already (Holders.serve_early). The keys of a large
-        group come from one numpy pass over the plans (Policy.keys), not a Python call each,
+        fast path holds already (Holders.serve_early). The group's keys come from one call
+        (Policy.keys_of: C under one order, else numpy for a large group), not a Python call each,
         and the cache keeps the group's samples in one call (SampleCache.put_many). Returns
         the samples the cache may not have kept (the others it did keep): those refused,
         failed or missed, or all where a local tier is offered them first."""

@@ -140,6 +140,10 @@ class Plan:
         pos = self.next_position(sid)
         return self._position_in_next(sid) if pos is None else pos
 
+    def positions_of(self, sids) -> list:
+        """position_of() of each of sids, in one call of fusefs._plancore (C)."""
+        return _plancore.positions_of(self._arrays, sids)
+
     def position_after_use(self, sid: int) -> float:
         """position_of(sid) once the use a reader is making of it now is counted."""
         uses = self._uses_v[sid]

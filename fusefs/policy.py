@@ -17,8 +17,8 @@ from .order import Order
 from .plan import Plan
 
 INF = float("inf")
-# at least this many samples have their keys computed at once (keys_of: numpy's fixed cost
-# per call is about that of this many Python calls of Policy.key)
+# under several orders, at least this many samples have their keys computed at once (keys_of:
+# numpy's fixed cost per call is about that of this many Python calls of Policy.key)
 KEYS_AT_ONCE = 48
 
 
@@ -90,8 +90,13 @@ class Policy:
         return out + self.clock
 
     def keys_of(self, sids: list[int]) -> list[float]:
-        """key() of each of sids: from one numpy pass (keys) where there are at least
+        """key() of each of sids: under one order, their positions from one call of C
+        (Plan.positions_of); else from one numpy pass (keys) where there are at least
         KEYS_AT_ONCE."""
+        plans = self.plans
+        if len(plans) == 1:
+            for plan in plans.values():
+                return plan.positions_of(sids)
         if len(sids) < KEYS_AT_ONCE:
             key = self.key
             return [key(s) for s in sids]

@@ -139,11 +139,13 @@ def test_readers_that_lag_each_other_widen_the_skip_window_until_nothing_is_pass
 
 
 def test_a_batch_of_uses_counted_in_c_leaves_the_plan_as_uses_one_by_one_do():
-    """Plan.use_many (fusefs._plancore, C) against Plan.use, the Python reference: random
+    """Plan.use_many and positions_of (fusefs._plancore, C) against Plan.use and position_of,
+    the Python references: random
     orders with repeated samples and a next order, readers that interleave, skip, lag and
     read past the order's end, in batches of random size: after every batch both plans hold
     the same uses, consumed positions, cursor, frontier, window, passed samples and counts,
-    and each used sample's next position is position_of's after the use."""
+    and each used sample's next position is position_of's after the use; and every sample's
+    next position, taken for all at once, is position_of's."""
     rng = np.random.default_rng(5)
     late = skipped = 0
     for trial in range(60):
@@ -170,10 +172,13 @@ def test_a_batch_of_uses_counted_in_c_leaves_the_plan_as_uses_one_by_one_do():
                 assert getattr(one, a) == getattr(many, a), a
             for a in ("uses", "consumed", "was_passed"):
                 assert np.array_equal(getattr(one, a), getattr(many, a)), a
+            assert many.positions_of(range(n_files)) == [one.position_of(s) for s in range(n_files)]
         late, skipped = late + many.late, skipped + many.skipped
     assert late > 0 and skipped > late  # (the paths of a skip and of a late use were taken)
     with pytest.raises(IndexError):
         many.use_many([n_files])
+    with pytest.raises(IndexError):
+        many.positions_of([0, -1])
 
 
 def test_an_order_with_the_next_epochs_parses_whole_and_not_cut_after_its_first():

@@ -596,8 +596,8 @@ def test_the_core_tells_when_the_read_ahead_is_idle_and_applies_uses_before_an_o
 
 
 def test_a_large_group_of_fetched_samples_is_kept_as_each_alone_would_be(three_nodes):
-    """Arrivals.deliver_many keys a group of at least KEYS_AT_ONCE samples in one numpy pass
-    (Policy.keys): what the cache keeps, and at which keys, is what delivering each alone
+    """Arrivals.deliver_many keys a group of at least KEYS_AT_ONCE samples in one call
+    (Policy.keys_of): what the cache keeps, and at which keys, is what delivering each alone
     gives (the missed sample's key counts its reader's use; an error is not kept)."""
     from fusefs.policy import KEYS_AT_ONCE
     from fusefs.store import CorruptSample
