@@ -1,5 +1,5 @@
-/* fusefs._plancore: a plan's counting of a batch of uses, and a group's next positions, in C
- * (plan.Plan.use_many, positions_of).
+/* fusefs._plancore: a plan's counting of a batch of uses, a group's next positions and the
+ * read-ahead's walk, in C (plan.Plan.use_many, positions_of, ahead).
  *
  * The fast path's releases reach the loop in batches; each released sample's use moves its
  * plan on: its next occurrence marked consumed, its use counted, the frontier and the cursor
@@ -8,8 +8,10 @@
  * (docs/HOTPATH.md, "Per sample on the loop"); here it is one call a batch, over the plan's
  * own numpy arrays (no copy), with the GIL (the loop's). So is where each of a group of
  * samples is needed next (the cache's keys under one order: the read-ahead's reservations,
- * a fetched group's puts). plan.Plan.use and position_of are the one-sample references:
- * tests/test_order.py holds each pair to the same results. */
+ * a fetched group's puts), and the read-ahead's walk through the orders past what is
+ * consumed, in flight, queued, cached or the kernel's (a run of up to 64 samples a call).
+ * plan.Plan.use and position_of are the one-sample references, and a walk in Python the
+ * read-ahead's: tests/test_order.py holds each pair to the same results. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -212,6 +214,120 @@ end:
     return out;
 }
 
+/* Whether sid is in any of the containers (a tuple: dicts, sets, the cache), or flagged
+ * (flags: n bytes, or NULL): 1, 0, or -1 with an exception. */
+static int skipped_sid(PyObject *skip, const uint8_t *flags, Py_ssize_t n, int64_t sid, PyObject *o) {
+    if (flags != NULL && sid < n && flags[sid])
+        return 1;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(skip); k++) {
+        PyObject *c = PyTuple_GET_ITEM(skip, k);
+        int r = PyDict_CheckExact(c) ? PyDict_Contains(c, o) : PySequence_Contains(c, o);
+        if (r != 0)
+            return r;
+    }
+    return 0;
+}
+
+/* ahead((ids, consumed, next_ids, cum), pos, frontier, readahead, max_run, step, skip, flags)
+ * -> (sids, positions, pos, looked, stop): prefetch.ReadAheadPlan.advance's walk of one plan
+ * from pos through its order and then the next one, taking up to max_run samples that are
+ * not consumed, not in any of skip's containers and not flagged, while looking at fewer
+ * than step positions (-1: no bound) and staying within readahead bytes of the frontier;
+ * pos: where it got to; looked: positions looked at; stop: 0 (it may go on), 1 (covered to
+ * the end), 2 (as far ahead as it may look). */
+static PyObject *ahead(PyObject *self, PyObject *args) {
+    PyObject *tuple, *skip, *flags_o;
+    long long pos, frontier, readahead, max_run, step;
+    if (!PyArg_ParseTuple(args, "O!LLLLLO!O", &PyTuple_Type, &tuple, &pos, &frontier, &readahead, &max_run,
+                          &step, &PyTuple_Type, &skip, &flags_o))
+        return NULL;
+    enum { A_IDS, A_CONSUMED, A_NEXT, A_CUM, A_N };
+    static const Py_ssize_t size[A_N] = {8, 1, 8, 8};
+    Py_buffer v[A_N + 1];
+    int got = 0;
+    PyObject *sids = NULL, *positions = NULL, *result = NULL;
+    if (PyTuple_GET_SIZE(tuple) != A_N) {
+        PyErr_SetString(PyExc_ValueError, "ahead: a plan's ids, consumed, next ids and cumulative sizes expected");
+        return NULL;
+    }
+    for (; got < A_N; got++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(tuple, got), &v[got], PyBUF_C_CONTIGUOUS) < 0)
+            goto end;
+        if (v[got].itemsize != size[got]) {
+            PyErr_SetString(PyExc_ValueError, "ahead: arrays of the wrong type");
+            got++;
+            goto end;
+        }
+    }
+    const uint8_t *flags = NULL;
+    Py_ssize_t nflags = 0;
+    if (flags_o != Py_None) {
+        if (PyObject_GetBuffer(flags_o, &v[A_N], PyBUF_C_CONTIGUOUS) < 0)
+            goto end;
+        got++;
+        flags = v[A_N].buf;
+        nflags = v[A_N].len;
+    }
+    const int64_t *ids = v[A_IDS].buf, *next_ids = v[A_NEXT].buf, *cum = v[A_CUM].buf;
+    const uint8_t *consumed = v[A_CONSUMED].buf;
+    Py_ssize_t n = v[A_IDS].len / 8, end_ = n + v[A_NEXT].len / 8;
+    if (v[A_CONSUMED].len < n || v[A_CUM].len / 8 < end_ + 1 || frontier < 0 || frontier > end_) {
+        PyErr_SetString(PyExc_ValueError, "ahead: the arrays of one plan expected");
+        goto end;
+    }
+    if ((sids = PyList_New(0)) == NULL || (positions = PyList_New(0)) == NULL)
+        goto end;
+    long long looked = 0;
+    int stop = 0;
+    if (pos < 0)
+        pos = 0;
+    while (PyList_GET_SIZE(sids) < max_run && (step < 0 || looked < step)) {
+        long long start = pos;
+        int64_t sid = -1;
+        PyObject *o = NULL;
+        for (; pos < end_; pos++) {
+            if (pos < n) {
+                if (consumed[pos])
+                    continue;
+                sid = ids[pos];
+            } else {
+                sid = next_ids[pos - n];
+            }
+            if ((o = PyLong_FromLongLong(sid)) == NULL)
+                goto end;
+            int r = skipped_sid(skip, flags, nflags, sid, o);
+            if (r < 0) {
+                Py_DECREF(o);
+                goto end;
+            }
+            if (!r)
+                break;
+            Py_CLEAR(o);
+        }
+        if (pos >= end_ || cum[pos] - cum[frontier] > readahead) {
+            Py_XDECREF(o);
+            stop = pos >= end_ ? 1 : 2;
+            break;
+        }
+        PyObject *at = PyLong_FromLongLong(pos);
+        int bad = at == NULL || PyList_Append(sids, o) < 0 || PyList_Append(positions, at) < 0;
+        Py_DECREF(o);
+        Py_XDECREF(at);
+        if (bad)
+            goto end;
+        pos++;
+        looked += pos - start;
+    }
+    result = Py_BuildValue("OOLLi", sids, positions, pos, looked, stop);
+end:
+    for (int k = 0; k < got; k++)
+        PyBuffer_Release(&v[k]);
+    Py_XDECREF(sids);
+    Py_XDECREF(positions);
+    return result;
+}
+
+
 static PyMethodDef methods[] = {
     {"use_many", use_many, METH_VARARGS,
      "use_many(arrays, sids, cursor, frontier, skip_window, max_skip_window, passed) -> (out, cursor, "
@@ -220,6 +336,9 @@ static PyMethodDef methods[] = {
      "to; out: [sid, next position, ...])"},
     {"positions_of", positions_of, METH_VARARGS,
      "positions_of(arrays, sids) -> [position, ...]: plan.Plan.position_of of each of sids"},
+    {"ahead", ahead, METH_VARARGS,
+     "ahead((ids, consumed, next_ids, cum), pos, frontier, readahead, max_run, step, skip, flags) -> (sids, "
+     "positions, pos, looked, stop): the read-ahead's walk of one plan (see the source)"},
     {NULL},
 };
 

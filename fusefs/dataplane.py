@@ -60,7 +60,7 @@ class DataPlane:
         plan = ReadAheadPlan(index, policy, cache, nodes=len(placement.names),
                              node_of=placement.node_of, inflight=inflight, per_node=fetch.per_node,
                              max_per_node=max_per_node(fetch), batch=batch_size(fetch, index),
-                             readahead=config.readahead, holds=holders.holds)
+                             readahead=config.readahead, kernel_held=kernel_view.held)
         wake = Wake()
         arrivals = Arrivals(policy, cache, holders, plan, wake, local=local,
                             io_timeout=fetch.io_timeout)

@@ -31,6 +31,7 @@ from .order import Order
 INF = float("inf")
 SKIP_WINDOW = 4096  # positions behind the furthest use before an occurrence counts as skipped
 MAX_SKIP_WINDOW = 1 << 16  # what late uses may widen it to
+AHEAD_COVERED, AHEAD_BOUND = 1, 2  # why Plan.ahead stopped: the end of the orders; the depth
 
 
 class Plan:
@@ -75,9 +76,10 @@ class Plan:
         self._by_sample_v, self._first_v = memoryview(self._by_sample), memoryview(self._first)
         self._next_first_v, self._cum_v = memoryview(self.next_first), memoryview(self._cum)
         self._was_passed_v = memoryview(self.was_passed)
-        # (what _plancore.use_many counts a batch of uses in)
+        # (what _plancore counts a batch of uses in, and walks ahead through)
         self._arrays = (self.uses, self.total, self._by_sample, self._first, self.consumed, self.next_first,
                         self.was_passed, self.ids)
+        self._ahead = (self.ids, self.consumed, self.next_ids, self._cum)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -143,6 +145,16 @@ class Plan:
     def positions_of(self, sids) -> list:
         """position_of() of each of sids, in one call of fusefs._plancore (C)."""
         return _plancore.positions_of(self._arrays, sids)
+
+    def ahead(self, pos: int, depth: int, most: int, step: int, skip: tuple, flags) -> tuple:
+        """The read-ahead's walk (prefetch.ReadAheadPlan.advance), from position pos through
+        this order and then the next one, in one call of fusefs._plancore (C): up to `most`
+        samples not consumed, in none of the containers of skip (`sid in c`) and not set in
+        flags (a flag a sample, or None), looking at fewer than step positions (-1: no bound)
+        and staying within depth bytes of the frontier: (sids, their positions, the position
+        it got to, positions looked at, why it stopped: 0 (it may go on), AHEAD_COVERED (the
+        end of the orders) or AHEAD_BOUND (as deep as it may look))."""
+        return _plancore.ahead(self._ahead, pos, self.frontier, depth, most, step, skip, flags)
 
     def position_after_use(self, sid: int) -> float:
         """position_of(sid) once the use a reader is making of it now is counted."""

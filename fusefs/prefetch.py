@@ -10,6 +10,7 @@ from collections import OrderedDict
 
 import trio
 
+from .plan import AHEAD_BOUND
 from .store import MAX_READ
 
 # The read-ahead looks at most this many order positions in one turn of the event loop (a new
@@ -38,7 +39,7 @@ def default_readahead(budget: int, samples: int, mean_size: float) -> int:
 
 class ReadAheadPlan:
     """What to read ahead, and when: pure (no I/O, no threads, no trio; tested as such).
-    From the plans (policy), what is held already (holds: the cache or the kernel), reserved
+    From the plans (policy), what is held already (the cache, or the kernel: kernel_held), reserved
     (cache) or in flight (inflight), and the budget, it queues the samples to fetch per
     node, each with its room reserved in the cache, and hands out the batches to start.
 
@@ -66,22 +67,23 @@ class ReadAheadPlan:
 
     def __init__(self, index, policy, cache, *, nodes: int, node_of, inflight, per_node: int,
                  max_per_node: int, batch: int, readahead: int | None = None,
-                 holds=None):
+                 kernel_held=None):
         """index: sample sizes and chunks; policy: the plans and next-use keys; cache: where
         room is reserved; nodes, node_of(sid): the storage nodes, a sample's; inflight: the
         samples being fetched (a mapping); per_node, max_per_node, batch: request slots and
         samples per request (fetch.Fetcher's); readahead: bytes ahead of the readers (None:
-        default_readahead); holds(sid): whether the sample is held already, in the cache or
-        the kernel page cache (holders.Holders.holds; None: in the cache), and so not read
-        ahead."""
+        default_readahead); kernel_held: a flag a sample, whether the kernel page cache
+        holds it (kernel_view.KernelView.held; None: nothing): a sample the cache or the
+        kernel holds is not read ahead."""
         self.index, self.policy, self.cache = index, policy, cache
         self.node_of, self.inflight = node_of, inflight
-        self.holds = holds if holds is not None else cache.__contains__
+        self.kernel_held = kernel_held
         self.per_node, self.max_per_node, self.batch = per_node, max_per_node, batch
         # per node, the samples waiting for a request slot, in the order they are needed
         # (ordered: taking one out of the middle, for a reader that missed it, is O(1))
         self.queues: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(nodes)]
         self.queued: dict[int, int] = {}  # sid -> node, for samples waiting in a queue
+        self._skip = (inflight, self.queued, cache)  # (what the walk passes over, with kernel_held)
         self.heads: dict[int, int] = {}   # rank -> next order position to look at
         mean_size = index.total_bytes / max(1, index.n_files)
         # How far ahead of the readers the read-ahead looks, in bytes of the orders: deep
@@ -141,46 +143,28 @@ class ReadAheadPlan:
         than the head's sample or every plan is fully covered (round robin over ranks), or
         `step` positions were looked at: then True (the heads keep where they got to).
         Sets `idle`: whether every plan is covered to its end. Each round takes a run of up
-        to ADVANCE_RUN samples from each plan, interleaved, and reserves their room in one
-        call (SampleCache.reserve_many), their keys from one numpy pass."""
-        inflight, queued, queues, heads = self.inflight, self.queued, self.queues, self.heads
-        holds, readahead = self.holds, self.readahead
+        to ADVANCE_RUN samples from each plan (Plan.ahead: one call of C a run, which passes
+        over what is consumed, in flight, queued, cached or the kernel's), interleaved, and
+        reserves their room in one call (SampleCache.reserve_many), their keys from one call
+        (Policy.keys_of)."""
+        heads, readahead, skip, flags = self.heads, self.readahead, self._skip, self.kernel_held
         looked = 0  # positions looked at
         self.idle = bounded = False  # (bounded: a plan stopped short of its end)
         active = [(rank, plan) for rank, plan in self.policy.plans.items()
                   if heads.get(rank, 0) < len(plan.ids) + len(plan.next_ids)]
         while active:
-            runs = []  # (rank, [(sid, pos)]) of this round
+            runs = []  # (rank, sids, positions) of this round
             for item in list(active):
                 rank, plan = item
-                ids, consumed, n = plan.ids_v, plan.consumed_v, len(plan.ids)
-                nxt, end = plan.next_ids_v, n + len(plan.next_ids)
-                pos = max(heads.get(rank, 0), plan.cursor)
-                run = []
-                while len(run) < ADVANCE_RUN and (step is None or looked < step):
-                    start = pos
-                    while pos < end:
-                        if pos < n:
-                            sid = ids[pos]
-                            if consumed[pos]:
-                                pos += 1
-                                continue
-                        else:
-                            sid = nxt[pos - n]
-                        if sid in inflight or sid in queued or holds(sid):
-                            pos += 1
-                            continue
-                        break
-                    if pos >= end or plan.bytes_between(plan.frontier, pos) > readahead:
-                        active.remove(item)  # covered, or as far ahead as it may look
-                        bounded = bounded or pos < end
-                        break
-                    run.append((sid, pos))
-                    pos += 1
-                    looked += pos - start
-                heads[rank] = pos
-                if run:
-                    runs.append((rank, run))
+                sids, positions, heads[rank], seen, stop = plan.ahead(
+                    max(heads.get(rank, 0), plan.cursor), readahead, ADVANCE_RUN,
+                    -1 if step is None else step - looked, skip, flags)
+                looked += seen
+                if stop:  # covered, or as far ahead as it may look
+                    active.remove(item)
+                    bounded = bounded or stop == AHEAD_BOUND
+                if sids:
+                    runs.append((rank, sids, positions))
             if runs and not self._reserve(runs):
                 return False  # the budget holds nothing needed later than this
             if step is not None and looked >= step:
@@ -194,22 +178,21 @@ class ReadAheadPlan:
         no room: then False, and each plan's head goes back to its first sample not
         queued."""
         if len(runs) == 1:  # (one plan: its run as it is, unless a sample comes twice)
-            rank, run = runs[0]
-            sids = [sid for sid, _ in run]
+            rank, sids, positions = runs[0]
             if len(set(sids)) == len(sids):
                 done = self._queue(sids)
                 if done < len(sids):
-                    self.heads[rank] = run[done][1]
+                    self.heads[rank] = positions[done]
                 return done == len(sids)
         sids, owners, seen = [], [], set()
-        for k in range(max(len(run) for _, run in runs)):
-            for rank, run in runs:
+        for k in range(max(len(run) for _, run, _ in runs)):
+            for rank, run, positions in runs:
                 if k < len(run):
-                    sid, pos = run[k]
+                    sid = run[k]
                     if sid not in seen:
                         seen.add(sid)
                         sids.append(sid)
-                        owners.append((rank, pos))
+                        owners.append((rank, positions[k]))
         done = self._queue(sids)
         back = set()
         for rank, pos in owners[done:]:

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusefs import order
-from fusefs.plan import MAX_SKIP_WINDOW, Plan
+from fusefs.plan import AHEAD_BOUND, AHEAD_COVERED, MAX_SKIP_WINDOW, Plan
 
 
 def test_round_trip_with_and_without_importance():
@@ -190,3 +190,56 @@ def test_an_order_with_the_next_epochs_parses_whole_and_not_cut_after_its_first(
     # written without the flag, a second record still parses (files of older writers)
     old = order.encode([3, 1]) + order.encode([2, 0], epoch=1)
     assert order.parse(old, n_samples=4).next.epoch == 1
+
+
+def _walk(plan, pos, depth, most, step, skip, flags):
+    """The read-ahead's walk of one plan in Python (the reference Plan.ahead is held to)."""
+    ids, consumed, n = plan.ids, plan.consumed, len(plan.ids)
+    nxt, end = plan.next_ids, n + len(plan.next_ids)
+    sids, positions, looked = [], [], 0
+    while len(sids) < most and (step < 0 or looked < step):
+        start = pos
+        while pos < end:
+            if pos < n:
+                sid = int(ids[pos])
+                if consumed[pos]:
+                    pos += 1
+                    continue
+            else:
+                sid = int(nxt[pos - n])
+            if any(sid in c for c in skip) or (flags is not None and flags[sid]):
+                pos += 1
+                continue
+            break
+        if pos >= end or plan.bytes_between(plan.frontier, pos) > depth:
+            return sids, positions, pos, looked, AHEAD_COVERED if pos >= end else AHEAD_BOUND
+        sids.append(sid)
+        positions.append(pos)
+        pos += 1
+        looked += pos - start
+    return sids, positions, pos, looked, 0
+
+
+def test_the_walk_ahead_in_c_takes_what_the_python_walk_takes():
+    """Plan.ahead (fusefs._plancore, C) against the walk in Python: random orders with a
+    next order, some positions used, samples in flight, queued, cached (containers) or the
+    kernel's (flags), random depths, run lengths and step bounds: the same samples at the
+    same positions, the same stop and the same count of positions looked at."""
+    rng = np.random.default_rng(9)
+    stops = set()
+    for trial in range(300):
+        n_files = int(rng.integers(3, 50))
+        ids = rng.integers(0, n_files, int(rng.integers(1, 3 * n_files)))
+        nxt = order.Order(rng.permutation(n_files)[:int(rng.integers(0, n_files))]) if trial % 3 else None
+        p = Plan(order.Order(ids, next=nxt), rng.integers(1, 100, n_files))
+        for sid in rng.choice(ids, int(rng.integers(0, len(ids) + 1))).tolist():
+            p.use(int(sid))
+        skip = tuple({int(s): None for s in rng.integers(0, n_files, int(rng.integers(0, 6)))}
+                     for _ in range(int(rng.integers(0, 4))))
+        flags = rng.random(n_files) < 0.2 if trial % 2 else None
+        args = (int(rng.integers(0, len(ids) + 3)), int(rng.integers(0, 3000)), int(rng.integers(1, 20)),
+                int(rng.integers(-1, 30)), skip, flags)
+        got = p.ahead(*args)
+        assert got == _walk(p, *args), (trial, got)
+        stops.add(got[4])
+    assert stops == {0, AHEAD_COVERED, AHEAD_BOUND}

@@ -12,7 +12,8 @@ from fusefs.policy import Policy
 from fusefs.prefetch import ReadAheadPlan
 
 
-def _plan(dst, budget_share=0.2, per_node=2, batch=4, kernel_holds=lambda sid: False):
+def _plan(dst, budget_share=0.2, per_node=2, batch=4, kernel=False):
+    """kernel: the plan is given the kernel's flags (plan.kernel_held, all False: set them)."""
     ix = Index.load(os.path.join(dst, INDEX_NAME))
     node = np.array([c.node for c in ix.chunks])[ix.chunk]
     policy = Policy(ix.size)
@@ -20,7 +21,7 @@ def _plan(dst, budget_share=0.2, per_node=2, batch=4, kernel_holds=lambda sid: F
     inflight = {}
     plan = ReadAheadPlan(ix, policy, cache, nodes=3, node_of=lambda s: int(node[s]), inflight=inflight,
                          per_node=per_node, max_per_node=2 * per_node, batch=batch,
-                         holds=lambda s: s in cache or kernel_holds(s))
+                         kernel_held=np.zeros(ix.n_files, bool) if kernel else None)
     order = np.random.default_rng(0).permutation(ix.n_files)
     policy.set_order(0, orderfmt.parse(orderfmt.encode(order), ix.n_files))
     return ix, node, policy, cache, inflight, plan, order
@@ -57,8 +58,9 @@ def test_batches_fill_each_nodes_slots_and_no_more(three_nodes):
 
 def test_readers_using_a_refill_move_the_heads_on_and_the_kernels_samples_are_skipped(three_nodes):
     dst, _ = three_nodes
+    ix, node, policy, cache, inflight, plan, order = _plan(dst, kernel=True)
     held = set(range(0, 300, 2))
-    ix, node, policy, cache, inflight, plan, order = _plan(dst, kernel_holds=lambda s: s in held)
+    plan.kernel_held[list(held)] = True
     plan.reset()  # (what a new order does)
     assert plan.fresh and plan.due()
     assert plan.step() is False and not plan.fresh and not held & set(plan.queued)
@@ -88,12 +90,11 @@ def test_the_plan_is_idle_once_it_has_covered_its_orders_and_not_before(three_no
     dst, _ = three_nodes
     ix, node, policy, cache, inflight, plan, order = _plan(dst)
     assert plan.advance() is False and not plan.idle  # stopped at its depth
-    held = set()
-    ix, node, policy, cache, inflight, plan, order = _plan(dst, kernel_holds=lambda s: s in held)
-    held.update(order[:-1].tolist())  # the kernel holds all but the order's last sample,
+    ix, node, policy, cache, inflight, plan, order = _plan(dst, kernel=True)
+    plan.kernel_held[order[:-1]] = True  # the kernel holds all but the order's last sample,
     # which is further ahead of the readers than the depth: the readers' progress lets it in
     assert plan.advance() is False and not plan.idle and not plan.queued
-    held.add(int(order[-1]))
+    plan.kernel_held[order[-1]] = True
     plan.rewind()
     assert plan.advance() is False and plan.idle  # nothing left to fetch
     assert plan.step() is False and plan.idle
