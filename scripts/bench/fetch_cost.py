@@ -37,7 +37,12 @@ read each side: shares, not us), the rest being trio's scheduler and its waits f
   events       the fast path's opens, reads and releases applied (Core.answered: the uses)
   loop reads   reads of samples not yet held, answered on the loop (Core.read)
 
+With --opcodes, one more pass runs under sys.settrace and the row gains the Python opcodes
+the loop thread ran in fusefs/'s modules per sample, in all and by module: a count that this
+VM's noise does not move (docs/HOTPATH.md, "Per sample on the loop").
+
 usage: .venv/bin/python scripts/bench/fetch_cost.py PACKED [--cache 0.1 1.2] [--passes 5] [--readers 4] [--without-order]
+                                                     [--opcodes]
        (PACKED: e.g. out/bench_hotpath/packed-2000, which bench_hotpath.py --quick makes: 2,000
        files of ~110 KB; its chunk files are read into the page cache first)
 """
@@ -49,6 +54,7 @@ import inspect
 import json
 import os
 import statistics
+import sys
 import threading
 import time
 import zlib
@@ -245,6 +251,25 @@ async def one_pass(index: Index, store: ChunkStore, cache_bytes: int, order: np.
             "releases": s["releases"], "requests": s["backend_requests"]}
 
 
+def opcodes(fn, *args):
+    """(fn(*args), {module: opcodes}): the Python opcodes this thread ran in fusefs/'s
+    modules while fn ran, counted under sys.settrace."""
+    import fusefs
+    here, counts = os.path.dirname(os.path.abspath(fusefs.__file__)) + os.sep, collections.Counter()
+
+    def tracer(frame, event, arg):
+        frame.f_trace_opcodes = True
+        if event == "opcode" and frame.f_code.co_filename.startswith(here):
+            counts[os.path.basename(frame.f_code.co_filename)] += 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        return fn(*args), counts
+    finally:
+        sys.settrace(None)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("packed")
@@ -256,6 +281,9 @@ def main() -> int:
                    help="each cache share once more without an order: the readers read in a random "
                         "order the core is not told (every sample a miss on the loop, as with a "
                         "loader that hands over no order)")
+    p.add_argument("--opcodes", action="store_true",
+                   help="one more pass under sys.settrace: the Python opcodes the loop ran in fusefs/ "
+                        "per sample, in all and by module")
     JsonLines.argument(p, "fetch_cost")  # (--results -: print only, as bench_hotpath.py's guard does)
     a = p.parse_args()
     index = Index.load(os.path.join(a.packed, INDEX_NAME))
@@ -285,6 +313,11 @@ def main() -> int:
                "fetched": [r["fetched"] for r in runs], "loop_reads": [r["loop_reads"] for r in runs],
                "requests": [r["requests"] for r in runs],
                "task_shares": shares}
+        if a.opcodes:
+            traced, counts = opcodes(trio.run, one_pass, index, store, budget, rng.permutation(n), a.readers, hinted)
+            assert traced["releases"] == n, traced
+            row["loop_opcodes_per_sample"] = round(sum(counts.values()) / n)
+            row["loop_opcodes_by_module"] = {k: round(v / n) for k, v in counts.most_common()}
         print(json.dumps(row), flush=True)
         if results is not None:
             results.write(**row)
