@@ -6,7 +6,8 @@
   libfuse3's (pkg-config fuse3, or FUSE3_CFLAGS and FUSE3_LIBS where libfuse3 lies elsewhere).
 - fusefs._cachecore (fusefs/_cachecore.c): the sample cache's entries, reservations and
   eviction heap; fusefs._plancore (fusefs/_plancore.c): a plan's counting of a batch of
-  uses. Each needs gcc and the Python headers.
+  uses, its keys, the read-ahead's walk; fusefs._eventscore (fusefs/_eventscore.c): a batch
+  of the fast path's events counted. Each needs gcc and the Python headers.
 - fusefs._fetchio (fusefs/_fetchio.c): a fetch batch's reads and checksums without the GIL.
   Needs xxHash's headers. FUSEFS_NO_NATIVE=1 installs without it (fusefs then reads in
   Python, and `fusefs mount` says so on its first line).
@@ -29,11 +30,13 @@ OPT_OUT = "FUSEFS_NO_NATIVE"
 NEEDS = {"fusefs.pyfuse3": "gcc python3-dev libfuse3-dev pkg-config",
          "fusefs._cachecore": "gcc python3-dev",
          "fusefs._plancore": "gcc python3-dev",
+         "fusefs._eventscore": "gcc python3-dev",
          "fusefs._fetchio": "gcc python3-dev libxxhash-dev"}
 # what each extension's sources include from outside the tree: checked before the build
 HEADERS = {"fusefs.pyfuse3": ["Python.h", "fuse_lowlevel.h"],
            "fusefs._cachecore": ["Python.h"],
            "fusefs._plancore": ["Python.h"],
+           "fusefs._eventscore": ["Python.h"],
            "fusefs._fetchio": ["Python.h", "xxhash.h"]}
 
 
@@ -118,7 +121,7 @@ def extensions() -> list[Extension]:
                         # (the C the generated source includes: a change to it rebuilds)
                         depends=["fusefs/_fastpath.h"])
     out = [binding, *(Extension(f"fusefs.{name}", [f"fusefs/{name}.c"], extra_compile_args=["-O2"])
-                      for name in ("_cachecore", "_plancore"))]
+                      for name in ("_cachecore", "_plancore", "_eventscore"))]
     if native_wanted():
         out.append(Extension("fusefs._fetchio", ["fusefs/_fetchio.c"], libraries=["xxhash"],
                              extra_compile_args=["-O2"]))

@@ -28,11 +28,13 @@ import time
 
 import trio
 
+from . import _eventscore
 from .config import DEFAULTS, MountConfig
 from .control import FH_BASE, ControlHooks, ControlNamespace
 from .dataplane import DataPlane
 from .entries import WRITE_FLAGS, Attr, FsError, OpenResult
-from .handles import EVENT_BITS, MISSED, READ, READ_END, READ_LOST, RELEASED, SERIAL_WRAP, SID_BITS, SID_MASK
+from .handles import (EVENT_BITS, EVENT_LAYOUT, MISSED, READ, READ_END, READ_LOST, RELEASED, SERIAL_WRAP, SID_BITS,
+                      SID_MASK)
 from .histogram import Histogram
 from .idstable import PathsText, chunks_read
 from .memory import resident_bytes
@@ -241,9 +243,47 @@ class Core:
         a forgotten sample with FORGOTTEN set, a missed sample whose read waits in the fast
         path with READ and MISSED set (fetched together once the others are applied:
         reads.Reads.parked_misses), and that read's answer with READ, MISSED and READ_END
-        (counted as a miss already)."""
-        stats, handles, opened, answered = self.stats, self.handles, self.kernel_view.opened, self.reads.answered
-        kept = handles.held  # (what handles keep between reads: rarely anything)
+        (counted as a miss already). Counted in C (fusefs._eventscore.scan) up to each event
+        that needs this loop's Python in its turn: a forget (the uses before it are counted
+        first: whether the orders still need its sample depends on them), a read of pages
+        the kernel had dropped; where handles keep bytes between reads (rarely), one by one
+        (_answered_one_by_one)."""
+        if self.handles.held:
+            self._answered_one_by_one(events)
+            return
+        view, reads = self.kernel_view, self.reads
+        held, through = view.held, view.pushes
+        used, missed = [], []
+        n, at = len(events), 0
+        opens = nreads = releases = 0
+        last = 0
+        while True:
+            at, o, r, rel, opens_held, lst, u, m, hits = _eventscore.scan(events, at, held, through, EVENT_LAYOUT)
+            opens, nreads, releases, last = opens + o, nreads + r, releases + rel, lst or last
+            used += u
+            missed += m
+            if hits:
+                reads.hits(hits)
+            if opens_held:
+                view.opened_held(opens_held)
+            if at >= n:
+                break
+            e = events[at]
+            at += 1
+            if e >= RELEASED:  # (a forget)
+                if used:
+                    self._use_many(used)
+                    used = []
+                self._forgot(e & SID_MASK)
+            else:  # (a read of pages the kernel had dropped)
+                nreads += 1
+                reads.answered(e & SID_MASK, e & READ_END, e & READ_LOST, e & MISSED)
+        self._count_answered(opens, nreads, releases, last, used, missed)
+
+    def _answered_one_by_one(self, events) -> None:
+        """answered() in Python, an event at a time, letting go of what handles keep."""
+        handles, opened, answered = self.handles, self.kernel_view.opened, self.reads.answered
+        kept = handles.held
         used = []  # released samples whose uses are yet to be counted (_use_many)
         missed = []
         opens = reads = releases = 0  # (counted once the batch is applied: nothing reads them here)
@@ -270,10 +310,16 @@ class Core:
                 opens += 1
                 opened(e & SID_MASK)
                 last = e
+        self._count_answered(opens, reads, releases, last, used, missed)
+
+    def _count_answered(self, opens: int, reads: int, releases: int, last: int, used: list, missed: list) -> None:
+        """A batch of events applied: its counts, the uses of its releases and the fetch of
+        its misses."""
+        stats = self.stats
         stats.opens += opens
         stats.reads += reads
         stats.releases += releases
-        handles.count(opens, releases, last)
+        self.handles.count(opens, releases, last)
         if used:
             self._use_many(used)
         if missed:

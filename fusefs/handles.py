@@ -29,6 +29,7 @@ READ_LOST = 1 << 60
 FORGOTTEN = RELEASED | READ  # (a released handle never has READ's bit)
 MISSED = 1 << 59
 EVENT_BITS = (RELEASED, READ, READ_END, READ_LOST)  # handed to the fast path at its start
+EVENT_LAYOUT = (*EVENT_BITS, MISSED, SID_MASK)  # what fusefs._eventscore.scan reads events by
 assert SERIAL_WRAP << SID_BITS <= min(RELEASED, READ) and 1 << SID_BITS <= min(READ_END, READ_LOST, MISSED)
 HELD_MIN = 8 << 20  # bytes open handles may keep between reads, at least (else budget / 8)
 

@@ -75,6 +75,11 @@ class KernelView:
         if self._held_v[sid]:
             self.stats.opens_pushed += 1
 
+    def opened_held(self, n: int) -> None:
+        """n samples whose pages it holds were opened: opened() of each, counted in C
+        (Core.answered)."""
+        self.stats.opens_pushed += n
+
     def push(self, items) -> None:
         """Hand fetched samples' bytes, [(sid, bytes)], to the kernel page cache (in the
         fetch's worker thread, after the event loop has them: a push waits for the locks of

@@ -85,6 +85,12 @@ class Reads:
         if end:
             self.kernel_view.read_through(sid)
 
+    def hits(self, sids: list) -> None:
+        """Reads of sids answered from cached bytes outside the loop, none of them of pages
+        the kernel had dropped: answered() of each, its flags counted in C (Core.answered)."""
+        self._recent.extend(sids)
+        self.stats.hits += len(sids)
+
     def new_order(self) -> None:
         """A new order: the kernel's drops are counted afresh."""
         self.kernel_view.new_order()

@@ -557,6 +557,61 @@ def test_a_batch_of_releases_on_the_fast_path_counts_its_uses_as_releasing_one_b
     assert 0 < looped.kernel_view._recent < looped.stats.kernel_forgotten  # (some forgets were drops)
 
 
+def test_a_batch_of_events_counted_in_c_leaves_the_core_as_one_by_one(three_nodes):
+    """Core.answered counts a batch's events in C (fusefs._eventscore.scan) up to each forget
+    and each read of pages the kernel had dropped, which the loop applies in their turn:
+    random batches of opens, reads (to the end or not, of dropped pages, misses and their
+    answers), releases and forgets, under an order, leave the statistics, the kernel view's
+    flags and counts, the recent reads, the plan and the cache's keys as the one-by-one
+    path (_answered_one_by_one) leaves them."""
+    import numpy as np
+    from fusefs import order as orderfmt
+    from fusefs.fs import KernelCache
+    from fusefs.handles import FORGOTTEN, MISSED, READ, READ_END, READ_LOST, RELEASED, SID_BITS
+    dst, _ = three_nodes
+    cores = [_core(dst, cache_bytes=64 << 20, kernel=KernelCache()) for _ in range(2)]
+    n = cores[0].index.n_files
+    rng = np.random.default_rng(4)
+    order = rng.permutation(n).tolist()
+    for core in cores:
+        core.set_order(0, orderfmt.encode(order, epoch=1))
+        core.plans[0].skip_window = 8
+        for s in range(0, n, 2):
+            core.cache.put(s, b"x" * 100, key=core.policy.key(s))
+    missed = [[], []]  # (no fetch here: the misses are only listed)
+    for k, core in enumerate(cores):
+        core.reads.parked_misses = missed[k].extend
+    serial, kinds = 0, set()
+    for batch_no in range(60):
+        batch = []
+        for sid in rng.choice(order, 12).tolist():
+            serial += 1
+            fh = (serial << SID_BITS) | sid
+            kind = int(rng.integers(8))
+            kinds.add(kind)
+            read = [READ | READ_END | sid, READ | sid, READ | READ_END | READ_LOST | sid,
+                    READ | MISSED | sid, READ | MISSED | READ_END | sid, READ | READ_END | sid,
+                    READ | READ_END | sid, READ | READ_LOST | sid][kind]
+            batch += [fh, read, RELEASED | fh]
+            if kind == 3:
+                batch.append(READ | MISSED | READ_END | sid)
+            if rng.random() < 0.1:
+                batch.append(FORGOTTEN | sid)
+        cores[0].answered(batch)
+        cores[1]._answered_one_by_one(batch)
+
+        def state(core):
+            s = core.statistics()
+            return ({k: s[k] for k in ("opens", "reads", "releases", "hits", "misses", "opens_pushed",
+                                       "kernel_forgotten", "in_kernel", "kernel_drops")},
+                    core.kernel_view.held.tobytes(), list(core.reads._recent), core.plans[0].cursor,
+                    core.plans[0].uses.tobytes(), core.cache._dump()[1], core.handles.open, core.handles.serial)
+        assert state(cores[0]) == state(cores[1]), batch_no
+        assert missed[0] == missed[1]
+    assert kinds == set(range(8)) and cores[0].stats.hits > 0 and cores[0].kernel_view.held.any()
+    assert cores[0].statistics()["opens_pushed"] > 0 and cores[0].stats.kernel_forgotten > 0
+
+
 def test_reads_answered_on_the_fast_path_count_as_the_loops_do(tricky):
     """The fast path's thread answers reads of cached samples from the bytes the cache holds
     for it (Core's hold: the cache's mirror) and hands them over as events (the sample with READ set,

@@ -158,7 +158,7 @@ def test_the_manylinux_2_28_wheel_is_built_here_and_mounts(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
                     str(site), str(wheel)], check=True, capture_output=True, timeout=300)
     objects = [os.path.join(d, f) for d, _, fs in os.walk(site) for f in fs if ".so" in f]
-    assert len(objects) == 6, objects  # the binding, the cache's and plan's cores, the fetch reads, libfuse3, libxxhash
+    assert len(objects) == 7, objects  # the binding, the cores (cache, plan, events), the fetch reads, libfuse3, libxxhash
     assert all(_glibc_needed(so) <= (2, 28) for so in objects), {so: _glibc_needed(so) for so in objects}
     env = dict(os.environ, PYTHONPATH=str(site), PYTHONSAFEPATH="1")  # (the wheel's fusefs, not the checkout's)
     r = subprocess.run([sys.executable, "-m", "fusefs", "--version"], capture_output=True, text=True,
@@ -189,8 +189,8 @@ def _one_line(r) -> str:
 def test_a_missing_build_dependency_stops_the_build_before_any_compile(tmp_path):
     """No working compiler (CC=false), or no xxhash.h (a compiler that fails on it): one
     line naming the Debian packages, before the binding is compiled; the fetch reads can
-    be left out (FUSEFS_NO_NATIVE=1: the binding and the cache's and plan's cores, which
-    need nothing more, are built), and a failure in their own compile names them too."""
+    be left out (FUSEFS_NO_NATIVE=1: the binding and the cores of the cache, the plan and
+    the events, which need nothing more, are built), and a failure in their own compile names them too."""
     r = _wheel(tmp_path / "a", CC="/bin/false")
     assert r.returncode != 0
     line = _one_line(r)
@@ -218,7 +218,8 @@ def test_a_missing_build_dependency_stops_the_build_before_any_compile(tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     (wheel,) = (tmp_path / "d" / "dist").glob("fusefs-*.whl")
     so = sorted(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".so"))
-    assert [n.split(".")[0] for n in so] == ["fusefs/_cachecore", "fusefs/_plancore", "fusefs/pyfuse3/__init__"]
+    assert [n.split(".")[0] for n in so] == ["fusefs/_cachecore", "fusefs/_eventscore", "fusefs/_plancore",
+                                             "fusefs/pyfuse3/__init__"]
 
 
 def test_a_mount_without_the_compiled_reads_says_so_on_its_first_line(tmp_path):
