@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # fusefs's native parts under AddressSanitizer and UndefinedBehaviorSanitizer: the fetch
-# reads (fusefs/_fetchio.c) and the FUSE binding with its fast path (fusefs/pyfuse3,
-# fusefs/_fastpath.h), built from the working tree's tracked files in a private temporary
+# reads (fusefs/_fetchio.c), the FUSE binding with its fast path (fusefs/pyfuse3,
+# fusefs/_fastpath.h) and the loop's cores (fusefs/_cachecore.c, _plancore.c, _eventscore.c),
+# built from the working tree's tracked files in a private temporary
 # folder with -fsanitize=address,undefined, then run under the venv's Python with both
 # runtimes preloaded (daemons the tests start inherit them): the unit tier, and the mount
 # tests that drive the native parts hardest (several fast-path threads, several readers,
@@ -30,7 +31,9 @@ export LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=lib
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export PYTHONPATH=$work
 "$py" -c 'import fusefs, fusefs._fetchio as f, fusefs.pyfuse3 as p, sys; assert fusefs.__file__.startswith(sys.argv[1]), fusefs.__file__; print("sanitize: fusefs from", fusefs.__file__)' "$work"
-nm -D fusefs/_fetchio.*.so | grep -q __asan || { echo "sanitize: _fetchio is not instrumented" >&2; exit 1; }
+for part in _fetchio _cachecore _plancore _eventscore; do
+    nm -D fusefs/$part.*.so | grep -q __asan || { echo "sanitize: $part is not instrumented" >&2; exit 1; }
+done
 "$py" -m pytest -q -p no:cacheprovider -m unit --deselect tests/test_units.py::test_the_daemons_heap_grows_in_few_steps "$@"
 "$py" -m pytest -q -p no:cacheprovider tests/test_fastpath_threads.py tests/test_trust.py tests/test_fetchio.py \
     tests/test_hints.py::test_a_reader_killed_mid_read_leaves_the_daemon_serving \
