@@ -32,16 +32,18 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # `pip install` is the install: it builds fusefs's compiled parts, its FUSE binding
 # fusefs.pyfuse3 (pyfuse3 3.5.0 with fusefs's patches, fusefs/pyfuse3, and the fast path,
-# fusefs/_fastpath.h) and fusefs._fetchio, and fails, naming what is missing, where it cannot
+# fusefs/_fastpath.h), the loop's cores (fusefs/_cachecore.c, _plancore.c, _eventscore.c) and
+# fusefs._fetchio, and fails, naming what is missing, where it cannot
 # (setup.py). Again whenever a source of theirs changed.
 stamp=.venv/.fusefs-installed
-native=(pyproject.toml setup.py fusefs/_fetchio.c fusefs/_fastpath.h fusefs/pyfuse3/*.pyx fusefs/pyfuse3/*.pxi)
+native=(pyproject.toml setup.py fusefs/_*.c fusefs/_fastpath.h fusefs/pyfuse3/*.pyx fusefs/pyfuse3/*.pxi)
+parts='import fusefs._fetchio, fusefs.pyfuse3, fusefs._cachecore, fusefs._plancore, fusefs._eventscore'
 stale=$(for f in "${native[@]}"; do [ -f "$stamp" ] && [ "$f" -nt "$stamp" ] && echo "$f"; done; true)
-if [ ! -f "$stamp" ] || [ -n "$stale" ] || ! .venv/bin/python -c 'import fusefs._fetchio, fusefs.pyfuse3' 2>/dev/null; then
+if [ ! -f "$stamp" ] || [ -n "$stale" ] || ! .venv/bin/python -c "$parts" 2>/dev/null; then
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q torch==2.13.0
     .venv/bin/python -m pip install -q -e ".[trainer,bench,test]"
-    .venv/bin/python -c 'import fusefs._fetchio, fusefs.pyfuse3' || { echo "setup: fusefs's compiled parts did not build"; exit 1; }
+    .venv/bin/python -c "$parts" || { echo "setup: fusefs's compiled parts did not build"; exit 1; }
     touch "$stamp"
 fi
 # a copy of the sdist that fusefs/pyfuse3 is written from (scripts/pyfuse3_patched.py), which
