@@ -214,11 +214,15 @@ end:
     return out;
 }
 
-/* Whether sid is in any of the containers (a tuple: dicts, sets, the cache), or flagged
- * (flags: n bytes, or NULL): 1, 0, or -1 with an exception. */
-static int skipped_sid(PyObject *skip, const uint8_t *flags, Py_ssize_t n, int64_t sid, PyObject *o) {
-    if (flags != NULL && sid < n && flags[sid])
-        return 1;
+#define MAX_FLAGS 4  /* flag arrays ahead() takes */
+
+/* Whether sid is set in any of the flag arrays (flags[k]: nflags[k] bytes), or in any of
+ * the containers (a tuple: dicts, sets, the cache): 1, 0, or -1 with an exception. */
+static int skipped_sid(PyObject *skip, const uint8_t *const *flags, const Py_ssize_t *nflags, int nf,
+                       int64_t sid, PyObject *o) {
+    for (int k = 0; k < nf; k++)
+        if (sid < nflags[k] && flags[k][sid])
+            return 1;
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(skip); k++) {
         PyObject *c = PyTuple_GET_ITEM(skip, k);
         int r = PyDict_CheckExact(c) ? PyDict_Contains(c, o) : PySequence_Contains(c, o);
@@ -231,23 +235,29 @@ static int skipped_sid(PyObject *skip, const uint8_t *flags, Py_ssize_t n, int64
 /* ahead((ids, consumed, next_ids, cum), pos, frontier, readahead, max_run, step, skip, flags)
  * -> (sids, positions, pos, looked, stop): prefetch.ReadAheadPlan.advance's walk of one plan
  * from pos through its order and then the next one, taking up to max_run samples that are
- * not consumed, not in any of skip's containers and not flagged, while looking at fewer
+ * not consumed, not in any of skip's containers and set in none of flags' arrays (a tuple of
+ * at most MAX_FLAGS arrays of a byte a sample), while looking at fewer
  * than step positions (-1: no bound) and staying within readahead bytes of the frontier;
  * pos: where it got to; looked: positions looked at; stop: 0 (it may go on), 1 (covered to
  * the end), 2 (as far ahead as it may look). */
 static PyObject *ahead(PyObject *self, PyObject *args) {
     PyObject *tuple, *skip, *flags_o;
     long long pos, frontier, readahead, max_run, step;
-    if (!PyArg_ParseTuple(args, "O!LLLLLO!O", &PyTuple_Type, &tuple, &pos, &frontier, &readahead, &max_run,
-                          &step, &PyTuple_Type, &skip, &flags_o))
+    if (!PyArg_ParseTuple(args, "O!LLLLLO!O!", &PyTuple_Type, &tuple, &pos, &frontier, &readahead, &max_run,
+                          &step, &PyTuple_Type, &skip, &PyTuple_Type, &flags_o))
         return NULL;
     enum { A_IDS, A_CONSUMED, A_NEXT, A_CUM, A_N };
     static const Py_ssize_t size[A_N] = {8, 1, 8, 8};
-    Py_buffer v[A_N + 1];
+    Py_buffer v[A_N + MAX_FLAGS];
     int got = 0;
     PyObject *sids = NULL, *positions = NULL, *result = NULL;
     if (PyTuple_GET_SIZE(tuple) != A_N) {
         PyErr_SetString(PyExc_ValueError, "ahead: a plan's ids, consumed, next ids and cumulative sizes expected");
+        return NULL;
+    }
+    int nf = (int) PyTuple_GET_SIZE(flags_o);
+    if (nf > MAX_FLAGS) {
+        PyErr_SetString(PyExc_ValueError, "ahead: too many flag arrays");
         return NULL;
     }
     for (; got < A_N; got++) {
@@ -259,14 +269,18 @@ static PyObject *ahead(PyObject *self, PyObject *args) {
             goto end;
         }
     }
-    const uint8_t *flags = NULL;
-    Py_ssize_t nflags = 0;
-    if (flags_o != Py_None) {
-        if (PyObject_GetBuffer(flags_o, &v[A_N], PyBUF_C_CONTIGUOUS) < 0)
+    const uint8_t *flags[MAX_FLAGS];
+    Py_ssize_t nflags[MAX_FLAGS];
+    for (int k = 0; k < nf; k++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(flags_o, k), &v[A_N + k], PyBUF_C_CONTIGUOUS) < 0)
             goto end;
         got++;
-        flags = v[A_N].buf;
-        nflags = v[A_N].len;
+        if (v[A_N + k].itemsize != 1) {
+            PyErr_SetString(PyExc_ValueError, "ahead: flags of a byte a sample expected");
+            goto end;
+        }
+        flags[k] = v[A_N + k].buf;
+        nflags[k] = v[A_N + k].len;
     }
     const int64_t *ids = v[A_IDS].buf, *next_ids = v[A_NEXT].buf, *cum = v[A_CUM].buf;
     const uint8_t *consumed = v[A_CONSUMED].buf;
@@ -295,7 +309,7 @@ static PyObject *ahead(PyObject *self, PyObject *args) {
             }
             if ((o = PyLong_FromLongLong(sid)) == NULL)
                 goto end;
-            int r = skipped_sid(skip, flags, nflags, sid, o);
+            int r = skipped_sid(skip, flags, nflags, nf, sid, o);
             if (r < 0) {
                 Py_DECREF(o);
                 goto end;
@@ -337,7 +351,7 @@ static PyMethodDef methods[] = {
     {"positions_of", positions_of, METH_VARARGS,
      "positions_of(arrays, sids) -> [position, ...]: plan.Plan.position_of of each of sids"},
     {"ahead", ahead, METH_VARARGS,
-     "ahead((ids, consumed, next_ids, cum), pos, frontier, readahead, max_run, step, skip, flags) -> (sids, "
+     "ahead((ids, consumed, next_ids, cum), pos, frontier, readahead, max_run, step, skip, (flags, ...)) -> (sids, "
      "positions, pos, looked, stop): the read-ahead's walk of one plan (see the source)"},
     {NULL},
 };

@@ -75,12 +75,15 @@ class Arrivals:
             out.update(push=holders.push, unpushed=reserved | set(missed))
         return out
 
-    def fetched_elsewhere(self, sids: list[int], claimed) -> None:
-        """A batch of sids is about to start with those in claimed: the others are fetched
-        by a batch under way already, and their reservations (the read-ahead's) go."""
-        settle = self.cache.settle
+    def fetched_elsewhere(self, sids: list[int], claimed: list[int]) -> None:
+        """A batch of sids is about to start with those of them claimed (Fetcher.claim): the
+        others are fetched by a batch under way already, and their reservations (the
+        read-ahead's) go."""
+        if len(claimed) == len(sids):
+            return
+        settle, mine = self.cache.settle, set(claimed)
         for s in sids:
-            if s not in claimed:
+            if s not in mine:
                 settle(s)
 
     def arrived(self, items, missed=(), served=()) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from .arrivals import Arrivals
 from .cache import SampleCache
 from .config import MountConfig
-from .fetch import Fetcher, Placement, batch_size, max_per_node
+from .fetch import Fetcher, InFlight, Placement, batch_size, max_per_node
 from .handles import Handles, held_cap
 from .holders import Holders
 from .index import Index
@@ -56,7 +56,7 @@ class DataPlane:
         kernel_view = KernelView(index.n_files, stats, kernel, ino_base=file_base(index))
         handles = Handles(held_cap(config.cache_bytes), room=cache)  # open files, what they keep
         holders = Holders(cache, handles, kernel_view, serve=hold, table=table)
-        placement, inflight, fetch = Placement(index), {}, config.fetch
+        placement, inflight, fetch = Placement(index), InFlight(index.n_files), config.fetch
         plan = ReadAheadPlan(index, policy, cache, nodes=len(placement.names),
                              node_of=placement.node_of, inflight=inflight, per_node=fetch.per_node,
                              max_per_node=max_per_node(fetch), batch=batch_size(fetch, index),

@@ -29,6 +29,7 @@ from .store import MAX_GAP, ChunkStore, CorruptSample, ShortRead
 
 log = logging.getLogger("fusefs")
 
+_BYTES = frozenset((bytes, memoryview))  # what a sample read well is (NodeReads, LocalTierReads)
 MAX_BACKOFF = 2.0  # seconds between tries of a read waiting for a node (io_timeout)
 BATCH_BYTES = 1 << 20  # a request holds at least --batch samples, and as many as make this
 
@@ -66,6 +67,75 @@ class Pending:
         self.done = True
         if self._event is not None:
             self._event.set()
+
+
+class InFlight:
+    """The samples being fetched: claimed by a batch (Fetcher.claim) and not yet settled. A
+    byte a sample says which (`flags`: the read-ahead's walk reads them in C, Plan.ahead),
+    and a sample a reader on the loop waits for has a Pending (`waiter`), made only then:
+    most fetched samples are never waited for on the loop (the fast path parks their reads),
+    so a fetch makes no object a sample."""
+    __slots__ = ("flags", "_waiters", "_n")
+
+    def __init__(self, n_files: int):
+        self.flags = bytearray(n_files)
+        self._waiters: dict[int, Pending] = {}
+        self._n = 0
+
+    def __contains__(self, sid: int) -> bool:
+        return self.flags[sid] != 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def claim(self, sids) -> list[int]:
+        """Those of sids not in flight, now in flight (in sids' order, each once)."""
+        flags, new = self.flags, []
+        for s in sids:
+            if not flags[s]:
+                flags[s] = 1
+                new.append(s)
+        self._n += len(new)
+        return new
+
+    def waiter(self, sid: int) -> Pending | None:
+        """What a reader waits on for sample sid's fetch (its bytes or error once settled),
+        or None where sid is not in flight."""
+        if not self.flags[sid]:
+            return None
+        p = self._waiters.get(sid)
+        if p is None:
+            p = self._waiters[sid] = Pending()
+        return p
+
+    def settle(self, sid: int, r) -> None:
+        """Sample sid's fetch is over with r (its bytes or an Exception): out of flight, its
+        waiter (if any) woken."""
+        if not self.flags[sid]:
+            return
+        self.flags[sid] = 0
+        self._n -= 1
+        p = self._waiters.pop(sid, None) if self._waiters else None
+        if p is not None:
+            if isinstance(r, Exception):
+                p.error = r
+            else:
+                p.data = r
+            p.set()
+
+    def settle_many(self, items) -> None:
+        """settle() of each (sid, bytes) of items, all in flight (a group that arrived)."""
+        flags = self.flags
+        for sid, _ in items:
+            flags[sid] = 0
+        self._n -= len(items)
+        if self._waiters:
+            pop = self._waiters.pop
+            for sid, r in items:
+                p = pop(sid, None)
+                if p is not None:
+                    p.data = r
+                    p.set()
 
 
 class Inbox:
@@ -188,18 +258,19 @@ class Tries:
 class Batch:
     """One fetch of one node's samples, without a task of its own: each try runs as one
     call in a worker thread (Fetcher._launch), whose groups of reads (`on_read`, in the
-    thread) and outcome (`tried`) reach the loop through the fetcher's inbox. Each Pending
-    is settled exactly once (`finish`), as its sample arrives (`arrived`: the group's
-    samples handed to the sink together) or when the fetch ends (cancelled ones with
-    FetchCancelled). A try with failures that are to be tried again waits its backoff in
-    a task of the fetcher's nursery, the one case that costs a task."""
+    thread) and outcome (`tried`) reach the loop through the fetcher's inbox. Each of its
+    samples (`left` until then) is settled exactly once (`finish`, InFlight.settle), as it
+    arrives (`arrived`: the group's samples handed to the sink together) or when the fetch
+    ends (cancelled ones with FetchCancelled). A try with failures that are to be tried
+    again waits its backoff in a task of the fetcher's nursery, the one case that costs a
+    task."""
 
-    __slots__ = ("fetcher", "n", "node", "pendings", "push", "unpushed", "missed", "readahead",
+    __slots__ = ("fetcher", "n", "node", "left", "push", "unpushed", "missed", "readahead",
                  "serve", "served", "hand", "from_local", "tries", "over", "inbox")
 
-    def __init__(self, fetcher: "Fetcher", n: int, pendings: dict, push, unpushed, missed,
+    def __init__(self, fetcher: "Fetcher", n: int, sids: list[int], push, unpushed, missed,
                  readahead: bool, serve, served, hand=None):
-        self.fetcher, self.n, self.node, self.pendings = fetcher, n, fetcher.nodes[n], pendings
+        self.fetcher, self.n, self.node, self.left = fetcher, n, fetcher.nodes[n], set(sids)
         self.push, self.unpushed, self.missed, self.readahead = push, unpushed, missed, readahead
         self.serve, self.served, self.hand = serve, served, hand
         self.from_local: set[int] = set()
@@ -221,17 +292,13 @@ class Batch:
             log.exception("delivering %d sample(s) on arrival failed", len(items))
 
     def _settle(self, sid: int, r) -> None:
-        """Sample sid's fetch is over: its Pending holds r, its readers are woken."""
-        p = self.pendings.pop(sid)
+        """Sample sid's fetch is over: its readers on the loop have r."""
+        self.left.discard(sid)
         if isinstance(r, Exception):
-            p.error = r
             self.node.stats.failed_samples += 1
-        else:
-            p.data = r
-            if sid not in self.from_local:
-                self.node.stats.samples += 1
-        del self.fetcher.inflight[sid]
-        p.set()
+        elif sid not in self.from_local:
+            self.node.stats.samples += 1
+        self.fetcher.inflight.settle(sid, r)
 
     def arrived(self, item) -> None:
         """(The event loop, while the batch goes on.) Samples read: each delivered."""
@@ -244,15 +311,17 @@ class Batch:
         stats.bytes += nbytes
         if local:
             self.from_local.update(got)
-        pendings, inflight, settled = self.pendings, self.fetcher.inflight, []
-        for sid, r in got.items():  # (_settle's, inline: a fetched sample's one pass)
-            if sid in pendings and not isinstance(r, Exception):
-                p = pendings.pop(sid)
-                p.data = r
-                del inflight[sid]
-                p.set()
-                settled.append((sid, r))
+        left = self.left
+        if left.issuperset(got) and set(map(type, got.values())) <= _BYTES:  # (no error: C only)
+            settled = list(got.items())
+        else:
+            settled = [item for item in got.items() if item[0] in left and not isinstance(item[1], Exception)]
         if settled:
+            if len(settled) == len(left):
+                left.clear()
+            else:
+                left.difference_update(sid for sid, _ in settled)
+            self.fetcher.inflight.settle_many(settled)
             from_local = self.from_local
             if not from_local:
                 stats.samples += len(settled)
@@ -298,8 +367,9 @@ class Batch:
             stats.requests += 1
             fetcher.request_hist.observe(now - t0)
         # (a wrong or short sample is the file's answer, not the node's silence: an EIO now)
-        failed = [s for s in todo if isinstance(results[s], OSError)
-                  and not isinstance(results[s], (CorruptSample, ShortRead))]
+        left = self.left  # (those not delivered on arrival: the failed ones among them)
+        failed = [s for s in todo if s in left and isinstance(results[s], OSError)
+                  and not isinstance(results[s], (CorruptSample, ShortRead))] if left else []
         stats.errors += len(failed)
         tries = self.tries
         if len(failed) < backend:  # the node answered
@@ -309,10 +379,11 @@ class Batch:
         if self.over:  # (ended at the fetcher's end: what the try found is counted only)
             return
         retry, delay = tries.next(failed, now, node.down)
-        pendings = self.pendings
-        for sid in todo:
-            if sid not in retry and sid in pendings:  # (not delivered on arrival)
-                self.finish(sid, results[sid])
+        left = self.left
+        if left:
+            for sid in todo:
+                if sid in left and sid not in retry:  # (not delivered on arrival)
+                    self.finish(sid, results[sid])
         if not retry:
             self.end()
             return
@@ -333,7 +404,7 @@ class Batch:
             return
         self.over = True
         self.node.busy -= 1
-        for sid in list(self.pendings):
+        for sid in list(self.left):
             self.finish(sid, FetchCancelled())
         self.fetcher.ended(self)
 
@@ -409,8 +480,8 @@ class Fetcher:
     I/O and nothing else. A batch (`submit`, on the loop, no task: a task and its thread
     hand-off cost the loop about 70 us a batch, a thread call alone 14) runs in worker
     threads; its samples' results are handed to `sink` (arrivals.Arrivals) on the loop as
-    they arrive, and its end too. The samples being fetched (`inflight`, sid -> Pending)
-    are the fetcher's: a second reader waits for that fetch instead of fetching again.
+    they arrive, and its end too. The samples being fetched (`inflight`, an InFlight) are
+    the fetcher's: a second reader waits for that fetch instead of fetching again.
 
     A backend read that fails with an OSError is retried after a backoff (`retries` times,
     doubling from `backoff` seconds, so a sample gives up after about backoff * 2**retries
@@ -429,13 +500,13 @@ class Fetcher:
 
     def __init__(self, store: ChunkStore, config: FetchConfig = DEFAULTS.fetch, *, sink: Sink,
                  placement: Placement,
-                 inflight: dict | None = None, max_gap: int = MAX_GAP, backoff: float = 0.1, local=None):
+                 inflight: InFlight | None = None, max_gap: int = MAX_GAP, backoff: float = 0.1, local=None):
         """store: the chunk files; config: requests per node, samples per request,
         retries and io_timeout (config.FetchConfig); sink: told on the loop of the samples
         that arrive, arrived([(sid, bytes | Exception)], missed, served), and of each batch's end,
         ended(node, readahead) (arrivals.Arrivals); placement: each sample's node;
-        inflight: the samples being fetched, sid -> Pending (shared with the read-ahead's
-        plan, which reads it); local: a LocalTier looked in before the backend, or None."""
+        inflight: the samples being fetched (InFlight; shared with the read-ahead's plan,
+        which reads its flags); local: a LocalTier looked in before the backend, or None."""
         per_node = config.per_node
         self.store, self.sink, self.placement = store, sink, placement
         # where a batch's samples are read, in turn (as mountpoint-s3 chains its data
@@ -463,7 +534,7 @@ class Fetcher:
         self._threads = 0                 # all nodes' together
         self._batches: set[Batch] = set()  # not yet ended
         self._no_threads: trio.Event | None = None
-        self.inflight: dict[int, Pending] = {} if inflight is None else inflight
+        self.inflight = InFlight(store.index.n_files) if inflight is None else inflight
         self.nodes = [Node(name, self.retries, self.io_timeout) for name in self.node_names]
         self.request_hist = Histogram()  # a backend request's time (a batch's reads, with its
         # wait for a thread slot)
@@ -487,21 +558,19 @@ class Fetcher:
                     await self._no_threads.wait()
             self.inbox = self.nursery = None  # (a submit from now on is refused)
 
-    def claim(self, sids: list[int]) -> dict[int, Pending]:
+    def claim(self, sids: list[int]) -> list[int]:
         """Register those of sids no one is fetching as in flight (readers of them then wait
-        for this fetch instead of fetching again); their Pendings, for submit()."""
-        new = {s: Pending() for s in sids if s not in self.inflight}
-        self.inflight.update(new)
-        return new
+        for this fetch instead of fetching again): those, for submit()."""
+        return self.inflight.claim(sids)
 
-    def submit(self, sids: list[int], claimed: dict[int, Pending] | None = None, *, push=None,
+    def submit(self, sids: list[int], claimed: list[int] | None = None, *, push=None,
                unpushed=(), missed=(), serve=None, served=(), expect=None, hand=None,
                readahead: bool = False) -> bool:
         """Fetch sids (one node) in one batch, on the loop, without waiting: each sample is
         handed to the sink as soon as its read is done, those of a group of reads together
-        (the read of a sample asked for earlier in sids is made earlier). `claimed`: sids
-        already claimed (the others are claimed now; any someone else fetches are left
-        out). `push([(sid, bytes)], announce)`: called in the worker thread with the samples
+        (the read of a sample asked for earlier in sids is made earlier). `claimed`: those of
+        sids already claimed for this batch (claim; the others are claimed now; any someone
+        else fetches are left out). `push([(sid, bytes)], announce)`: called in the worker thread with the samples
         of each group of reads, to hand them to the loop (announce) and push them (the kernel page cache
         push, holders.Holders.push), or None. `unpushed`: samples not to push. `missed`: the
         samples readers missed and wait for (a set, first in sids: the first is read in a
@@ -517,17 +586,19 @@ class Fetcher:
         every sample is fetched already)."""
         if self.inbox is None:
             raise RuntimeError("a fetch before Fetcher.run: start the core's tasks first")
-        pendings = dict(claimed or {})
-        pendings.update(self.claim(sids))  # (those in claimed are in flight already)
-        if not pendings:
+        if not claimed:
+            sids = self.claim(sids)
+        elif len(claimed) != len(sids):  # (else claimed are sids)
+            mine = set(claimed).union(self.claim(sids))  # (claimed are in flight already)
+            sids = [s for s in sids if s in mine]
+        if not sids:
             return False
-        sids = [s for s in sids if s in pendings]
         if expect is not None:
             expected = [s for s in sids if s in served]
             if expected:
                 expect(expected)
         n = self.node_of(sids[0])
-        b = Batch(self, n, pendings, push, unpushed, missed, readahead, serve, served, hand)
+        b = Batch(self, n, sids, push, unpushed, missed, readahead, serve, served, hand)
         b.node.busy += 1
         if readahead:
             self.readahead_running[n] += 1
@@ -535,15 +606,12 @@ class Fetcher:
         self._launch(b, sids)
         return True
 
-    def abandon(self, claimed: dict[int, Pending], error: Exception) -> None:
-        """Claims that no batch will fetch (submit refused them): their readers are woken
-        with an EIO that says why."""
-        for sid, p in claimed.items():
-            if self.inflight.get(sid) is p:
-                del self.inflight[sid]
-            if not p.done:
-                p.error = OSError(errno.EIO, f"not fetched: {error}")
-                p.set()
+    def abandon(self, claimed: list[int], error: Exception) -> None:
+        """Claims that no batch will fetch (submit refused them): out of flight, and their
+        readers woken with an EIO that says why."""
+        error = OSError(errno.EIO, f"not fetched: {error}")
+        for sid in claimed:
+            self.inflight.settle(sid, error)
 
     def _launch(self, b: Batch, todo: list[int]) -> None:
         """A try of batch b's samples todo in a worker thread, or queued until the node has
@@ -602,9 +670,13 @@ class Fetcher:
             if not rest:
                 break
             got = tier.read(rest, on_read, waited)
+            if not tier.local:  # (the nodes, the last: they read every one)
+                if not results:
+                    return got, local
+                results.update(got)
+                break
             results.update(got)
-            if tier.local:
-                local.update(got)
+            local.update(got)
             rest = [s for s in rest if s not in got]
         return results, local
 

@@ -146,14 +146,15 @@ class Plan:
         """position_of() of each of sids, in one call of fusefs._plancore (C)."""
         return _plancore.positions_of(self._arrays, sids)
 
-    def ahead(self, pos: int, depth: int, most: int, step: int, skip: tuple, flags) -> tuple:
+    def ahead(self, pos: int, depth: int, most: int, step: int, skip: tuple, flags: tuple) -> tuple:
         """The read-ahead's walk (prefetch.ReadAheadPlan.advance), from position pos through
         this order and then the next one, in one call of fusefs._plancore (C): up to `most`
-        samples not consumed, in none of the containers of skip (`sid in c`) and not set in
-        flags (a flag a sample, or None), looking at fewer than step positions (-1: no bound)
-        and staying within depth bytes of the frontier: (sids, their positions, the position
-        it got to, positions looked at, why it stopped: 0 (it may go on), AHEAD_COVERED (the
-        end of the orders) or AHEAD_BOUND (as deep as it may look))."""
+        samples not consumed, in none of the containers of skip (`sid in c`) and set in none
+        of the arrays of flags (a byte a sample each; at most four), looking at fewer than
+        step positions (-1: no bound) and staying within depth bytes of the frontier: (sids,
+        their positions, the position it got to, positions looked at, why it stopped: 0 (it
+        may go on), AHEAD_COVERED (the end of the orders) or AHEAD_BOUND (as deep as it may
+        look))."""
         return _plancore.ahead(self._ahead, pos, self.frontier, depth, most, step, skip, flags)
 
     def position_after_use(self, sid: int) -> float:

@@ -70,7 +70,7 @@ class ReadAheadPlan:
                  kernel_held=None):
         """index: sample sizes and chunks; policy: the plans and next-use keys; cache: where
         room is reserved; nodes, node_of(sid): the storage nodes, a sample's; inflight: the
-        samples being fetched (a mapping); per_node, max_per_node, batch: request slots and
+        samples being fetched (fetch.InFlight: its flags); per_node, max_per_node, batch: request slots and
         samples per request (fetch.Fetcher's); readahead: bytes ahead of the readers (None:
         default_readahead); kernel_held: a flag a sample, whether the kernel page cache
         holds it (kernel_view.KernelView.held; None: nothing): a sample the cache or the
@@ -83,7 +83,10 @@ class ReadAheadPlan:
         # (ordered: taking one out of the middle, for a reader that missed it, is O(1))
         self.queues: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(nodes)]
         self.queued: dict[int, int] = {}  # sid -> node, for samples waiting in a queue
-        self._skip = (inflight, self.queued, cache)  # (what the walk passes over, with kernel_held)
+        # what the walk passes over: the queued and cached samples, and those flagged in
+        # flight or held by the kernel
+        self._skip = (self.queued, cache)
+        self._flags = (inflight.flags,) + ((kernel_held,) if kernel_held is not None else ())
         self.heads: dict[int, int] = {}   # rank -> next order position to look at
         mean_size = index.total_bytes / max(1, index.n_files)
         # How far ahead of the readers the read-ahead looks, in bytes of the orders: deep
@@ -147,7 +150,7 @@ class ReadAheadPlan:
         over what is consumed, in flight, queued, cached or the kernel's), interleaved, and
         reserves their room in one call (SampleCache.reserve_many), their keys from one call
         (Policy.keys_of)."""
-        heads, readahead, skip, flags = self.heads, self.readahead, self._skip, self.kernel_held
+        heads, readahead, skip, flags = self.heads, self.readahead, self._skip, self._flags
         looked = 0  # positions looked at
         self.idle = bounded = False  # (bounded: a plan stopped short of its end)
         active = [(rank, plan) for rank, plan in self.policy.plans.items()

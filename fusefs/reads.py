@@ -107,7 +107,7 @@ class Reads:
         if data is not None:
             self.stats.hits += 1
             return data
-        pending = self.fetcher.inflight.get(sid)
+        pending = self.fetcher.inflight.waiter(sid)
         if pending is not None:
             self.stats.read_waits += 1
             t0 = time.perf_counter()
@@ -190,17 +190,17 @@ class Reads:
         background."""
         fetcher = self.fetcher
         batch = self._companions(sid)
-        claimed = fetcher.claim(batch)
+        claimed = fetcher.claim(batch)  # (sid among them: no one fetched it)
+        pending = fetcher.inflight.waiter(sid)
         self.arrivals.fetched_elsewhere(batch, claimed)
         gathered = self._gather(sid, batch, claimed)
         if gathered is not None:  # (the node's first miss of this turn: it submits them)
             await trio.lowlevel.cancel_shielded_checkpoint()
             self._submit(self.fetcher.node_of(sid), gathered)
-        pending = claimed[sid]
         await pending.wait()
         return pending.error or pending.data
 
-    def _gather(self, sid: int, batch: list[int], claimed: dict):
+    def _gather(self, sid: int, batch: list[int], claimed: list[int]):
         """Misses that reach the loop together go out together: the missed sid and its
         companions (batch, claimed for this fetch) join the batch gathered for its node in
         this turn of the loop, which the node's first miss of the turn submits after one
@@ -214,8 +214,8 @@ class Reads:
         if first:
             gathered = self._gathered[node] = Gathered()
         gathered.missed.append(sid)
-        gathered.companions += [s for s in batch if s != sid and s in claimed]
-        gathered.claimed.update(claimed)
+        gathered.companions += [s for s in claimed if s != sid]
+        gathered.claimed += claimed
         if len(gathered.missed) + len(gathered.companions) >= self.fetcher.batch:
             self._submit(node, gathered)
         return gathered if first else None
@@ -240,4 +240,4 @@ class Gathered:
     def __init__(self):
         self.missed: list[int] = []      # the missed samples, in the order they were missed
         self.companions: list[int] = []  # the samples fetched along with them
-        self.claimed: dict = {}          # every one's Pending
+        self.claimed: list[int] = []     # every one (Fetcher.claim's)

@@ -552,8 +552,9 @@ async def settled(core) -> None:
     prefetcher = core.prefetcher
     while True:
         await trio.testing.wait_all_tasks_blocked()
-        pending = next(iter(core.fetcher.inflight.values()), None)
-        if pending is not None:
+        inflight = core.fetcher.inflight
+        pending = inflight.waiter(inflight.flags.index(1)) if inflight else None
+        if pending is not None:  # (wait for one of them)
             await pending.wait()
         elif not any(prefetcher.running) and not prefetcher.queued:
             return

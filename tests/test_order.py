@@ -207,7 +207,7 @@ def _walk(plan, pos, depth, most, step, skip, flags):
                     continue
             else:
                 sid = int(nxt[pos - n])
-            if any(sid in c for c in skip) or (flags is not None and flags[sid]):
+            if any(sid in c for c in skip) or any(f[sid] for f in flags):
                 pos += 1
                 continue
             break
@@ -222,8 +222,8 @@ def _walk(plan, pos, depth, most, step, skip, flags):
 
 def test_the_walk_ahead_in_c_takes_what_the_python_walk_takes():
     """Plan.ahead (fusefs._plancore, C) against the walk in Python: random orders with a
-    next order, some positions used, samples in flight, queued, cached (containers) or the
-    kernel's (flags), random depths, run lengths and step bounds: the same samples at the
+    next order, some positions used, samples queued or cached (containers), in flight or the
+    kernel's (none, one or two arrays of flags), random depths, run lengths and step bounds: the same samples at the
     same positions, the same stop and the same count of positions looked at."""
     rng = np.random.default_rng(9)
     stops = set()
@@ -236,7 +236,8 @@ def test_the_walk_ahead_in_c_takes_what_the_python_walk_takes():
             p.use(int(sid))
         skip = tuple({int(s): None for s in rng.integers(0, n_files, int(rng.integers(0, 6)))}
                      for _ in range(int(rng.integers(0, 4))))
-        flags = rng.random(n_files) < 0.2 if trial % 2 else None
+        flags = tuple((rng.random(n_files) < 0.2).view(np.uint8) if k else bytearray(rng.random(n_files) < 0.2)
+                      for k in range(trial % 3))
         args = (int(rng.integers(0, len(ids) + 3)), int(rng.integers(0, 3000)), int(rng.integers(1, 20)),
                 int(rng.integers(-1, 30)), skip, flags)
         got = p.ahead(*args)

@@ -7,6 +7,7 @@ import numpy as np
 
 from fusefs import order as orderfmt
 from fusefs.cache import SampleCache
+from fusefs.fetch import InFlight
 from fusefs.index import INDEX_NAME, Index
 from fusefs.policy import Policy
 from fusefs.prefetch import ReadAheadPlan
@@ -18,7 +19,7 @@ def _plan(dst, budget_share=0.2, per_node=2, batch=4, kernel=False):
     node = np.array([c.node for c in ix.chunks])[ix.chunk]
     policy = Policy(ix.size)
     cache = SampleCache(int(ix.total_bytes * budget_share))
-    inflight = {}
+    inflight = InFlight(ix.n_files)
     plan = ReadAheadPlan(ix, policy, cache, nodes=3, node_of=lambda s: int(node[s]), inflight=inflight,
                          per_node=per_node, max_per_node=2 * per_node, batch=batch,
                          kernel_held=np.zeros(ix.n_files, bool) if kernel else None)

@@ -1,0 +1,131 @@
+"""The fetcher's record of the samples in flight (fetch.InFlight) and a batch's settling of
+each of them (fetch.Batch), with a real chunk store and trio's worker threads, no mount."""
+import os
+import shutil
+
+import pytest
+import trio
+
+from fusefs.config import MountConfig
+from fusefs.fetch import Fetcher, FetchCancelled, InFlight, Placement
+from fusefs.index import INDEX_NAME, Index
+from fusefs.store import ChunkStore, CorruptSample
+
+
+def test_in_flight_claims_each_sample_once_and_wakes_only_its_waiters():
+    inflight = InFlight(10)
+    assert inflight.claim([3, 1, 3, 7]) == [3, 1, 7] and len(inflight) == 3
+    assert inflight.claim([1, 2, 7]) == [2] and len(inflight) == 4
+    assert 2 in inflight and 5 not in inflight
+    assert inflight.waiter(5) is None  # (not in flight: nothing to wait for)
+    w3, w7 = inflight.waiter(3), inflight.waiter(7)
+    assert inflight.waiter(3) is w3 and not w3.done
+    inflight.settle_many([(1, b"one"), (3, b"three")])
+    assert w3.done and w3.data == b"three" and w3.error is None
+    assert 3 not in inflight and 1 not in inflight and len(inflight) == 2
+    error = OSError(5, "backend read failed")
+    inflight.settle(7, error)
+    assert w7.done and w7.error is error and w7.data is None
+    inflight.settle(7, b"late")  # (not in flight any more: nothing changes)
+    assert w7.error is error and len(inflight) == 1
+    inflight.settle(2, b"two")  # (no waiter: none made)
+    assert not inflight and inflight.claim([3, 2]) == [3, 2]
+    assert inflight.waiter(3) is not w3  # (a new fetch, a new waiter)
+
+
+class Sink:
+    """What the arrivals would be told: every sample, once each, and the batches' ends."""
+
+    def __init__(self):
+        self.items, self.over = [], trio.Event()
+
+    def arrived(self, items, missed, served):
+        self.items += items
+
+    def ended(self, node, readahead):
+        self.over.set()
+
+
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_a_batch_settles_each_of_its_samples_once_and_leaves_none_in_flight(three_nodes, tmp_path, corrupt):
+    """A batch of one node's samples, some claimed before it is submitted, one of them already
+    in flight elsewhere: the batch fetches the others, each sample reaches the sink once with
+    its bytes (a corrupt one with CorruptSample, which its waiter gets too), the waiters on the
+    loop are woken, and nothing stays in flight; the sample in flight elsewhere is left alone."""
+    dst, files = three_nodes
+    if corrupt:  # (a copy: the fixture is shared)
+        dst = shutil.copytree(dst, tmp_path / "dst")
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    store, placement = ChunkStore(str(dst), ix), Placement(ix)
+    sids = [s for s in range(ix.n_files) if placement.node_of(s) == 0][:12]
+    bad = sids[5]
+    if corrupt:  # (a byte of the sample's stored bytes flipped)
+        path = store.chunk_path(int(ix.chunk[bad]))
+        with open(path, "r+b") as f:
+            f.seek(int(ix.offset[bad]))
+            byte = f.read(1)
+            f.seek(int(ix.offset[bad]))
+            f.write(bytes([byte[0] ^ 0xFF]))
+    sink, inflight = Sink(), InFlight(ix.n_files)
+    fetcher = Fetcher(store, MountConfig.of(batch=16).fetch, sink=sink, placement=placement,
+                      inflight=inflight)
+    elsewhere = sids[7]
+    waited = {}
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(fetcher.run, nursery)
+            assert inflight.claim([elsewhere]) == [elsewhere]
+            claimed = fetcher.claim(sids[:4])
+            assert claimed == sids[:4]
+            assert inflight.waiter(sids[-1]) is None  # (not claimed yet)
+            assert fetcher.submit(sids, claimed)
+            assert len(inflight) == len(sids)
+            for s in (sids[0], bad, sids[-1]):  # (before any arrival reaches the loop)
+                waited[s] = inflight.waiter(s)
+            with trio.fail_after(30):
+                await sink.over.wait()
+                for p in waited.values():
+                    await p.wait()
+            nursery.cancel_scope.cancel()
+    trio.run(main)
+    delivered = [sid for sid, _ in sink.items]
+    assert sorted(delivered) == sorted(s for s in sids if s != elsewhere)  # (each once)
+    for sid, r in sink.items:
+        if corrupt and sid == bad:
+            assert isinstance(r, CorruptSample)
+        else:
+            assert bytes(r) == files[os.fsdecode(ix.file_path(sid))]
+    assert [s for s, f in enumerate(inflight.flags) if f] == [elsewhere] and len(inflight) == 1
+    for s, p in waited.items():
+        if corrupt and s == bad:
+            assert isinstance(p.error, CorruptSample) and p.data is None
+        else:
+            assert p.error is None and p.data == files[os.fsdecode(ix.file_path(s))]
+    stats = fetcher.nodes[0].stats
+    assert stats.samples == len(sids) - 1 - corrupt and stats.failed_samples == corrupt
+
+
+def test_a_batch_cut_short_wakes_its_waiters_with_an_error(three_nodes):
+    """The fetcher's end (a shutdown) ends every batch not yet ended: what was not settled
+    goes out of flight with FetchCancelled, to its waiters and the sink."""
+    dst, _ = three_nodes
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    placement = Placement(ix)
+    sink, inflight = Sink(), InFlight(ix.n_files)
+    fetcher = Fetcher(ChunkStore(dst, ix), MountConfig.of().fetch, sink=sink, placement=placement,
+                      inflight=inflight)
+    sids = [s for s in range(ix.n_files) if placement.node_of(s) == 1][:5]
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(fetcher.run, nursery)
+            fetcher.threads[1] = fetcher.max_per_node  # (no thread for the node: it waits)
+            assert fetcher.submit(sids)
+            waiter = inflight.waiter(sids[2])
+            nursery.cancel_scope.cancel()
+        return waiter
+    waiter = trio.run(main)
+    assert waiter.done and isinstance(waiter.error, FetchCancelled)
+    assert not inflight and sorted(s for s, _ in sink.items) == sorted(sids)
+    assert all(isinstance(r, FetchCancelled) for _, r in sink.items)
