@@ -7,7 +7,8 @@
 # runtimes preloaded (daemons the tests start inherit them): the unit tier, and the mount
 # tests that drive the native parts hardest (several fast-path threads, several readers,
 # evictions under a tenth-of-the-set cache, corrupt chunks and checksum failures, a reader
-# killed mid-read). Any sanitizer report fails the run (UBSan halts on its first).
+# killed mid-read; and test_fastpath_threads.py's fetch stress test, all of them at once).
+# Any sanitizer report fails the run (UBSan halts on its first).
 #
 # usage: bash scripts/sanitize.sh [PYTEST ARGS]   (after scripts/setup.sh; about 10 minutes)
 #

@@ -522,6 +522,30 @@ def attempt(f, *a):
 """
 
 
+def passes(readers, n: int, bound: float = 120.0) -> None:
+    """Wait until each reader (a process that prints a line a pass over its files, its stdout
+    a pipe) finished n passes; fail if one ends (a read failed) or they take longer than
+    `bound` seconds (a read hangs)."""
+    import selectors
+    import time
+    sel = selectors.DefaultSelector()
+    left = {}
+    for r in readers:
+        sel.register(r.stdout.fileno(), selectors.EVENT_READ, r)
+        left[r] = n
+    deadline = time.monotonic() + bound
+    try:
+        while any(left.values()):
+            ready = sel.select(timeout=max(0.0, deadline - time.monotonic()))
+            assert ready, f"readers still reading after {bound:.0f} s: a read hangs"
+            for key, _ in ready:
+                got = os.read(key.fd, 1 << 16)  # (one line per pass)
+                assert got, f"a reader ended: exit {key.data.wait()}"
+                left[key.data] = max(0, left[key.data] - got.count(b"\n"))
+    finally:
+        sel.close()
+
+
 def resident_bytes_of(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))

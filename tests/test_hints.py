@@ -20,7 +20,7 @@ from testkit.mounts import running_mount
 from trainer import HintedSampler, write_order
 from trainer.hints import mount_ids, mount_stats
 
-from conftest import REPO, check_two_nodes, page_cache_holds, read_tree
+from conftest import REPO, check_two_nodes, page_cache_holds, passes, read_tree
 
 
 class Paths(list):
@@ -215,28 +215,6 @@ def test_write_order_and_the_stats_need_no_torch(tricky, tmp_path):
 # reads every file under MNT over and over, a line after each pass
 READ_IN_A_LOOP = ("import os,sys\nwhile True:\n for d,_,fs in os.walk(sys.argv[1]):\n"
                   "  for f in fs: open(os.path.join(d,f),'rb').read()\n print('pass', flush=True)\n")
-
-
-def passes(readers, n: int, bound: float = 120.0) -> None:
-    """Wait until each reader (READ_IN_A_LOOP, its stdout a pipe) finished n passes; fail if
-    one ends (a read failed) or they take longer than `bound` seconds (a read hangs)."""
-    import selectors
-    sel = selectors.DefaultSelector()
-    left = {}
-    for r in readers:
-        sel.register(r.stdout.fileno(), selectors.EVENT_READ, r)
-        left[r] = n
-    deadline = time.monotonic() + bound
-    try:
-        while any(left.values()):
-            ready = sel.select(timeout=max(0.0, deadline - time.monotonic()))
-            assert ready, f"readers still reading after {bound:.0f} s: a read hangs"
-            for key, _ in ready:
-                got = os.read(key.fd, 1 << 16)  # (one line per pass)
-                assert got, f"a reader ended: exit {key.data.wait()}"
-                left[key.data] = max(0, left[key.data] - got.count(b"\n"))
-    finally:
-        sel.close()
 
 
 def test_a_reader_killed_mid_read_leaves_the_daemon_serving(tricky, tmp_path):
