@@ -551,6 +551,18 @@ def resident_bytes_of(pid: int) -> int:
         return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
 
 
+def rss_within(pid: int, bound: int, rounds: int = 200) -> int:
+    """Process pid's resident memory once it is within bound (the daemon's governor checks
+    every second), or what it is after rounds of 50 ms."""
+    import threading
+    for _ in range(rounds):
+        rss = resident_bytes_of(pid)
+        if rss <= bound:
+            return rss
+        threading.Event().wait(0.05)
+    return resident_bytes_of(pid)
+
+
 def threads_of(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))

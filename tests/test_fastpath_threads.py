@@ -136,15 +136,16 @@ def test_fetch_stress_readers_killed_evictions_and_corrupt_samples(three_nodes, 
     thread hands the bytes over, the cache evicting under them), three samples corrupt, and
     readers killed mid-pass and replaced, three times. Every read gets its bytes or, for a
     corrupt sample, EIO (the log names its chunk); no read hangs; the daemon keeps serving;
-    the handles of the killed readers are released; and a read of every file afterwards
-    finds nothing waiting or pinned (each gets its bytes, the corrupt ones EIO)."""
+    the handles of the killed readers are released; its resident memory comes within
+    fresh + budgets + 5%; and a read of every file afterwards finds nothing waiting or
+    pinned (each gets its bytes, the corrupt ones EIO)."""
     import json
     import os
     import random
     import signal
     import time
     import xxhash
-    from conftest import corrupt_sample, flip_byte, passes
+    from conftest import corrupt_sample, flip_byte, passes, rss_within
     from trainer import write_order
     from trainer.hints import mount_stats
     dst, files = three_nodes
@@ -191,6 +192,8 @@ def test_fetch_stress_readers_killed_evictions_and_corrupt_samples(three_nodes, 
             assert time.monotonic() < deadline, "handles of killed readers were not released"
             time.sleep(0.1)
         s = mount_stats(mnt)
+        bound = int(1.05 * s["memory_bound"])  # (fresh + the cache's and orders' budgets)
+        assert rss_within(proc.pid, bound) <= bound
         for rel in rels:  # (nothing left waiting or pinned: every file answers)
             path = os.path.join(mnt, rel)
             if rel in bad:

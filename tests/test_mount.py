@@ -20,7 +20,7 @@ from fusefs.kernel_view import DROP_SHARE, DROP_WINDOW
 from testkit.mounts import is_mounted, resolve, running_mount, stop_mount
 from trainer.hints import mount_stats
 
-from conftest import REPO, as_root, attack, flip_byte, fusefs_cmd, read_tree, refused_mount
+from conftest import REPO, as_root, attack, flip_byte, fusefs_cmd, read_tree, refused_mount, rss_within
 
 
 def test_every_file_is_byte_identical_with_same_metadata(tricky_mount):
@@ -577,18 +577,6 @@ def test_a_refused_mount_says_what_to_do_for_a_user_who_is_not_root(attacker, sh
     assert "user_allow_other" not in attack(attacker, code, REPO, dev, conf).splitlines()[1]
 
 
-def _within(mnt, pid, bound: int, rounds: int = 200) -> int:
-    """The daemon's resident memory once it is within bound (the governor checks every
-    second), or what it is after rounds of 50 ms."""
-    from conftest import resident_bytes_of
-    for _ in range(rounds):
-        rss = resident_bytes_of(pid)
-        if rss <= bound:
-            return rss
-        threading.Event().wait(0.05)
-    return resident_bytes_of(pid)
-
-
 def test_large_samples_keep_the_daemon_within_its_budgets(tmp_path):
     """Issue 87 item 9: 1 MiB samples and a 16 MiB budget. Reading through once left the
     daemon 12-15 MB over fresh + cache budget + order memory + 5% (freed heap pages that
@@ -618,7 +606,7 @@ def test_large_samples_keep_the_daemon_within_its_budgets(tmp_path):
         readers = [th.Thread(target=read, args=(paths[k::4],)) for k in range(4)]
         [t.start() for t in readers]
         [t.join() for t in readers]
-        assert _within(mnt, proc.pid, bound) <= bound
+        assert rss_within(proc.pid, bound) <= bound
         fds = []
         try:
             for p in paths[:120]:
@@ -627,7 +615,7 @@ def test_large_samples_keep_the_daemon_within_its_budgets(tmp_path):
             stats = mount_stats(str(mnt))
             assert 0 < stats["held_bytes"] == stats["cache_outside"]
             assert stats["cache_bytes"] + stats["cache_reserved"] + stats["cache_outside"] <= stats["cache_budget"]
-            assert _within(mnt, proc.pid, bound) <= bound
+            assert rss_within(proc.pid, bound) <= bound
         finally:
             for fd in fds:
                 os.close(fd)
