@@ -14,7 +14,8 @@
 #
 # Left out: leak detection (CPython's own allocations at exit would drown it), and
 # tests/test_units.py::test_the_daemons_heap_grows_in_few_steps, which measures glibc's
-# malloc, which AddressSanitizer replaces.
+# malloc, which AddressSanitizer replaces (so does the stress test's check of the daemon's
+# resident memory, which it leaves out under AddressSanitizer).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
