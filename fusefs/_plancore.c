@@ -11,12 +11,17 @@
  * a fetched group's puts), and the read-ahead's walk through the orders past what is
  * consumed, in flight, queued, cached or the kernel's (a run of up to 64 samples a call).
  * plan.Plan.use and position_of are the one-sample references, and a walk in Python the
- * read-ahead's: tests/test_order.py holds each pair to the same results. */
+ * read-ahead's: tests/test_order.py holds each pair to the same results. The read-ahead's
+ * queues are here too (Queues: a node's queue a linked list over arrays of the data set's
+ * size; its batches dealt in one call), held by tests/test_readahead_plan.py to queues of
+ * Python's. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 enum { USES, TOTAL, BY_SAMPLE, FIRST, CONSUMED, NEXT_FIRST, WAS_PASSED, IDS, NARRAYS };
 
@@ -342,6 +347,377 @@ end:
 }
 
 
+/* ---- the read-ahead's queues (prefetch.ReadAheadPlan) ---------------------------------
+ *
+ * Per storage node, the samples waiting for a request slot, in the order they are needed: a
+ * doubly linked list a node over two arrays of the data set's size (8 bytes a sample), so that
+ * taking a sample out of the middle (a reader that missed it) is O(1), and a byte a sample
+ * in `flags` (the caller's bytearray, which Plan.ahead reads: a queued sample is not walked
+ * over again). A sample's node is its chunk's (chunk, chunk_node: the index's and the
+ * placement's arrays, read where they lie); its size is the index's. */
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer flags_v, chunk_v, chunk_node_v, size_v;
+    int have;                 /* buffers got (for the dealloc) */
+    Py_ssize_t n, nodes, count;
+    int32_t *next, *prev;     /* n each: the links (-1: none) */
+    int32_t *head, *tail;     /* nodes each (-1: empty) */
+    Py_ssize_t *len;          /* nodes */
+} Queues;
+
+static void Queues_dealloc(Queues *q) {
+    Py_buffer *v[] = {&q->flags_v, &q->chunk_v, &q->chunk_node_v, &q->size_v};
+    for (int k = 0; k < q->have; k++)
+        PyBuffer_Release(v[k]);
+    free(q->next);
+    free(q->prev);
+    free(q->head);
+    free(q->tail);
+    free(q->len);
+    Py_TYPE(q)->tp_free((PyObject *)q);
+}
+
+static int Queues_init(Queues *q, PyObject *args, PyObject *kw) {
+    static char *names[] = {"flags", "chunk", "chunk_node", "size", "nodes", NULL};
+    PyObject *flags, *chunk, *chunk_node, *size;
+    Py_ssize_t nodes;
+    if (q->have || q->next) {
+        PyErr_SetString(PyExc_RuntimeError, "Queues: initialised once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOn", names, &flags, &chunk, &chunk_node, &size, &nodes))
+        return -1;
+    Py_buffer *v[] = {&q->flags_v, &q->chunk_v, &q->chunk_node_v, &q->size_v};
+    PyObject *o[] = {flags, chunk, chunk_node, size};
+    static const Py_ssize_t itemsize[] = {1, 4, 4, 8};
+    for (int k = 0; k < 4; k++) {
+        if (PyObject_GetBuffer(o[k], v[k], k == 0 ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS : PyBUF_C_CONTIGUOUS) < 0)
+            return -1;
+        q->have++;
+        if (v[k]->itemsize != itemsize[k]) {
+            PyErr_SetString(PyExc_ValueError, "Queues: flags (bytes), chunk (uint32), chunk_node (int32) "
+                            "and size (uint64) expected");
+            return -1;
+        }
+    }
+    q->n = q->flags_v.len;
+    if (q->chunk_v.len / 4 != q->n || q->size_v.len / 8 != q->n || nodes < 1 || q->n >= INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "Queues: arrays of the data set's size and a node at least expected");
+        return -1;
+    }
+    const uint32_t *ch = q->chunk_v.buf;
+    const int32_t *cn = q->chunk_node_v.buf;
+    Py_ssize_t nchunks = q->chunk_node_v.len / 4;
+    for (Py_ssize_t i = 0; i < q->n; i++)  /* (checked once: every sample's node is a node) */
+        if ((Py_ssize_t) ch[i] >= nchunks || cn[ch[i]] < 0 || cn[ch[i]] >= nodes) {
+            PyErr_SetString(PyExc_ValueError, "Queues: a sample's chunk or node out of range");
+            return -1;
+        }
+    q->nodes = nodes;
+    q->next = malloc((size_t)(q->n ? q->n : 1) * sizeof *q->next);
+    q->prev = malloc((size_t)(q->n ? q->n : 1) * sizeof *q->prev);
+    q->head = malloc((size_t) nodes * sizeof *q->head);
+    q->tail = malloc((size_t) nodes * sizeof *q->tail);
+    q->len = calloc((size_t) nodes, sizeof *q->len);
+    if (!q->next || !q->prev || !q->head || !q->tail || !q->len) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < nodes; k++)
+        q->head[k] = q->tail[k] = -1;
+    memset(q->flags_v.buf, 0, (size_t) q->n);
+    return 0;
+}
+
+static inline int32_t node_of_sid(Queues *q, Py_ssize_t sid) {
+    return ((const int32_t *) q->chunk_node_v.buf)[((const uint32_t *) q->chunk_v.buf)[sid]];
+}
+
+static inline int queued(Queues *q, Py_ssize_t sid) {
+    return ((uint8_t *) q->flags_v.buf)[sid] != 0;
+}
+
+static void append(Queues *q, int32_t sid) {
+    int32_t k = node_of_sid(q, sid);
+    q->next[sid] = -1;
+    q->prev[sid] = q->tail[k];
+    if (q->tail[k] >= 0)
+        q->next[q->tail[k]] = sid;
+    else
+        q->head[k] = sid;
+    q->tail[k] = sid;
+    q->len[k]++;
+    q->count++;
+    ((uint8_t *) q->flags_v.buf)[sid] = 1;
+}
+
+static void unlink_sid(Queues *q, int32_t sid) {
+    int32_t k = node_of_sid(q, sid), p = q->prev[sid], nx = q->next[sid];
+    if (p >= 0)
+        q->next[p] = nx;
+    else
+        q->head[k] = nx;
+    if (nx >= 0)
+        q->prev[nx] = p;
+    else
+        q->tail[k] = p;
+    q->len[k]--;
+    q->count--;
+    ((uint8_t *) q->flags_v.buf)[sid] = 0;
+}
+
+/* sid of o, in [0, n), or -1 with an exception */
+static Py_ssize_t sid_of(Queues *q, PyObject *o) {
+    Py_ssize_t sid = PyLong_AsSsize_t(o);
+    if (sid == -1 && PyErr_Occurred())
+        return -1;
+    if (sid < 0 || sid >= q->n) {
+        PyErr_Format(PyExc_IndexError, "Queues: no sample %zd", sid);
+        return -1;
+    }
+    return sid;
+}
+
+static int node_arg(Queues *q, Py_ssize_t k) {
+    if (k < 0 || k >= q->nodes) {
+        PyErr_Format(PyExc_IndexError, "Queues: no node %zd", k);
+        return -1;
+    }
+    return 0;
+}
+
+/* push_many(sids, count): the first count of sids appended to their nodes' queues (those
+ * queued already stay where they are) */
+static PyObject *Queues_push_many(Queues *q, PyObject *args) {
+    PyObject *sids;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "On", &sids, &count))
+        return NULL;
+    PyObject *seq = PySequence_Fast(sids, "Queues.push_many: a sequence of samples expected");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(seq);
+    if (count > m)
+        count = m;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t sid = sid_of(q, PySequence_Fast_GET_ITEM(seq, i));
+        if (sid < 0) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if (!queued(q, sid))
+            append(q, (int32_t) sid);
+    }
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+}
+
+/* remove(sid) -> its node, or -1 where it was not queued */
+static PyObject *Queues_remove(Queues *q, PyObject *o) {
+    Py_ssize_t sid = sid_of(q, o);
+    if (sid < 0)
+        return NULL;
+    if (!queued(q, sid))
+        return PyLong_FromLong(-1);
+    unlink_sid(q, (int32_t) sid);
+    return PyLong_FromLong(node_of_sid(q, sid));
+}
+
+/* tail(node) -> the sample last in node's queue, or -1 */
+static PyObject *Queues_tail(Queues *q, PyObject *o) {
+    Py_ssize_t k = PyLong_AsSsize_t(o);
+    if ((k == -1 && PyErr_Occurred()) || node_arg(q, k) < 0)
+        return NULL;
+    return PyLong_FromLong(q->tail[k]);
+}
+
+/* take(node, count, last) -> up to count samples taken out of node's queue: from its head,
+ * or (last) from its tail */
+static PyObject *Queues_take(Queues *q, PyObject *args) {
+    Py_ssize_t k, count;
+    int last;
+    if (!PyArg_ParseTuple(args, "nnp", &k, &count, &last) || node_arg(q, k) < 0)
+        return NULL;
+    PyObject *out = PyList_New(0);
+    for (Py_ssize_t i = 0; out != NULL && i < count && q->len[k]; i++) {
+        int32_t sid = last ? q->tail[k] : q->head[k];
+        unlink_sid(q, sid);
+        PyObject *s = PyLong_FromLong(sid);
+        if (s == NULL || PyList_Append(out, s) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(s);
+    }
+    return out;
+}
+
+/* deal(node, want, batches, max_bytes) -> [batch, ...]: the head of node's queue as runs (a
+ * run: one sample, or samples of one chunk that follow each other, up to max_bytes) holding
+ * at least want samples in all (at least one run), dealt round robin over at most `batches`
+ * batches, and taken out of the queue (prefetch.ReadAheadPlan.batches) */
+static PyObject *Queues_deal(Queues *q, PyObject *args) {
+    Py_ssize_t k, want, nb;
+    unsigned long long max_bytes;
+    if (!PyArg_ParseTuple(args, "nnnK", &k, &want, &nb, &max_bytes) || node_arg(q, k) < 0)
+        return NULL;
+    if (nb < 1)
+        return PyList_New(0);
+    const uint32_t *chunk = q->chunk_v.buf;
+    const uint64_t *size = q->size_v.buf;
+    /* the runs: their first samples and lengths, counted first (at most the queue's length) */
+    Py_ssize_t runs = 0, taken = 0, run_len = 0;
+    unsigned long long nbytes = 0;
+    int32_t end = -1, sid = q->head[k], last = -1;
+    for (; sid >= 0; last = sid, sid = q->next[sid]) {
+        if (run_len && (chunk[sid] != chunk[last] || nbytes + size[sid] > max_bytes)) {
+            runs++;
+            taken += run_len;
+            run_len = 0;
+            nbytes = 0;
+            if (taken >= want) {
+                end = sid;
+                break;
+            }
+        }
+        run_len++;
+        nbytes += size[sid];
+    }
+    if (run_len && end < 0)
+        runs++;
+    if (runs == 0)
+        return PyList_New(0);
+    if (nb > runs)
+        nb = runs;
+    PyObject *out = PyList_New(nb);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t b = 0; b < nb; b++) {
+        PyObject *l = PyList_New(0);
+        if (l == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, b, l);
+    }
+    /* deal them: run r to batch r % nb, each taken out of the queue */
+    Py_ssize_t r = 0;
+    run_len = 0, nbytes = 0, last = -1;
+    for (sid = q->head[k]; sid != end && sid >= 0;) {
+        if (run_len && (chunk[sid] != chunk[last] || nbytes + size[sid] > max_bytes)) {
+            r++;
+            run_len = 0;
+            nbytes = 0;
+        }
+        run_len++;
+        nbytes += size[sid];
+        int32_t nx = q->next[sid];
+        unlink_sid(q, sid);
+        PyObject *s = PyLong_FromLong(sid);
+        if (s == NULL || PyList_Append(PyList_GET_ITEM(out, r % nb), s) < 0) {
+            Py_XDECREF(s);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(s);
+        last = sid;
+        sid = nx;
+    }
+    return out;
+}
+
+/* lengths() -> [each node's queue length] */
+static PyObject *Queues_lengths(Queues *q, PyObject *Py_UNUSED(ignored)) {
+    PyObject *out = PyList_New(q->nodes);
+    for (Py_ssize_t k = 0; out != NULL && k < q->nodes; k++) {
+        PyObject *v = PyLong_FromSsize_t(q->len[k]);
+        if (v == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, k, v);
+    }
+    return out;
+}
+
+/* of(node) -> node's queue, head first */
+static PyObject *Queues_of(Queues *q, PyObject *o) {
+    Py_ssize_t k = PyLong_AsSsize_t(o);
+    if ((k == -1 && PyErr_Occurred()) || node_arg(q, k) < 0)
+        return NULL;
+    PyObject *out = PyList_New(0);
+    for (int32_t sid = q->head[k]; out != NULL && sid >= 0; sid = q->next[sid]) {
+        PyObject *s = PyLong_FromLong(sid);
+        if (s == NULL || PyList_Append(out, s) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(s);
+    }
+    return out;
+}
+
+static Py_ssize_t Queues_length(Queues *q) {
+    return q->count;
+}
+
+static int Queues_contains(Queues *q, PyObject *o) {
+    Py_ssize_t sid = PyLong_AsSsize_t(o);
+    if (sid == -1 && PyErr_Occurred()) {
+        PyErr_Clear();  /* (not a sample: not queued) */
+        return 0;
+    }
+    return sid >= 0 && sid < q->n && queued(q, sid);
+}
+
+static PyObject *Queues_iter(Queues *q) {
+    PyObject *all = PyList_New(0);
+    for (Py_ssize_t k = 0; all != NULL && k < q->nodes; k++)
+        for (int32_t sid = q->head[k]; all != NULL && sid >= 0; sid = q->next[sid]) {
+            PyObject *s = PyLong_FromLong(sid);
+            if (s == NULL || PyList_Append(all, s) < 0)
+                Py_CLEAR(all);
+            Py_XDECREF(s);
+        }
+    if (all == NULL)
+        return NULL;
+    PyObject *it = PyObject_GetIter(all);
+    Py_DECREF(all);
+    return it;
+}
+
+static PyMethodDef Queues_methods[] = {
+    {"push_many", (PyCFunction)Queues_push_many, METH_VARARGS,
+     "push_many(sids, count): the first count of sids appended to their nodes' queues (one queued already stays)"},
+    {"remove", (PyCFunction)Queues_remove, METH_O, "remove(sid) -> its node, or -1 where it was not queued"},
+    {"tail", (PyCFunction)Queues_tail, METH_O, "tail(node) -> the sample last in node's queue, or -1"},
+    {"take", (PyCFunction)Queues_take, METH_VARARGS,
+     "take(node, count, last) -> up to count samples taken from the head of node's queue (last: its tail)"},
+    {"deal", (PyCFunction)Queues_deal, METH_VARARGS,
+     "deal(node, want, batches, max_bytes) -> [batch, ...]: the queue's head as runs of at least want samples "
+     "in all, dealt round robin over at most `batches` batches and taken out (see the source)"},
+    {"lengths", (PyCFunction)Queues_lengths, METH_NOARGS, "lengths() -> [each node's queue length]"},
+    {"of", (PyCFunction)Queues_of, METH_O, "of(node) -> node's queue, head first"},
+    {NULL},
+};
+
+static PySequenceMethods Queues_as_sequence = {
+    .sq_length = (lenfunc)Queues_length,
+    .sq_contains = (objobjproc)Queues_contains,
+};
+
+static PyTypeObject QueuesType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "fusefs._plancore.Queues",
+    .tp_basicsize = sizeof(Queues),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The read-ahead's queues, a node each (see the source).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Queues_init,
+    .tp_dealloc = (destructor)Queues_dealloc,
+    .tp_methods = Queues_methods,
+    .tp_as_sequence = &Queues_as_sequence,
+    .tp_iter = (getiterfunc)Queues_iter,
+};
+
+
 static PyMethodDef methods[] = {
     {"use_many", use_many, METH_VARARGS,
      "use_many(arrays, sids, cursor, frontier, skip_window, max_skip_window, passed) -> (out, cursor, "
@@ -357,9 +733,15 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "fusefs._plancore", "A plan's counting of a batch of uses in C.", -1, methods,
+    PyModuleDef_HEAD_INIT, "fusefs._plancore", "A plan's counting of a batch of uses, and the read-ahead's walk "
+    "and queues, in C.", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__plancore(void) {
-    return PyModule_Create(&module);
+    if (PyType_Ready(&QueuesType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddObjectRef(m, "Queues", (PyObject *)&QueuesType) < 0)
+        Py_CLEAR(m);
+    return m;
 }

@@ -58,7 +58,7 @@ class DataPlane:
         holders = Holders(cache, handles, kernel_view, serve=hold, table=table)
         placement, inflight, fetch = Placement(index), InFlight(index.n_files), config.fetch
         plan = ReadAheadPlan(index, policy, cache, nodes=len(placement.names),
-                             node_of=placement.node_of, inflight=inflight, per_node=fetch.per_node,
+                             chunk_node=placement.chunk_node, inflight=inflight, per_node=fetch.per_node,
                              max_per_node=max_per_node(fetch), batch=batch_size(fetch, index),
                              readahead=config.readahead, kernel_held=kernel_view.held)
         wake = Wake()

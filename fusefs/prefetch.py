@@ -6,10 +6,10 @@ The task that runs the plan and submits its batches is prefetcher.Prefetcher.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-
+import numpy as np
 import trio
 
+from ._plancore import Queues
 from .plan import AHEAD_BOUND
 from .store import MAX_READ
 
@@ -65,28 +65,32 @@ class ReadAheadPlan:
 
     MAX_BATCH_BYTES = MAX_READ  # a run of one chunk's queued samples is read in one request
 
-    def __init__(self, index, policy, cache, *, nodes: int, node_of, inflight, per_node: int,
+    def __init__(self, index, policy, cache, *, nodes: int, chunk_node, inflight, per_node: int,
                  max_per_node: int, batch: int, readahead: int | None = None,
                  kernel_held=None):
         """index: sample sizes and chunks; policy: the plans and next-use keys; cache: where
-        room is reserved; nodes, node_of(sid): the storage nodes, a sample's; inflight: the
+        room is reserved; nodes, chunk_node: the storage nodes, each chunk's (an int32 array:
+        fetch.Placement's); inflight: the
         samples being fetched (fetch.InFlight: its flags); per_node, max_per_node, batch: request slots and
         samples per request (fetch.Fetcher's); readahead: bytes ahead of the readers (None:
         default_readahead); kernel_held: a flag a sample, whether the kernel page cache
         holds it (kernel_view.KernelView.held; None: nothing): a sample the cache or the
         kernel holds is not read ahead."""
         self.index, self.policy, self.cache = index, policy, cache
-        self.node_of, self.inflight = node_of, inflight
+        self.inflight = inflight
         self.kernel_held = kernel_held
-        self.per_node, self.max_per_node, self.batch = per_node, max_per_node, batch
+        self.nodes, self.per_node, self.max_per_node, self.batch = nodes, per_node, max_per_node, batch
+        chunk_node = np.ascontiguousarray(chunk_node, np.int32)
+        self._chunk_node_v = memoryview(chunk_node)
         # per node, the samples waiting for a request slot, in the order they are needed
-        # (ordered: taking one out of the middle, for a reader that missed it, is O(1))
-        self.queues: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(nodes)]
-        self.queued: dict[int, int] = {}  # sid -> node, for samples waiting in a queue
-        # what the walk passes over: the queued and cached samples, and those flagged in
-        # flight or held by the kernel
-        self._skip = (self.queued, cache)
-        self._flags = (inflight.flags,) + ((kernel_held,) if kernel_held is not None else ())
+        # (fusefs._plancore.Queues: taking one out of the middle, for a reader that missed
+        # it, is O(1); a batch is dealt in one call), with a flag a sample
+        queued_flags = bytearray(index.n_files)
+        self.queued = Queues(queued_flags, index.chunk, chunk_node, index.size, nodes)
+        # what the walk passes over: the cached samples, and those flagged queued, in flight
+        # or held by the kernel
+        self._skip = (cache,)
+        self._flags = (queued_flags, inflight.flags) + ((kernel_held,) if kernel_held is not None else ())
         self.heads: dict[int, int] = {}   # rank -> next order position to look at
         mean_size = index.total_bytes / max(1, index.n_files)
         # How far ahead of the readers the read-ahead looks, in bytes of the orders: deep
@@ -107,12 +111,10 @@ class ReadAheadPlan:
     def reset(self) -> None:
         """A new order: forget the queued read-ahead of the old one (its reservations too);
         batches already running finish, and what they bring is kept only if still needed."""
-        settle = self.cache.settle
-        for q in self.queues:
-            for sid in q:
+        settle, queued = self.cache.settle, self.queued
+        for node, n in enumerate(queued.lengths()):
+            for sid in queued.take(node, n, False):
                 settle(sid)
-            q.clear()
-        self.queued.clear()
         self.heads.clear()
         self.fresh, self.idle = True, False
 
@@ -209,12 +211,13 @@ class ReadAheadPlan:
         and queue them on their nodes, until one finds no room: how many were queued."""
         sizes, keys = self.index.size_v, self.policy.keys_of(sids)
         done = self.cache.reserve_many(sids, [sizes[s] for s in sids], keys)
-        node_of, queues, queued = self.node_of, self.queues, self.queued
-        for sid in sids[:done]:
-            node = node_of(sid)
-            queues[node][sid] = None
-            queued[sid] = node
+        self.queued.push_many(sids, done)
         return done
+
+    @property
+    def queues(self) -> list[list[int]]:
+        """Each node's queue, head first (a copy: for the tests and the statistics)."""
+        return [self.queued.of(node) for node in range(self.nodes)]
 
     def batches(self, running: list[int]) -> list[tuple[int, list[int]]]:
         """The batches to start now, (node, samples), taken out of the queues, for nodes
@@ -226,70 +229,48 @@ class ReadAheadPlan:
         queued sample waits for about i / free reads, not i (each batch reads its samples
         one after the other). Queued samples of one chunk that follow each other (a
         chunk-block order) stay together as one run of up to 16 MiB: the chunk is then read
-        in one request."""
+        in one request. (Queues.deal: the runs, their dealing and their taking out of the
+        queue in one call of C.)"""
         out = []
         running = list(running)
-        for node, q in enumerate(self.queues):
-            while q:
-                slots = self.slots(node, running)
+        queued = self.queued
+        lengths = queued.lengths()
+        for node in range(self.nodes):
+            while lengths[node]:
+                slots = self.slots(running, lengths)
                 free = slots - running[node]
                 if free <= 0:
                     break
-                size = max(1, min(self.batch, -(-len(q) // slots)))
-                runs = self._runs(q, free * size)
-                batches = [[] for _ in range(min(free, len(runs)))]
-                for i, run in enumerate(runs):
-                    batches[i % len(batches)] += run
-                for b in batches:
-                    for sid in b:
-                        del q[sid]
-                        del self.queued[sid]
+                size = max(1, min(self.batch, -(-lengths[node] // slots)))
+                for b in queued.deal(node, free * size, free, self.MAX_BATCH_BYTES):
+                    lengths[node] -= len(b)
                     running[node] += 1
                     out.append((node, b))
         return out
 
-    def _runs(self, q: OrderedDict, want: int) -> list[list[int]]:
-        """The head of a queue as runs holding at least want samples in all (at least one
-        run): a run is one sample, or queued samples of one chunk that follow each other,
-        up to MAX_BATCH_BYTES. Looks at the runs' samples and one more."""
-        chunk, sizes = self.index.chunk_v, self.index.size_v
-        runs, run, taken, nbytes = [], [], 0, 0
-        for sid in q:
-            if run and (chunk[sid] != chunk[run[-1]] or nbytes + sizes[sid] > self.MAX_BATCH_BYTES):
-                runs.append(run)
-                taken += len(run)
-                run, nbytes = [], 0
-                if taken >= want:
-                    return runs
-            run.append(sid)
-            nbytes += sizes[sid]
-        if run:
-            runs.append(run)
-        return runs
-
-    def slots(self, node: int, running: list[int]) -> int:
-        """Batches the node may have running now (running: each node's batches running):
-        its own per_node, plus the own slots left idle by nodes with nothing queued (shared
-        among the nodes with work), at most max_per_node."""
-        idle = sum(max(0, self.per_node - running[n]) for n, q in enumerate(self.queues) if not q)
-        busy = sum(1 for q in self.queues if q)
+    def slots(self, running: list[int], lengths: list[int]) -> int:
+        """Batches a node with queued samples may have running now (running: each node's
+        batches running; lengths: each node's queue length): its own per_node, plus the own
+        slots left idle by nodes with nothing queued (shared among the nodes with work), at
+        most max_per_node."""
+        idle = sum(max(0, self.per_node - running[n]) for n, q in enumerate(lengths) if not q)
+        busy = sum(1 for q in lengths if q)
         return min(self.max_per_node, self.per_node + idle // max(1, busy))
 
     def yield_room(self, nbytes: int, key: float) -> int:
         """Take back the reservations of queued samples needed later than key (from each
         node's queue tail, latest first) until nbytes are freed; the heads go back to the
         cursors so those samples are queued again when room allows. Returns bytes freed."""
-        key_of = self.policy.key
+        key_of, queued = self.policy.key, self.queued
         freed = 0
         while freed < nbytes:
-            tails = [(key_of(next(reversed(q))), node) for node, q in enumerate(self.queues) if q]
+            tails = [(key_of(queued.tail(node)), node) for node, n in enumerate(queued.lengths()) if n]
             if not tails:
                 break
             latest, node = max(tails)
             if latest <= key:
                 break
-            sid = self.queues[node].popitem()[0]
-            del self.queued[sid]
+            sid, = queued.take(node, 1, True)
             freed += self.cache.settle(sid)
         if freed:
             self.heads.clear()
@@ -299,19 +280,11 @@ class ReadAheadPlan:
         """For a reader that missed sid: sid if it is queued, plus samples queued next on
         its node up to a batch, taken out of the queue (their bytes stay reserved). O(batch),
         whatever the queue's length."""
-        node = self.queued.pop(sid, None)
-        taken = []
-        if node is not None:
-            del self.queues[node][sid]
-            taken.append(sid)
-        else:
-            node = self.node_of(sid)
-        q, queued = self.queues[node], self.queued
-        for _ in range(min(self.batch - 1, len(q))):
-            s = q.popitem(last=False)[0]
-            del queued[s]
-            taken.append(s)
-        return taken
+        queued = self.queued
+        node = queued.remove(sid)
+        if node >= 0:
+            return [sid] + queued.take(node, self.batch - 1, False)
+        return queued.take(self._chunk_node_v[self.index.chunk_v[sid]], self.batch - 1, False)
 
 
 class Wake:

@@ -35,10 +35,15 @@ class Prefetcher:
         self.plan, self.fetcher, self.arrivals, self._wake = plan, fetcher, arrivals, wake
         self.on_idle, self._idle_told = on_idle, False
         self.readahead, self.low_water = plan.readahead, plan.low_water
-        self.queues, self.queued = plan.queues, plan.queued  # (read: tests, stats)
+        self.queued = plan.queued  # (read: tests, stats)
         self.running = fetcher.readahead_running  # each node's read-ahead batches not ended
         self.serving = False
         self.batches = 0
+
+    @property
+    def queues(self) -> list[list[int]]:
+        """Each node's queue, head first (a copy: for the tests)."""
+        return self.plan.queues
 
     def counters(self) -> dict:
         return {"prefetch_batches": self.batches, "readahead_bytes": self.readahead}

@@ -2,8 +2,10 @@
 what is in flight, it queues what to read ahead (its room reserved), hands out batches per
 node within their request slots, and moves on as readers use what it read."""
 import os
+from collections import OrderedDict
 
 import numpy as np
+import pytest
 
 from fusefs import order as orderfmt
 from fusefs.cache import SampleCache
@@ -20,7 +22,8 @@ def _plan(dst, budget_share=0.2, per_node=2, batch=4, kernel=False):
     policy = Policy(ix.size)
     cache = SampleCache(int(ix.total_bytes * budget_share))
     inflight = InFlight(ix.n_files)
-    plan = ReadAheadPlan(ix, policy, cache, nodes=3, node_of=lambda s: int(node[s]), inflight=inflight,
+    plan = ReadAheadPlan(ix, policy, cache, nodes=3, chunk_node=np.array([c.node for c in ix.chunks], np.int32),
+                         inflight=inflight,
                          per_node=per_node, max_per_node=2 * per_node, batch=batch,
                          kernel_held=np.zeros(ix.n_files, bool) if kernel else None)
     order = np.random.default_rng(0).permutation(ix.n_files)
@@ -44,7 +47,7 @@ def test_batches_fill_each_nodes_slots_and_no_more(three_nodes):
     dst, _ = three_nodes
     ix, node, policy, cache, inflight, plan, order = _plan(dst, budget_share=0.5)
     plan.advance()
-    queued_before = dict(plan.queued)
+    queued_before = set(plan.queued)
     batches = plan.batches([0, 0, 0])
     per_node = {n: [b for m, b in batches if m == n] for n in range(3)}
     for n, bs in per_node.items():
@@ -127,3 +130,104 @@ def test_near_the_end_of_an_epoch_the_read_ahead_goes_on_into_the_next_epochs_or
     assert set(head.tolist()) <= set(queued)
     from_next = [s for s in queued if s not in set(head.tolist())]
     assert from_next and from_next == rest[:len(from_next)].tolist()  # the next order's head, in order
+
+
+class PyQueues:
+    """The read-ahead's queues in Python (an OrderedDict a node), as they were before
+    fusefs._plancore.Queues: the reference the C queues are held to."""
+
+    def __init__(self, chunk, chunk_node, size, nodes):
+        self.chunk, self.chunk_node, self.size = chunk, chunk_node, size
+        self.q = [OrderedDict() for _ in range(nodes)]
+        self.node = {}
+
+    def push_many(self, sids, count):
+        for sid in sids[:count]:
+            if sid not in self.node:
+                n = int(self.chunk_node[self.chunk[sid]])
+                self.q[n][sid] = None
+                self.node[sid] = n
+
+    def remove(self, sid):
+        n = self.node.pop(sid, -1)
+        if n >= 0:
+            del self.q[n][sid]
+        return n
+
+    def take(self, n, count, last):
+        out = []
+        for _ in range(min(count, len(self.q[n]))):
+            sid = self.q[n].popitem(last=last)[0]
+            del self.node[sid]
+            out.append(sid)
+        return out
+
+    def deal(self, n, want, batches, max_bytes):
+        runs, run, taken, nbytes = [], [], 0, 0
+        for sid in self.q[n]:
+            if run and (self.chunk[sid] != self.chunk[run[-1]] or nbytes + self.size[sid] > max_bytes):
+                runs.append(run)
+                taken += len(run)
+                run, nbytes = [], 0
+                if taken >= want:
+                    break
+            run.append(sid)
+            nbytes += int(self.size[sid])
+        else:
+            if run:
+                runs.append(run)
+        out = [[] for _ in range(min(batches, len(runs)))]
+        for i, r in enumerate(runs):
+            out[i % len(out)] += r
+        for b in out:
+            for sid in b:
+                self.remove(sid)
+        return out
+
+
+def test_the_queues_in_c_do_what_the_queues_in_python_did():
+    """fusefs._plancore.Queues against PyQueues over random pushes, removals, takes from
+    either end and deals (random wants, batch counts and byte bounds, runs of one chunk):
+    the same results, the same queues, the same flags."""
+    from fusefs._plancore import Queues
+    rng = np.random.default_rng(88)
+    dealt_runs = 0
+    for trial in range(200):
+        n, nodes = int(rng.integers(1, 60)), int(rng.integers(1, 4))
+        nchunks = int(rng.integers(1, 8))
+        chunk = np.sort(rng.integers(0, nchunks, n)).astype(np.uint32)
+        chunk_node = rng.integers(0, nodes, nchunks).astype(np.int32)
+        size = rng.integers(1, 100, n).astype(np.uint64)
+        flags = bytearray(n)
+        c, p = Queues(flags, chunk, chunk_node, size, nodes), PyQueues(chunk, chunk_node, size, nodes)
+        for step in range(40):
+            op = int(rng.integers(0, 4))
+            node = int(rng.integers(0, nodes))
+            if op == 0:
+                sids = rng.integers(0, n, int(rng.integers(0, 10)))
+                sids = (np.sort(sids) if trial % 2 else sids).tolist()
+                count = int(rng.integers(0, len(sids) + 1))
+                c.push_many(sids, count), p.push_many(sids, count)
+            elif op == 1:
+                sid = int(rng.integers(0, n))
+                assert c.remove(sid) == p.remove(sid)
+            elif op == 2:
+                count, last = int(rng.integers(0, 5)), bool(rng.integers(0, 2))
+                assert c.take(node, count, last) == p.take(node, count, last)
+            else:
+                args = (node, int(rng.integers(0, 12)), int(rng.integers(1, 4)), int(rng.integers(1, 300)))
+                got = c.deal(*args)
+                assert got == p.deal(*args), (trial, step, args)
+                dealt_runs += sum(len(b) > 1 for b in got)
+            assert [c.of(k) for k in range(nodes)] == [list(q) for q in p.q]
+            assert c.lengths() == [len(q) for q in p.q] and len(c) == len(p.node)
+            assert [i for i in range(n) if flags[i]] == sorted(p.node) == sorted(c)
+            assert all((i in c) == (i in p.node) for i in range(n))
+            assert [c.tail(k) for k in range(nodes)] == [next(reversed(q), -1) for q in p.q]
+    assert dealt_runs > 0  # (batches of more than one sample were dealt)
+    with pytest.raises(IndexError):
+        c.remove(n)
+    with pytest.raises(IndexError):
+        c.take(nodes, 1, False)
+    with pytest.raises(ValueError):
+        Queues(bytearray(3), np.zeros(3, np.uint32), np.array([5], np.int32), np.ones(3, np.uint64), 2)

@@ -1,7 +1,7 @@
 """No per-sample cost grows with the data set, the queue or the cache (issue 54, item 0):
 each per-sample operation is run at two sizes a hundred times apart and its cost counted in
 bytecode instructions (sys.settrace's opcode events: what Python does, never the clock);
-the C it calls (dicts, heapq, numpy) is O(1) or O(log n) by construction. The whole at
+the C it calls (dicts, numpy, fusefs's cores) is O(1) or O(log n) by construction. The whole at
 ImageNet's count is scripts/bench/bench_scale.py (and bench_hotpath.py's `scale` row)."""
 import gc
 import sys
@@ -12,7 +12,6 @@ from fusefs import order as orderfmt
 from fusefs.cache import SampleCache
 from fusefs.policy import Policy
 
-from conftest import make_core
 
 
 def opcodes(fn, *args) -> int:
@@ -45,19 +44,26 @@ class NoScans(np.ndarray):
         raise AssertionError(f"np.{func.__name__} over every sample")
 
 
-def test_a_miss_takes_its_companions_in_the_same_work_whatever_the_queue(three_nodes):
-    """Prefetcher.take_queued, for a sample in the middle of its node's queue: the same
+def test_a_miss_takes_its_companions_in_the_same_work_whatever_the_queue():
+    """ReadAheadPlan.take_queued, for a sample in the middle of its node's queue: the same
     bytecode with 1,000 samples queued as with 100,000 (it copied the queue, before: 41%
-    of the daemon's time at 1.28M samples)."""
-    dst, _ = three_nodes
+    of the daemon's time at 1.28M samples), the queue a linked list in C (Queues: a
+    sample's unlink O(1)) over a set of 100,000 samples."""
+    from types import SimpleNamespace
+    from fusefs._plancore import Queues
+    from fusefs.prefetch import ReadAheadPlan
+    n, batch = 100_000, 16
+    chunk, chunk_node = np.zeros(n, np.uint32), np.zeros(1, np.int32)
     costs = []
     for queued in (1_000, 100_000):
-        pf = make_core(dst).prefetcher
-        for s in range(queued):
-            pf.queues[0][s] = None
-            pf.queued[s] = 0
-        costs.append(opcodes(pf.take_queued, queued // 2))
-        assert len(pf.queues[0]) == queued - pf.fetcher.batch  # (it and a batch's companions)
+        plan = ReadAheadPlan.__new__(ReadAheadPlan)  # (only what take_queued reads)
+        plan.queued = Queues(bytearray(n), chunk, chunk_node, np.ones(n, np.uint64), 1)
+        plan.batch, plan.index, plan._chunk_node_v = batch, SimpleNamespace(chunk_v=memoryview(chunk)), chunk_node
+        plan.queued.push_many(range(queued), queued)
+        taken = []
+        costs.append(opcodes(lambda: taken.extend(plan.take_queued(queued // 2))))
+        assert taken == [queued // 2, *range(batch - 1)]  # (it and the queue's head)
+        assert len(plan.queued) == queued - batch and queued // 2 not in plan.queued
     assert costs[0] == costs[1], costs
 
 
