@@ -90,16 +90,21 @@ static int get_plan(PyObject *tuple, views_t *v, plan_t *p) {
     return 0;
 }
 
-/* Sample id o of the plan (-1 with an IndexError: out of its range). */
-static Py_ssize_t sid_in(const plan_t *p, PyObject *o) {
+/* Sample id o, in [0, n) (-1 with an IndexError: out of that range). */
+static Py_ssize_t sid_below(PyObject *o, Py_ssize_t n) {
     Py_ssize_t sid = PyNumber_AsSsize_t(o, PyExc_IndexError);
     if (sid == -1 && PyErr_Occurred())
         return -1;
-    if (sid < 0 || sid >= p->n_files) {
+    if (sid < 0 || sid >= n) {
         PyErr_Format(PyExc_IndexError, "sample %zd out of range", sid);
         return -1;
     }
     return sid;
+}
+
+/* Sample id o of the plan (-1 with an IndexError: out of its range). */
+static Py_ssize_t sid_in(const plan_t *p, PyObject *o) {
+    return sid_below(o, p->n_files);
 }
 
 /* Where sid is needed next once it has been used `uses` times (Plan.position_of): its next
@@ -467,18 +472,6 @@ static void unlink_sid(Queues *q, int32_t sid) {
     ((uint8_t *) q->flags_v.buf)[sid] = 0;
 }
 
-/* sid of o, in [0, n), or -1 with an exception */
-static Py_ssize_t sid_of(Queues *q, PyObject *o) {
-    Py_ssize_t sid = PyLong_AsSsize_t(o);
-    if (sid == -1 && PyErr_Occurred())
-        return -1;
-    if (sid < 0 || sid >= q->n) {
-        PyErr_Format(PyExc_IndexError, "Queues: no sample %zd", sid);
-        return -1;
-    }
-    return sid;
-}
-
 static int node_arg(Queues *q, Py_ssize_t k) {
     if (k < 0 || k >= q->nodes) {
         PyErr_Format(PyExc_IndexError, "Queues: no node %zd", k);
@@ -501,7 +494,7 @@ static PyObject *Queues_push_many(Queues *q, PyObject *args) {
     if (count > m)
         count = m;
     for (Py_ssize_t i = 0; i < count; i++) {
-        Py_ssize_t sid = sid_of(q, PySequence_Fast_GET_ITEM(seq, i));
+        Py_ssize_t sid = sid_below(PySequence_Fast_GET_ITEM(seq, i), q->n);
         if (sid < 0) {
             Py_DECREF(seq);
             return NULL;
@@ -515,7 +508,7 @@ static PyObject *Queues_push_many(Queues *q, PyObject *args) {
 
 /* remove(sid) -> its node, or -1 where it was not queued */
 static PyObject *Queues_remove(Queues *q, PyObject *o) {
-    Py_ssize_t sid = sid_of(q, o);
+    Py_ssize_t sid = sid_below(o, q->n);
     if (sid < 0)
         return NULL;
     if (!queued(q, sid))

@@ -367,9 +367,11 @@ class Batch:
             stats.requests += 1
             fetcher.request_hist.observe(now - t0)
         # (a wrong or short sample is the file's answer, not the node's silence: an EIO now)
-        left = self.left  # (those not delivered on arrival: the failed ones among them)
-        failed = [s for s in todo if s in left and isinstance(results[s], OSError)
-                  and not isinstance(results[s], (CorruptSample, ShortRead))] if left else []
+        # (none failed where every one was delivered on arrival, unless the batch ended: its
+        # try's failures are still counted)
+        failed = [s for s in todo if isinstance(results[s], OSError)
+                  and not isinstance(results[s], (CorruptSample, ShortRead))] \
+            if self.left or self.over else []
         stats.errors += len(failed)
         tries = self.tries
         if len(failed) < backend:  # the node answered
