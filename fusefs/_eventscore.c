@@ -9,12 +9,15 @@
  * events of a batch are counted in one call, and the release's uses and the misses to fetch
  * come back as lists. The scan stops at an event that needs the loop's Python in its turn
  * (a forget, whose sample's uses before it must be counted first; a read of pages the
- * kernel had dropped): the caller applies it and calls again from the next. With the GIL
- * (the loop's). */
+ * kernel had dropped): the caller applies it and calls again from the next, so a call costs
+ * the events it counts, not the batch's: the events are read where they lie (a buffer of
+ * native 64-bit values, what the fast path hands over), a list or tuple item by item. With
+ * the GIL (the loop's). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <stdint.h>
+#include <string.h>
 
 /* scan(events, start, held, through, bits) -> (stop, opens, reads, releases, opens_held, last,
  * used, missed, recent): see the module's comment (recent: the reads that are hits); held: the kernel's flags, a byte a
@@ -28,25 +31,58 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OnOp(KKKKKK)", &events_o, &start, &held_o, &through, &released, &read,
                           &read_end, &read_lost, &missed_bit, &sid_mask))
         return NULL;
-    PyObject *events = PySequence_Fast(events_o, "scan: a sequence of events");
-    if (events == NULL)
+    /* the events: a buffer of unsigned 64-bit values read in place, or a list or tuple
+     * (never copied whole: a call from `start` must not cost the events before it) */
+    Py_buffer ev = {0};
+    int in_buffer = 0;
+    const uint64_t *evbuf = NULL;
+    PyObject *events = NULL;
+    Py_ssize_t n;
+    if (PyObject_CheckBuffer(events_o)) {
+        if (PyObject_GetBuffer(events_o, &ev, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+            return NULL;
+        const char *f = ev.format ? ev.format : "B";
+        if (*f == '<' || *f == '=' || *f == '@')
+            f++;
+        if (ev.itemsize != 8 || (strcmp(f, "Q") != 0 && strcmp(f, "L") != 0 && strcmp(f, "K") != 0)) {
+            PyBuffer_Release(&ev);
+            PyErr_SetString(PyExc_TypeError, "scan: events must be unsigned 64-bit values");
+            return NULL;
+        }
+        in_buffer = 1;
+        evbuf = ev.buf;
+        n = ev.len / 8;
+    } else if (PyList_Check(events_o) || PyTuple_Check(events_o)) {
+        events = events_o;
+        Py_INCREF(events);
+        n = PySequence_Fast_GET_SIZE(events);
+    } else {
+        PyErr_SetString(PyExc_TypeError, "scan: events must be a buffer of 64-bit values, a list or a tuple");
         return NULL;
+    }
     Py_buffer v;
     if (PyObject_GetBuffer(held_o, &v, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        Py_DECREF(events);
+        Py_XDECREF(events);
+        if (in_buffer)
+            PyBuffer_Release(&ev);
         return NULL;
     }
     uint8_t *held = v.buf;
-    Py_ssize_t nheld = v.len, n = PySequence_Fast_GET_SIZE(events), i = start < 0 ? 0 : start;
+    Py_ssize_t nheld = v.len, i = start < 0 ? 0 : start;
     long long opens = 0, reads = 0, releases = 0, opens_held = 0;
     unsigned long long last = 0;
     PyObject *used = PyList_New(0), *missed = PyList_New(0), *recent = PyList_New(0), *out = NULL;
     if (used == NULL || missed == NULL || recent == NULL)
         goto end;
     for (; i < n; i++) {
-        unsigned long long e = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(events, i));
-        if (e == (unsigned long long)-1 && PyErr_Occurred())
-            goto end;
+        unsigned long long e;
+        if (in_buffer) {
+            e = evbuf[i];
+        } else {
+            e = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(events, i));
+            if (e == (unsigned long long)-1 && PyErr_Occurred())
+                goto end;
+        }
         unsigned long long sid = e & sid_mask;
         if (sid >= (unsigned long long)nheld) {
             PyErr_Format(PyExc_IndexError, "scan: sample %llu out of range", sid);
@@ -88,7 +124,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     out = Py_BuildValue("nLLLLKOOO", i, opens, reads, releases, opens_held, last, used, missed, recent);
 end:
     PyBuffer_Release(&v);
-    Py_DECREF(events);
+    Py_XDECREF(events);
+    if (in_buffer)
+        PyBuffer_Release(&ev);
     Py_XDECREF(used);
     Py_XDECREF(missed);
     Py_XDECREF(recent);

@@ -563,7 +563,7 @@ def test_a_batch_of_events_counted_in_c_leaves_the_core_as_one_by_one(three_node
     random batches of opens, reads (to the end or not, of dropped pages, misses and their
     answers), releases and forgets, under an order, leave the statistics, the kernel view's
     flags and counts, the recent reads, the plan and the cache's keys as the one-by-one
-    path (_answered_one_by_one) leaves them."""
+    path (_answered_one_by_one) leaves them, the batch a list or the fast path's buffer."""
     import numpy as np
     from fusefs import order as orderfmt
     from fusefs.fs import KernelCache
@@ -597,7 +597,8 @@ def test_a_batch_of_events_counted_in_c_leaves_the_core_as_one_by_one(three_node
                 batch.append(READ | MISSED | READ_END | sid)
             if rng.random() < 0.1:
                 batch.append(FORGOTTEN | sid)
-        cores[0].answered(batch)
+        # (every other batch in the fast path's form: native 64-bit values, FastPath.catch_up)
+        cores[0].answered(batch if batch_no % 2 else memoryview(np.array(batch, np.uint64).tobytes()).cast("Q"))
         cores[1]._answered_one_by_one(batch)
 
         def state(core):

@@ -138,3 +138,36 @@ def test_the_eviction_heap_holds_one_item_an_entry_through_rekeys_and_puts():
         cache.rekey(sid - n, float(5 * n + sid))
         assert cache.heap_items == len(cache) == sid + 1
     assert sorted(cache._dump()[0]) == list(range(3 * n))  # (nothing evicted: the budget holds all)
+
+
+def test_a_scan_of_events_costs_the_events_it_counts_not_the_batch():
+    """Core.answered counts a batch of the fast path's events in C (fusefs._eventscore.scan)
+    and calls again after each forget: a call from `start` costs the events it counts, not
+    the batch before them. (The batch was copied whole into a list of ints at every call, so
+    a batch with forgets among its reads cost its length times its forgets: under a loader
+    that drops the kernel's caches each epoch, whose forgets come between the reads, the
+    loop's CPU a sample doubled.) What one call allocates is counted (tracemalloc, never the
+    clock) at two batch sizes a hundred times apart, the batch in the fast path's form
+    (native 64-bit values, FastPath.catch_up)."""
+    import tracemalloc
+
+    from fusefs import _eventscore
+    from fusefs.handles import EVENT_LAYOUT, FORGOTTEN, READ, READ_END
+
+    held = np.zeros(16, np.uint8)
+
+    def scan_near_the_end(n: int):
+        events = np.full(n, READ | READ_END | 3, np.uint64)  # (reads of sample 3 to its end)
+        events[-2] = FORGOTTEN | 5
+        batch = memoryview(events.tobytes()).cast("Q")
+        tracemalloc.start()
+        try:
+            out = _eventscore.scan(batch, n - 3, held, True, EVENT_LAYOUT)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert out[0] == n - 2 and out[2] == 1 and out[8] == [3]  # (stopped at the forget)
+        return peak
+
+    small, large = scan_near_the_end(1_000), scan_near_the_end(100_000)
+    assert large <= small + 1024, (small, large)
