@@ -10,6 +10,8 @@ import errno
 import functools
 import logging
 
+import trio
+
 from . import pyfuse3
 from .core import Core
 from .entries import BLKSIZE, Attr, FsError
@@ -68,6 +70,12 @@ class Operations(pyfuse3.Operations):
         self.requests: dict[str, int] = {}  # requests answered here, by type
         self._ioctls = pyfuse3.ioctl_requests()  # (answered by the binding in C, from here on)
         self._interrupted = pyfuse3.reads_interrupted()  # (reads answered EINTR by the binding)
+        self.initialized = trio.Event()  # (set as the kernel's INIT is answered: init)
+
+    def init(self) -> None:
+        """(pyfuse3, as it answers the kernel's INIT: the answer is written once this returns,
+        before the next task runs.)"""
+        self.initialized.set()
 
     def counters(self) -> dict:
         """The requests answered, by type (this adapter's, and the binding's ioctls), and

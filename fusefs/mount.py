@@ -26,7 +26,7 @@ from .fs import KernelCache, Operations
 from .index import INDEX_NAME, Index, IndexFormatError
 from .local import LocalTier, LocalTierError
 from .memory import Governor, tune_malloc
-from .mounts import fusermount, why_fuse_refused
+from .mounts import device_of, fusermount, why_fuse_refused
 from .runtime import LOG_FILE_ENV, default_log_path, open_log, own_folder, runtime_path
 from .store import NATIVE as store_native_built, ChunkStore, StoreError
 
@@ -121,6 +121,7 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
         # root mounts on the very folder checked (the kernel resolves the descriptor's link);
         # a user's mount goes through fusermount3, which checks the folder itself
         target = f"/proc/self/fd/{point}" if os.geteuid() == 0 else mnt
+        where = os.readlink(f"/proc/self/fd/{point}")  # (as the mount table will name it)
         local = None
         if config.local.dir is not None:
             try:
@@ -185,8 +186,54 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
         # (fresh: what the mounted daemon holds before its first read; the budgets on top)
         governor = Governor(config.cache_bytes + core.orders.budget)
         core.count(governor)
-        trio.run(_main, core, loop, fast, stops, control, governor)
+        trio.run(_main, core, loop, fast, stops, control, governor, (ops.initialized, where))
         clean.append(True)
+
+
+READAHEAD_KB = 1024  # the most one FUSE read request carries (256 pages)
+BACKGROUND = 64  # read-ahead requests in flight to the daemon (a node's loader: 16-64 workers)
+
+
+def widen_kernel_reads(point: str) -> None:
+    """Let the kernel read the mount's files ahead by READAHEAD_KB KiB and keep BACKGROUND
+    read-ahead requests in flight to the daemon, where it does less, so that a sample up to
+    1 MiB is one read request even with many readers: at its defaults (128 KiB; 12 in
+    flight, and past 9 it skips the rest of a read-ahead, which its reader then reads in
+    requests of its own) a sample of 300 KB took three requests, and no read of it took it
+    whole, so its miss went to the loop; 16 readers of 110 KB samples made 1.4-1.8 requests
+    a sample. The mount's /sys/class/bdi/MAJOR:MINOR/read_ahead_kb and
+    /sys/fs/fuse/connections/MINOR/{max_background,congestion_threshold} (the kernel's 3/4
+    of it), which only root may raise: otherwise, or where sysfs is read-only, a log line
+    says so and the mount serves as it would. point: where the mount is, as the mount table
+    names it."""
+    dev = device_of(point)
+    if dev is None:
+        log.info("the kernel's read-ahead of the mount's files stays as it is (the mount is not "
+                 "in /proc/self/mountinfo)")
+        return
+    conn = f"/sys/fs/fuse/connections/{dev.split(':')[1]}"
+    for path, value in ((f"/sys/class/bdi/{dev}/read_ahead_kb", READAHEAD_KB),
+                        (f"{conn}/max_background", BACKGROUND),
+                        (f"{conn}/congestion_threshold", BACKGROUND * 3 // 4)):
+        try:
+            if int(_read_setting(path) or b"0") < value:
+                fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    os.write(fd, b"%d" % value)
+                finally:
+                    os.close(fd)
+        except (OSError, ValueError) as e:
+            log.info("%s stays as it is (%s): a sample over 128 KiB, or read by many readers at "
+                     "once, may take several read requests", path, getattr(e, "strerror", None) or e)
+
+
+def _read_setting(path: str) -> bytes:
+    """A kernel setting's file read whole (sysfs, fusectl: they seek no other way)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 64)
+    finally:
+        os.close(fd)
 
 
 def open_mount_point(mnt: str, nonempty: bool = False) -> int:
@@ -306,8 +353,17 @@ def _start_fast_path(core: Core, fast: fastpath.FastPath, threads: int) -> None:
     core.count(fast)
 
 
+async def _widen_kernel_reads(initialized: trio.Event, point: str) -> None:
+    """widen_kernel_reads once the kernel has the answer to its INIT (which sets the mount's
+    read-ahead to at most what the INIT offered, the kernel's default, and its limits), on
+    the loop: a few reads and writes of kernel settings (procfs, sysfs, fusectl), which
+    never wait for storage, done before the requests after the INIT are answered."""
+    await initialized.wait()
+    widen_kernel_reads(point)
+
+
 async def _main(core: Core, loop: dict, fast: fastpath.FastPath | None, stops: Stops,
-                control: ControlSocket, governor: Governor):
+                control: ControlSocket, governor: Governor, init: tuple[trio.Event, str]):
     loop["token"] = trio.lowlevel.current_trio_token()
     async with trio.open_nursery() as nursery:
         await nursery.start(core.run)
@@ -315,6 +371,7 @@ async def _main(core: Core, loop: dict, fast: fastpath.FastPath | None, stops: S
         await nursery.start(governor.run)
         if fast is not None:
             nursery.start_soon(fast.run)
+        nursery.start_soon(_widen_kernel_reads, *init)
 
         def stop() -> None:  # (the unmount: no new requests, and what waits ends: fetches)
             pyfuse3.terminate()

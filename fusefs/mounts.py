@@ -31,6 +31,23 @@ def table() -> list[tuple[str, str]]:
     return out
 
 
+def device_of(point: str) -> str | None:
+    """MAJOR:MINOR of the last FUSE mount on point (a resolved path, as the mount table
+    shows it), or None: read from /proc/self/mountinfo, so nothing of the mount is touched
+    (a daemon asks it of its own mount before it serves)."""
+    dev = None
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields = left.split()
+                if len(fields) >= 5 and right.startswith("fuse") and _unescape(fields[4]) == point:
+                    dev = fields[2]
+    except OSError:
+        return None
+    return dev
+
+
 def is_mounted(mnt: str) -> bool:
     """mnt is in the mount table (true for a dead FUSE mount too, unlike os.path.ismount)."""
     mnt = os.path.realpath(mnt)

@@ -233,6 +233,48 @@ def test_misses_wait_in_the_fast_path_and_a_corrupt_ones_read_goes_to_the_loop(t
         assert s["parked_to_loop"] - before["parked_to_loop"] == 1 and proc.poll() is None
 
 
+def test_a_sample_up_to_a_mib_is_one_read_request_answered_in_the_fast_path(tricky, tmp_path):
+    """Once the kernel has its INIT's answer, the daemon widens the kernel's read-ahead of
+    the mount's files to what one FUSE read request carries and lets it keep more of them
+    in flight (mount.widen_kernel_reads: 1 MiB and 64; the kernel's defaults are 128 KiB and
+    12): a whole read of a sample of 300 KB is one request, which the fast path takes as a
+    miss and answers, none reaching the loop, also with 16 readers at once. (At the defaults
+    it took three, and the first, not a whole read, went to the loop.)"""
+    from fusefs.mount import BACKGROUND, READAHEAD_KB
+    from fusefs.mounts import device_of
+    _, dst, files = tricky
+    names = [rel for rel, blob in sorted(files.items()) if blob is not None and len(blob) >= 70_000]
+    alone = [next(n for n in names if n.startswith(c) and len(files[n]) == 300_000) for c in ("cat/", "dog/")]
+    together = [n for n in names if n not in alone]
+    mnt = tmp_path / "mnt"
+    with running_mount(dst, mnt) as (proc, log):
+        mount_stats(str(mnt))  # (the INIT is answered: a request came after it)
+        dev = device_of(str(mnt))
+        for path, least in ((f"/sys/class/bdi/{dev}/read_ahead_kb", READAHEAD_KB),
+                            (f"/sys/fs/fuse/connections/{dev.split(':')[1]}/max_background", BACKGROUND)):
+            with open(path) as f:
+                assert int(f.read()) >= least, path
+        for group in ([[n] for n in alone], [together[i::16] for i in range(16)]):
+            before = mount_stats(str(mnt))
+            with ProcessPoolExecutor(len(group)) as pool:
+                got = dict(kv for part in pool.map(_read_whole, [[str(mnt / n) for n in g] for g in group])
+                           for kv in part)
+            assert got == {str(mnt / n): files[n] for g in group for n in g}
+            s = mount_stats(str(mnt))  # (its own reads, of a control file, are the loop's)
+            fetched = sum(map(len, group))
+            assert s["fast_path_requests"]["read"] - before["fast_path_requests"].get("read", 0) == fetched
+            assert s["misses_parked"] + s["reads_parked"] > before["misses_parked"] + before["reads_parked"]
+            assert s["parked_to_loop"] == before["parked_to_loop"] and proc.poll() is None
+
+
+def _read_whole(paths: list[str]) -> list[tuple[str, bytes]]:
+    out = []
+    for p in paths:
+        with open(p, "rb") as f:
+            out.append((p, f.read()))
+    return out
+
+
 @pytest.mark.parametrize("damage", ["no index", "truncated index", "missing chunk", "truncated chunk"])
 def test_mount_refuses_a_damaged_dataset_naming_the_file(tricky, tmp_path, damage):
     dst = tmp_path / "dst"
