@@ -544,10 +544,13 @@ def test_bench_hotpath_runs_every_regime_and_paces_the_paced_one(tmp_path):
     assert set(rows) == {"loose_cold", "loose_warm", "chunks_cold", "chunks", "kernel", "kernel_os",
                          "kernel_paced", "daemon", "handlers", "fetch_loop", "fetch_loop_missed",
                          "small_fill", "small_kernel",
-                         "small_dropped", "small_dropped_16", "minimal_read", "minimal_kernel", "minimal_paced",
+                         "small_dropped", "small_dropped_16", "small_forgot", "minimal_read", "minimal_kernel", "minimal_paced",
                          "minimal_c_read", "minimal_c_kernel", "minimal_c_paced", "scale", "pack"}
     # the node's shape: 16 readers, every sample fetched again through a tenth cached
     assert rows["small_dropped_16"]["readers"] == 16 and rows["small_dropped_16"]["backend_samples"] > 0
+    # the kernel's inodes dropped too (forgotten: every open looks its name up again)
+    assert rows["small_forgot"]["backend_samples"] > 0 and rows["small_forgot"]["requests"]["lookup"] >= 0.99
+    assert rows["small_dropped"]["requests"].get("lookup", 0) < 0.5
     # `fusefs pack` of as many tiny files as the scale epoch reads
     pack = rows.pop("pack")
     assert pack["files"] == 5000 and pack["seconds"] > 0 and pack["peak_rss_mb"] > pack["index_mb"] > 0

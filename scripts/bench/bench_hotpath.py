@@ -33,7 +33,10 @@ fresh order:
            next: the kernel page cache still holds what was pushed), small_dropped (the
            kernel page cache dropped before the epoch, as memory pressure drops it, and the
            chunk files read back into it), small_dropped_16 (the same again with 16 readers,
-           a GPU node's loader workers)
+           a GPU node's loader workers), small_forgot (as small_dropped, the kernel's
+           dentries and inodes dropped too, as a loader that drops its caches each epoch
+           drops them: the kernel forgets the mount's inodes, and what the forgets cost
+           the daemon is counted with the epoch)
   scale    an epoch at ImageNet's count (bench_scale.py): --scale tiny samples (1,281,000;
            200,000 with --quick) with a 1 GiB cache, read along an order: a per-sample cost
            that grows with the data set, the queue or the cache shows here and nowhere else
@@ -259,17 +262,20 @@ NODE_READERS = 16  # a GPU node's loader workers: small_dropped_16's readers
 def fusefs_round(dst, mnt, pool, rels, orders, a, env=None, options=(), pool16=None) -> dict:
     """One round of the fusefs regimes: chunks_cold (page cache dropped), then a fresh
     daemon over chunk files warm in the page cache: chunks, kernel, kernel_os, daemon; then a fresh
-    daemon with a cache of a tenth of the set: small_fill, small_kernel, small_dropped and,
-    with pool16 (NODE_READERS reader processes), small_dropped_16. env: the daemons'
+    daemon with a cache of a tenth of the set: small_fill, small_kernel, small_dropped,
+    with pool16 (NODE_READERS reader processes) small_dropped_16, and small_forgot. env: the daemons'
     environment (PYTHONPATH picks the version of fusefs); options: more mount arguments."""
     options = [*a.mount_option, *options]
     out = {}
     n = len(rels)
 
-    def epoch(name, proc, order, number):
-        # (counted from before the order: the read-ahead starts as soon as it is written)
+    def epoch(name, proc, order, number, prepare=None):
+        # (counted from before the order: the read-ahead starts as soon as it is written;
+        # prepare, a drop of the kernel's caches, in the count: what it makes the daemon do)
         before, t0 = stats(mnt), thread_cpu(proc.pid)
         sixteen = name.endswith("_16")
+        if prepare is not None:
+            prepare()
         with CpuMeter() as machine:
             write_order(mnt, order, number)
             dt = read_epoch(pool16 if sixteen else pool, [os.path.join(mnt, rels[i]) for i in order],
@@ -300,10 +306,14 @@ def fusefs_round(dst, mnt, pool, rels, orders, a, env=None, options=(), pool16=N
         small = [("small_fill", orders[0]), ("small_kernel", orders[1]), ("small_dropped", orders[2])]
         if pool16 is not None:  # (the node's shape: 16 readers, every sample fetched again)
             small.append(("small_dropped_16", orders[0][::-1]))
+        small.append(("small_forgot", orders[1][::-1]))
         for number, (name, order) in enumerate(small):
             if name.startswith("small_dropped"):  # as memory pressure does, without telling the daemon
                 drop_caches(1)
                 warm_chunks(dst)
+            elif name == "small_forgot":  # (inodes too: the forgets they make are counted)
+                epoch(name, proc, order, number, prepare=lambda: (drop_caches(3), warm_chunks(dst)))
+                continue
             epoch(name, proc, order, number)
     out["handlers"] = handlers_row(dst, env)
     out.update(fetch_loop_rows(dst, env))
