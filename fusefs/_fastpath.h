@@ -100,6 +100,7 @@
 #ifndef FUSEFS_FASTPATH_H
 #define FUSEFS_FASTPATH_H
 
+#include "_missapi.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -236,6 +237,39 @@ static struct {
 } fusefs_fast = {0, -1, -1, -1, -1, .lock = PTHREAD_MUTEX_INITIALIZER,
                  .parked_lock = PTHREAD_MUTEX_INITIALIZER,
                  .routes = {.lock = PTHREAD_MUTEX_INITIALIZER}};
+
+/* ---- the miss engine's lanes (fusefs/_missapi.h) ----
+ * A miss the engine is to read is queued on its sample's lane (a ring per lane, under
+ * `lock`), and that lane's reader (fusefs/_fetchio.c) takes the lane's queue as a batch. A
+ * miss goes to the loop instead (told as an event, as without the engine) while the engine
+ * is off, when the sample before it was missed lately (a scan: the loop fetches the samples
+ * that follow along with it), when its lane is full, and while its lane's reader has been
+ * reading one batch for FUSEFS_STUCK_NS (a node that does not answer: the loop waits for it
+ * within the user's bound). done() read-locks `gate` and the stop write-locks it, so no
+ * reader touches the fast path's tables once the engine stopped. */
+#define FUSEFS_LANE_CAP 1024       /* misses queued on a lane at most */
+#define FUSEFS_RECENT 64           /* the misses last queued or told, for a scan's */
+#define FUSEFS_STUCK_NS 1000000000LL
+
+typedef struct {
+    uint64_t ring[FUSEFS_LANE_CAP];
+    size_t head, n;
+    pthread_cond_t ready;
+    long long busy_ns;  /* when its reader took its batch (0: it waits for one) */
+} fusefs_lane;
+
+static struct {
+    pthread_mutex_t lock;
+    pthread_rwlock_t gate;
+    const unsigned char *lane_of;  /* per sample its lane (the caller keeps it alive) */
+    uint64_t n;
+    int nlanes, on, stopped;
+    fusefs_lane *lanes;
+    uint64_t recent[FUSEFS_RECENT];  /* sid + 2 of the misses last seen (0: none) */
+    unsigned recent_at;
+    unsigned long long queued, to_loop, answered, handed_back;  /* (under lock; answered and
+                                                                   * handed_back atomic) */
+} fusefs_miss = {.lock = PTHREAD_MUTEX_INITIALIZER, .gate = PTHREAD_RWLOCK_INITIALIZER, .stopped = 1};
 
 static __thread int fusefs_tfd = -1;  /* the fd this thread reads (-1: not a fast path thread) */
 static __thread int fusefs_tno = 0;   /* and its number */
@@ -550,6 +584,185 @@ static void fusefs_read_reply(int fd, uint64_t unique, uint64_t sid, const struc
     __atomic_add_fetch(&fusefs_fast.read_bytes, k, __ATOMIC_RELAXED);
 }
 
+/* (under held_lock's read lock) 1 where the miss of sid is queued on its lane for the
+ * engine's reader; 0: the loop is to hear of it. */
+static int fusefs_miss_queue(uint64_t sid) {
+    if (!__atomic_load_n(&fusefs_miss.on, __ATOMIC_RELAXED))
+        return 0;
+    int queued = 0, scan = 0;
+    pthread_mutex_lock(&fusefs_miss.lock);
+    for (unsigned i = 0; i < FUSEFS_RECENT; i++)
+        if (fusefs_miss.recent[i] == sid + 1) {  /* (sid - 1's) */
+            scan = 1;
+            break;
+        }
+    fusefs_miss.recent[fusefs_miss.recent_at++ % FUSEFS_RECENT] = sid + 2;
+    if (!scan && fusefs_miss.on && !fusefs_miss.stopped && sid < fusefs_miss.n) {
+        fusefs_lane *l = &fusefs_miss.lanes[fusefs_miss.lane_of[sid]];
+        if (l->n < FUSEFS_LANE_CAP && !(l->busy_ns && fusefs_now_ns() - l->busy_ns > FUSEFS_STUCK_NS)) {
+            l->ring[(l->head + l->n++) % FUSEFS_LANE_CAP] = sid;
+            pthread_cond_signal(&l->ready);
+            queued = 1;
+        }
+    }
+    if (queued)
+        fusefs_miss.queued++;
+    else
+        fusefs_miss.to_loop++;
+    pthread_mutex_unlock(&fusefs_miss.lock);
+    return queued;
+}
+
+/* (a lane's reader) Up to max misses queued on lane, taken, waiting for one; 0 once the
+ * engine stopped. */
+static size_t fusefs_miss_take(int lane, uint64_t *out, size_t max) {
+    size_t k = 0;
+    pthread_mutex_lock(&fusefs_miss.lock);
+    if (lane < 0 || lane >= fusefs_miss.nlanes || fusefs_miss.lanes == NULL) {
+        pthread_mutex_unlock(&fusefs_miss.lock);
+        return 0;
+    }
+    fusefs_lane *l = &fusefs_miss.lanes[lane];
+    l->busy_ns = 0;
+    while (!fusefs_miss.stopped && l->n == 0)
+        pthread_cond_wait(&l->ready, &fusefs_miss.lock);
+    if (!fusefs_miss.stopped) {
+        for (; k < max && l->n; k++, l->n--) {
+            out[k] = l->ring[l->head];
+            l->head = (l->head + 1) % FUSEFS_LANE_CAP;
+        }
+        l->busy_ns = fusefs_now_ns();
+    }
+    pthread_mutex_unlock(&fusefs_miss.lock);
+    return k;
+}
+
+static void fusefs_fast_answer_parked(fusefs_parked *w, const char *buf, uint64_t n);
+static fusefs_parked *fusefs_unpark(uint64_t sid, uint64_t unique);
+
+/* (a lane's reader) The reads that wait for sid answered from buf's n bytes, or handed to
+ * the loop (buf NULL); sid no longer expected. Nothing once the engine stopped. */
+static void fusefs_miss_done(uint64_t sid, const char *buf, uint64_t n) {
+    pthread_rwlock_rdlock(&fusefs_miss.gate);
+    if (!__atomic_load_n(&fusefs_miss.stopped, __ATOMIC_RELAXED) && fusefs_fast.expected != NULL
+            && sid < fusefs_fast.n_files) {
+        pthread_rwlock_wrlock(&fusefs_fast.held_lock);
+        fusefs_parked *w = fusefs_fast.expected[sid] & FUSEFS_WAITED ? fusefs_unpark(sid, 0) : NULL;
+        fusefs_fast.expected[sid] = 0;
+        pthread_rwlock_unlock(&fusefs_fast.held_lock);
+        fusefs_fast_answer_parked(w, buf, n);
+        __atomic_add_fetch(buf != NULL ? &fusefs_miss.answered : &fusefs_miss.handed_back, 1, __ATOMIC_RELAXED);
+    }
+    pthread_rwlock_unlock(&fusefs_miss.gate);
+}
+
+static const fusefs_miss_api fusefs_miss_api_table = {FUSEFS_MISS_API_VERSION, fusefs_miss_take, fusefs_miss_done};
+
+/* (with the GIL) The engine's lanes: lane_of[n] (each below nlanes <= FUSEFS_MISS_LANES; the
+ * caller keeps it alive until fusefs_fast_miss_stop), the engine off until
+ * fusefs_fast_miss_engine. 0, or an errno (EINVAL: a lane out of range; EBUSY: lanes set
+ * and not stopped; ENOMEM). */
+static int fusefs_fast_miss_lanes(const unsigned char *lane_of, uint64_t n, int nlanes) {
+    if (nlanes < 1 || nlanes > FUSEFS_MISS_LANES)
+        return EINVAL;
+    for (uint64_t i = 0; i < n; i++)
+        if (lane_of[i] >= nlanes)
+            return EINVAL;
+    if (fusefs_miss.lanes != NULL)
+        return EBUSY;
+    fusefs_lane *lanes = (fusefs_lane *) calloc((size_t) nlanes, sizeof *lanes);
+    if (lanes == NULL)
+        return ENOMEM;
+    for (int i = 0; i < nlanes; i++)
+        pthread_cond_init(&lanes[i].ready, NULL);
+    pthread_mutex_lock(&fusefs_miss.lock);
+    fusefs_miss.lanes = lanes;
+    fusefs_miss.nlanes = nlanes;
+    fusefs_miss.lane_of = lane_of;
+    fusefs_miss.n = n;
+    fusefs_miss.on = 0;
+    fusefs_miss.stopped = 0;
+    memset(fusefs_miss.recent, 0, sizeof fusefs_miss.recent);
+    pthread_mutex_unlock(&fusefs_miss.lock);
+    return 0;
+}
+
+/* Whether new misses go to the engine (1) or to the loop (0); those queued are read still. */
+static void fusefs_fast_miss_engine(int on) {
+    __atomic_store_n(&fusefs_miss.on, on && fusefs_miss.lanes != NULL, __ATOMIC_RELAXED);
+}
+
+/* (with the GIL, or from the fast path's drop) Stop the engine: its readers' take() ends,
+ * no done() touches the fast path from now on, and the misses still queued are handed to
+ * the loop (hand_back; else they are left parked, for the fast path's drop to free). Then
+ * the lanes are freed: fusefs_fast_miss_lanes may set new ones once the readers ended. */
+static void fusefs_fast_miss_stop(int hand_back) {
+    uint64_t *left = NULL;
+    size_t nleft = 0;
+    pthread_rwlock_wrlock(&fusefs_miss.gate);
+    pthread_mutex_lock(&fusefs_miss.lock);
+    fusefs_miss.on = 0;
+    if (fusefs_miss.lanes != NULL && !fusefs_miss.stopped) {
+        size_t total = 0;
+        for (int i = 0; i < fusefs_miss.nlanes; i++)
+            total += fusefs_miss.lanes[i].n;
+        left = hand_back && total ? (uint64_t *) malloc(total * sizeof *left) : NULL;
+        for (int i = 0; i < fusefs_miss.nlanes; i++) {
+            fusefs_lane *l = &fusefs_miss.lanes[i];
+            for (; l->n; l->n--, l->head = (l->head + 1) % FUSEFS_LANE_CAP)
+                if (left != NULL)
+                    left[nleft++] = l->ring[l->head];
+            pthread_cond_broadcast(&l->ready);
+        }
+    }
+    __atomic_store_n(&fusefs_miss.stopped, 1, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&fusefs_miss.lock);
+    pthread_rwlock_unlock(&fusefs_miss.gate);
+    for (size_t i = 0; i < nleft; i++) {  /* (as done(sid, NULL) would, the engine stopped) */
+        if (fusefs_fast.expected == NULL || left[i] >= fusefs_fast.n_files)
+            continue;
+        pthread_rwlock_wrlock(&fusefs_fast.held_lock);
+        fusefs_parked *w = fusefs_fast.expected[left[i]] & FUSEFS_WAITED ? fusefs_unpark(left[i], 0) : NULL;
+        fusefs_fast.expected[left[i]] = 0;
+        pthread_rwlock_unlock(&fusefs_fast.held_lock);
+        fusefs_fast_answer_parked(w, NULL, 0);
+    }
+    free(left);
+}
+
+/* (with the GIL, once the engine's readers ended) Forget the lanes. */
+static void fusefs_fast_miss_free(void) {
+    fusefs_fast_miss_stop(0);
+    pthread_mutex_lock(&fusefs_miss.lock);
+    fusefs_lane *lanes = fusefs_miss.lanes;
+    int nlanes = fusefs_miss.nlanes;
+    fusefs_miss.lanes = NULL;
+    fusefs_miss.nlanes = 0;
+    fusefs_miss.lane_of = NULL;
+    fusefs_miss.n = 0;
+    pthread_mutex_unlock(&fusefs_miss.lock);
+    if (lanes != NULL) {
+        for (int i = 0; i < nlanes; i++)
+            pthread_cond_destroy(&lanes[i].ready);
+        free(lanes);
+    }
+}
+
+/* (with the GIL) The capsule of fusefs_miss_api_table (a new reference, or NULL). */
+static PyObject *fusefs_fast_miss_api(void) {
+    return PyCapsule_New((void *) &fusefs_miss_api_table, FUSEFS_MISS_API, NULL);
+}
+
+/* (queued, told to the loop, answered, handed to the loop) misses of the engine */
+static void fusefs_fast_miss_counts(unsigned long long out[4]) {
+    pthread_mutex_lock(&fusefs_miss.lock);
+    out[0] = fusefs_miss.queued;
+    out[1] = fusefs_miss.to_loop;
+    pthread_mutex_unlock(&fusefs_miss.lock);
+    out[2] = __atomic_load_n(&fusefs_miss.answered, __ATOMIC_RELAXED);
+    out[3] = __atomic_load_n(&fusefs_miss.handed_back, __ATOMIC_RELAXED);
+}
+
 /* (under held_lock's read lock) A read of sample sid, which is not held: if a fetch thread
  * is to hold it (FUSEFS_EXPECTED), the read waits here for that hold (fusefs_fast_hold
  * answers it, or hands it to the loop where the fetch fails), 1; else 0 (the loop's). */
@@ -588,7 +801,8 @@ static int fusefs_park(const char *data, size_t len, uint64_t sid) {
     __atomic_add_fetch(&fusefs_fast.reads_parked, 1, __ATOMIC_RELAXED);
     if (missed) {
         __atomic_add_fetch(&fusefs_fast.misses_parked, 1, __ATOMIC_RELAXED);
-        fusefs_event(fusefs_fast.ev_read | fusefs_fast.ev_missed | sid, FUSEFS_EV_AT_ONCE);
+        if (!fusefs_miss_queue(sid))  /* (the engine reads it, or the loop hears of it) */
+            fusefs_event(fusefs_fast.ev_read | fusefs_fast.ev_missed | sid, FUSEFS_EV_AT_ONCE);
     }
     return 1;
 }
@@ -1312,6 +1526,7 @@ static void fusefs_fast_drop_table(void) {
     PyObject **held = fusefs_fast.held;
     if (held == NULL)
         return;
+    fusefs_fast_miss_stop(0);  /* (no reader of the engine touches the tables from now on) */
     fusefs_fast.held = NULL;
     for (uint64_t i = 0; i < fusefs_fast.n_files; i++)
         Py_XDECREF(held[i]);

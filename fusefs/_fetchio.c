@@ -16,11 +16,15 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <pthread.h>
+#include <unistd.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/uio.h>
 #include <time.h>
+
+#include "_missapi.h"
 
 /* XXH3-64, the function of the checksums that `fusefs pack` writes with python-xxhash. On
  * x86, libxxhash's dispatcher picks the fastest variant for the CPU at run time (AVX2,
@@ -460,6 +464,322 @@ done:
     return out;
 }
 
+/* ---- the miss engine: Misses ----
+ * A reader thread per lane (a storage node's: fusefs/_missapi.h) takes the misses the fast
+ * path queued on its lane, reads them (coalesced as plan()'s reads are, into a buffer the
+ * reader keeps and reuses: no allocation a sample once it has grown), checks their
+ * checksums and answers the reads that wait from its buffer, all without the GIL and
+ * without fusefs's loop. Whatever is not a clean read goes to the loop as without the
+ * engine (done(sid, NULL)), which reads the sample itself and reports it as it does: a
+ * checksum mismatch (the sample is then never read here again), a short read, a sample over
+ * MISS_BIG, a read that failed (the chunk's descriptor is closed: the chunk's later misses
+ * go to the loop too, which opens it again and waits for its node within the user's bound).
+ * The descriptors are the engine's own (duplicated from the caller's at its start). */
+#define MISS_BATCH 64        /* the misses a reader takes at most at once */
+#define MISS_BIG (16 << 20)  /* a sample larger than this goes to the loop */
+
+typedef struct Misses Misses;
+
+typedef struct {
+    Misses *m;
+    int lane;
+    pthread_t thread;
+} lane_reader_t;
+
+struct Misses {
+    PyObject_HEAD
+    PyObject *capsule;
+    const fusefs_miss_api *api;
+    array_t chunk, offset, size, sum;  /* the index's arrays (uint32, uint64 x 3) */
+    int *fds;                          /* per chunk (-1: to the loop), under fd_lock */
+    Py_ssize_t nchunks;
+    pthread_mutex_t fd_lock;
+    unsigned char *bad;                /* per sample: a mismatch was found (to the loop) */
+    long long max_gap, max_read;
+    int nlanes, running;
+    lane_reader_t *readers;
+    unsigned long long fetched, bytes, reads, to_loop;  /* (atomic) */
+};
+
+static int miss_fd(Misses *m, uint64_t chunk) {
+    int fd;
+    pthread_mutex_lock(&m->fd_lock);
+    fd = (Py_ssize_t)chunk < m->nchunks ? m->fds[chunk] : -1;
+    pthread_mutex_unlock(&m->fd_lock);
+    return fd;
+}
+
+/* A read of chunk's descriptor fd failed: the chunk's misses go to the loop from now on. */
+static void miss_retire(Misses *m, uint64_t chunk, int fd) {
+    pthread_mutex_lock(&m->fd_lock);
+    if (m->fds[chunk] == fd) {
+        m->fds[chunk] = -1;
+        close(fd);
+    }
+    pthread_mutex_unlock(&m->fd_lock);
+}
+
+static void *miss_reader(void *arg) {
+    lane_reader_t *lr = arg;
+    Misses *m = lr->m;
+    const fusefs_miss_api *api = m->api;
+    uint64_t sids[MISS_BATCH], rchunk[MISS_BATCH], msid[MISS_BATCH];
+    place_t places[MISS_BATCH];
+    member_t members[MISS_BATCH];
+    read_t reads[MISS_BATCH];
+    char *arena = NULL, *scratch = malloc(SCRATCH);
+    size_t arena_cap = 0, n;
+    uint64_t nsamples = (uint64_t)m->offset.n;
+    while ((n = api->take(lr->lane, sids, MISS_BATCH)) > 0) {
+        size_t k = 0, total = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t sid = sids[i];
+            if (scratch == NULL || sid >= nsamples || m->bad[sid] || U64(m->size, sid) > MISS_BIG
+                    || miss_fd(m, U32(m->chunk, sid)) < 0) {
+                api->done(sid, NULL, 0);
+                __atomic_add_fetch(&m->to_loop, 1, __ATOMIC_RELAXED);
+                continue;
+            }
+            places[k++] = (place_t){U32(m->chunk, sid), U64(m->offset, sid), (int64_t)sid, (int64_t)i};
+            total += U64(m->size, sid);
+        }
+        if (k == 0)
+            continue;
+        if (total > arena_cap) {
+            free(arena);
+            arena_cap = total;
+            arena = malloc(arena_cap ? arena_cap : 1);
+        }
+        if (arena == NULL) {
+            arena_cap = 0;
+            for (size_t j = 0; j < k; j++)
+                api->done((uint64_t)places[j].sid, NULL, 0);
+            __atomic_add_fetch(&m->to_loop, k, __ATOMIC_RELAXED);
+            continue;
+        }
+        qsort(places, k, sizeof *places, by_place);
+        size_t nr = 0;
+        char *p = arena;
+        for (size_t j = 0; j < k; j++) {
+            uint64_t sid = (uint64_t)places[j].sid, chunk = places[j].chunk;
+            long long off = (long long)places[j].offset;
+            Py_ssize_t sz = (Py_ssize_t)U64(m->size, sid);
+            read_t *r = nr ? &reads[nr - 1] : NULL;
+            if (r == NULL || rchunk[nr - 1] != chunk || off < r->offset + r->length
+                    || off - (r->offset + r->length) > m->max_gap || off + sz - r->offset > m->max_read) {
+                r = &reads[nr];
+                rchunk[nr++] = chunk;
+                *r = (read_t){.fd = miss_fd(m, chunk), .offset = off, .members = &members[j]};
+            }
+            members[j] = (member_t){.rel = off - r->offset, .size = sz, .sum = U64(m->sum, sid), .buf = p};
+            msid[j] = sid;
+            p += sz;
+            r->n++;
+            r->length = off + sz - r->offset;
+        }
+        for (size_t i = 0; i < nr; i++) {
+            read_t *r = &reads[i];
+            size_t first = (size_t)(r->members - members);
+            if (r->fd >= 0) {
+                do_read(r, scratch);
+                verify(r);
+            } else {
+                r->error = EBADF;
+            }
+            __atomic_add_fetch(&m->reads, 1, __ATOMIC_RELAXED);
+            if (r->error && r->fd >= 0)
+                miss_retire(m, rchunk[i], r->fd);
+            for (Py_ssize_t j = 0; j < r->n; j++) {
+                member_t *mb = &r->members[j];
+                uint64_t sid = msid[first + (size_t)j];
+                if (r->error || mb->rel + mb->size > r->got || mb->buf == NULL) {
+                    if (!r->error && mb->rel + mb->size <= r->got)
+                        m->bad[sid] = 1;  /* (a mismatch: the loop reads it, finds it, says so) */
+                    api->done(sid, NULL, 0);
+                    __atomic_add_fetch(&m->to_loop, 1, __ATOMIC_RELAXED);
+                } else {
+                    api->done(sid, mb->buf, (uint64_t)mb->size);
+                    __atomic_add_fetch(&m->fetched, 1, __ATOMIC_RELAXED);
+                    __atomic_add_fetch(&m->bytes, (unsigned long long)mb->size, __ATOMIC_RELAXED);
+                }
+            }
+        }
+    }
+    free(arena);
+    free(scratch);
+    return NULL;
+}
+
+static int Misses_init(Misses *m, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"api", "chunk", "offset", "size", "checksum", "fds", "lanes", "max_gap",
+                             "max_read", NULL};
+    PyObject *capsule, *chunk, *offset, *size, *sum, *fds;
+    int nlanes;
+    long long max_gap, max_read;
+    if (m->capsule != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Misses: initialised already");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOiLL:Misses", kwlist, &capsule, &chunk, &offset,
+                                     &size, &sum, &fds, &nlanes, &max_gap, &max_read))
+        return -1;
+    const fusefs_miss_api *api = PyCapsule_GetPointer(capsule, FUSEFS_MISS_API);
+    if (api == NULL)
+        return -1;
+    if (api->version != FUSEFS_MISS_API_VERSION) {
+        PyErr_Format(PyExc_RuntimeError, "Misses: the binding's miss API is version %d, not %d",
+                     api->version, FUSEFS_MISS_API_VERSION);
+        return -1;
+    }
+    if (nlanes < 1 || nlanes > FUSEFS_MISS_LANES || max_gap < 0 || max_read < 1) {
+        PyErr_SetString(PyExc_ValueError, "Misses: lanes out of 1..64, or a bad max_gap or max_read");
+        return -1;
+    }
+    array_t fd_arr;
+    if (get_array(chunk, &m->chunk, 4, "chunk") < 0)
+        return -1;
+    if (get_array(offset, &m->offset, 8, "offset") < 0 || get_array(size, &m->size, 8, "size") < 0
+            || get_array(sum, &m->sum, 8, "checksum") < 0 || get_array(fds, &fd_arr, 8, "fds") < 0)
+        return -1;  /* (Misses_dealloc releases what was got) */
+    if (m->chunk.n != m->offset.n || m->size.n != m->offset.n || m->sum.n != m->offset.n) {
+        PyBuffer_Release(&fd_arr.view);
+        PyErr_SetString(PyExc_ValueError, "Misses: the index's arrays differ in length");
+        return -1;
+    }
+    m->nchunks = fd_arr.n;
+    m->fds = malloc(sizeof *m->fds * (size_t)(fd_arr.n ? fd_arr.n : 1));
+    m->bad = calloc((size_t)(m->offset.n ? m->offset.n : 1), 1);
+    m->readers = calloc((size_t)nlanes, sizeof *m->readers);
+    if (m->fds == NULL || m->bad == NULL || m->readers == NULL) {
+        PyBuffer_Release(&fd_arr.view);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < fd_arr.n; k++) {
+        int64_t fd = I64(fd_arr, k);
+        m->fds[k] = fd < 0 || fd > INT32_MAX ? -1 : fcntl((int)fd, F_DUPFD_CLOEXEC, 3);
+    }
+    PyBuffer_Release(&fd_arr.view);
+    for (Py_ssize_t i = 0; i < m->chunk.n; i++)
+        if ((Py_ssize_t)U32(m->chunk, i) >= m->nchunks) {
+            PyErr_SetString(PyExc_ValueError, "Misses: a sample's chunk has no descriptor entry");
+            return -1;
+        }
+    pthread_mutex_init(&m->fd_lock, NULL);
+    m->api = api;
+    m->nlanes = nlanes;
+    m->max_gap = max_gap;
+    m->max_read = max_read;
+    Py_INCREF(capsule);
+    m->capsule = capsule;
+    return 0;
+}
+
+/* start(): a reader thread per lane. */
+static PyObject *Misses_start(Misses *m, PyObject *unused) {
+    (void)unused;
+    if (m->api == NULL || m->running) {
+        PyErr_SetString(PyExc_RuntimeError, "Misses.start: not initialised, or running");
+        return NULL;
+    }
+    for (int i = 0; i < m->nlanes; i++) {
+        m->readers[i] = (lane_reader_t){.m = m, .lane = i};
+        int err = pthread_create(&m->readers[i].thread, NULL, miss_reader, &m->readers[i]);
+        if (err) {
+            m->running = i;  /* (join() waits for those started, once the binding stopped) */
+            errno = err;
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+    }
+    m->running = m->nlanes;
+    Py_RETURN_NONE;
+}
+
+/* join(timeout_s): wait for the readers (after the binding's stop: their take() ended),
+ * each until timeout_s has passed; a reader still inside a read then (a node that does not
+ * answer) is left to end by itself, with what it uses: True where all ended. */
+static PyObject *Misses_join(Misses *m, PyObject *arg) {
+    double timeout = PyFloat_AsDouble(arg);
+    if (timeout == -1.0 && PyErr_Occurred())
+        return NULL;
+    int all = 1;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)timeout;
+    until.tv_nsec += (long)((timeout - (double)(time_t)timeout) * 1e9);
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (int i = 0; i < m->running; i++) {
+        if (pthread_timedjoin_np(m->readers[i].thread, NULL, &until) != 0) {
+            pthread_detach(m->readers[i].thread);
+            all = 0;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    m->running = 0;
+    if (!all)
+        m->capsule = NULL;  /* (a reader left running keeps everything: nothing is freed) */
+    return PyBool_FromLong(all);
+}
+
+static PyObject *Misses_counts(Misses *m, PyObject *unused) {
+    (void)unused;
+    return Py_BuildValue("{sKsKsKsK}", "fetched", __atomic_load_n(&m->fetched, __ATOMIC_RELAXED),
+                         "bytes", __atomic_load_n(&m->bytes, __ATOMIC_RELAXED),
+                         "reads", __atomic_load_n(&m->reads, __ATOMIC_RELAXED),
+                         "to_loop", __atomic_load_n(&m->to_loop, __ATOMIC_RELAXED));
+}
+
+static void Misses_dealloc(Misses *m) {
+    if (m->running || (m->api != NULL && m->capsule == NULL)) {
+        /* readers that may still run (never joined, or left inside a read): keep it all */
+        return;
+    }
+    if (m->fds != NULL) {
+        for (Py_ssize_t k = 0; k < m->nchunks; k++)
+            if (m->fds[k] >= 0)
+                close(m->fds[k]);
+        free(m->fds);
+    }
+    if (m->api != NULL)
+        pthread_mutex_destroy(&m->fd_lock);
+    free(m->bad);
+    free(m->readers);
+    array_t *arrays[4] = {&m->chunk, &m->offset, &m->size, &m->sum};
+    for (int i = 0; i < 4; i++)
+        if (arrays[i]->view.obj != NULL)
+            PyBuffer_Release(&arrays[i]->view);
+    Py_XDECREF(m->capsule);
+    Py_TYPE(m)->tp_free((PyObject *)m);
+}
+
+static PyMethodDef Misses_methods[] = {
+    {"start", (PyCFunction)Misses_start, METH_NOARGS, "Start a reader thread per lane."},
+    {"join", (PyCFunction)Misses_join, METH_O,
+     "join(timeout_s) -> whether every reader ended (after the binding's fast_path_miss_stop)."},
+    {"counts", (PyCFunction)Misses_counts, METH_NOARGS,
+     "{fetched, bytes, reads, to_loop}: the misses answered here, their bytes, the reads made, "
+     "the misses handed to the loop."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject MissesType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "fusefs._fetchio.Misses",
+    .tp_basicsize = sizeof(Misses),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Misses(api, chunk, offset, size, checksum, fds, lanes, max_gap, max_read): the miss "
+              "engine's readers (a thread per lane) over the index's arrays and the chunks' "
+              "descriptors (duplicated; -1: that chunk's misses go to the loop).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Misses_init,
+    .tp_dealloc = (destructor)Misses_dealloc,
+    .tp_methods = Misses_methods,
+};
+
 static PyMethodDef methods[] = {
     {"plan", plan, METH_VARARGS,
      "plan(sids, chunk, offset, size, max_gap, max_read) -> (reads, members): a batch's "
@@ -475,4 +795,17 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "fusefs._fetchio",
                                     "A fetch batch's reads and checksums without the GIL.", -1,
                                     methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__fetchio(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__fetchio(void) {
+    if (PyType_Ready(&MissesType) < 0)
+        return NULL;
+    PyObject *mod = PyModule_Create(&module);
+    if (mod == NULL)
+        return NULL;
+    Py_INCREF(&MissesType);
+    if (PyModule_AddObject(mod, "Misses", (PyObject *)&MissesType) < 0) {
+        Py_DECREF(&MissesType);
+        Py_DECREF(mod);
+        return NULL;
+    }
+    return mod;
+}

@@ -238,7 +238,7 @@ def mount_config(a, dataset_bytes: int, fetch: FetchConfig) -> MountConfig:
         kernel_cache=a.kernel_cache, control_gid=parse_group(a.control_group), fetch=fetch,
         files=FilesConfig(uid=parse_user(a.uid), gid=parse_group(a.gid), umask=a.umask,
                           file_mode=a.file_mode, dir_mode=a.dir_mode),
-        fast_path=FastPathConfig(enabled=a.fast_path, threads=a.fast_threads),
+        fast_path=FastPathConfig(enabled=a.fast_path, threads=a.fast_threads, miss_engine=a.miss_engine),
         local=LocalConfig(dir=a.local_cache, bytes=local_bytes),
         metrics=MetricsConfig(port=a.metrics_port, address=a.metrics_address))
 
@@ -538,6 +538,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fast-threads", type=int, metavar="N",
                    help="threads of the fast path, each reading its own clone of /dev/fuse (default: "
                         f"one per 16 cores, 1 to 8: {default_fast_threads()} here)")
+    s.add_argument("--miss-engine", action=argparse.BooleanOptionalAction, default=DEFAULTS.fast_path.miss_engine,
+                   help="while no order is in force, read each sample a reader misses in C, a "
+                        "thread per storage node, and answer its read there, without the daemon's "
+                        "Python (default on; needs the fast path and the native reads)")
     s.add_argument("--willneed", action=argparse.BooleanOptionalAction, default=DEFAULTS.fetch.willneed,
                    help="ask the backend's client for all of a request's reads at once "
                         "(posix_fadvise WILLNEED), so it fetches them concurrently while the "

@@ -87,6 +87,7 @@ class FastPathConfig:
     """The dataset files' requests answered in C (fastpath.py)."""
     enabled: bool = True              # (needs the binding's fast patch)
     threads: int | None = None        # threads reading /dev/fuse (None: default_fast_threads())
+    miss_engine: bool = True          # misses read and answered in C while no order is in force (misses.py)
 
     def __post_init__(self):
         if self.threads is not None and not 1 <= self.threads <= MAX_FAST_THREADS:
@@ -146,7 +147,8 @@ class MountConfig:
                                         "io_timeout": "io_timeout", "willneed": "willneed"}),
                 "files": (FilesConfig, {"uid": "uid", "gid": "gid", "umask": "umask",
                                         "file_mode": "file_mode", "dir_mode": "dir_mode"}),
-                "fast_path": (FastPathConfig, {"fast_path": "enabled", "fast_threads": "threads"}),
+                "fast_path": (FastPathConfig, {"fast_path": "enabled", "fast_threads": "threads",
+                                                      "miss_engine": "miss_engine"}),
                 "local": (LocalConfig, {"local_dir": "dir", "local_bytes": "bytes"}),
                 "metrics": (MetricsConfig, {"metrics_port": "port", "metrics_address": "address"})}
 

@@ -97,7 +97,7 @@ class Core:
     def __init__(self, index: Index, store: ChunkStore, config: MountConfig = DEFAULTS, *,
                  local=None, kernel=None, hold=None, table=None, idle=None, catch_up=None,
                  control_socket: str | None = None, plane: DataPlane | None = None,
-                 stats: "Stats | None" = None):
+                 stats: "Stats | None" = None, misses=None):
         """The dataset of index, its chunks read through store, with the mount's settings
         (config); local: the local cache tier (local.LocalTier) or None; kernel: the kernel
         page cache (fs.KernelCache, which fetched samples are pushed into as they arrive:
@@ -113,13 +113,15 @@ class Core:
         control socket's path, which `.fusefs/control` links to (None: no link). The files'
         owner is config's uid and gid (None: the daemon's). plane: the data plane
         (dataplane.DataPlane, built by mount.serve with stats, the counters it was given),
-        or None: built here the same way from local, kernel, hold, table and idle."""
+        or None: built here the same way from local, kernel, hold, table and idle. misses:
+        the miss engine (misses.MissEngine), told when an order is put in force, or None."""
         self.index = index
         self.store = store
         self.local = local
         self.control_gid = config.control_gid  # a group that may set orders too
         self.owner = os.geteuid()  # the daemon's user: trusted, as root is
         self.stats = Stats() if stats is None else stats
+        self.misses = misses
         self.control = ControlNamespace(ControlHooks(
             statistics=self.statistics, ids_read=PathsText(index).read,
             chunks_read=functools.partial(chunks_read, index.chunk),
@@ -378,6 +380,7 @@ class Core:
         """Replace rank's order with the one encoded in data, or refuse it (FsError EINVAL,
         why): at once, on the caller's thread (a core without a mount; tests)."""
         self.orders.set(rank, data)
+        self._order_in_force()
         self.control.show_order(rank, data)
 
     async def commit_order(self, rank: int, data: bytes) -> None:
@@ -385,7 +388,14 @@ class Core:
         (orders.Orders.commit), so the loop serves everything else meanwhile; the readers'
         uses that came before it are applied first (catch_up)."""
         await self.orders.commit(rank, data, before=self._catch_up)
+        self._order_in_force()
         self.control.show_order(rank, data)
+
+    def _order_in_force(self) -> None:
+        """An order is in force: the read-ahead fetches a miss with the samples queued
+        after it, so misses go to the loop, not to the miss engine (misses.py)."""
+        if self.misses is not None:
+            self.misses.orders_in_force()
 
     @property
     def order_limit(self) -> int:

@@ -26,6 +26,7 @@ from .fs import KernelCache, Operations
 from .index import INDEX_NAME, Index, IndexFormatError
 from .local import LocalTier, LocalTierError
 from .memory import Governor, tune_malloc
+from .misses import MissEngine
 from .mounts import device_of, fusermount, why_fuse_refused
 from .runtime import LOG_FILE_ENV, default_log_path, open_log, own_folder, runtime_path
 from .store import NATIVE as store_native_built, ChunkStore, StoreError
@@ -138,8 +139,9 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
                                 kernel=KernelCache() if config.kernel_cache else None,
                                 hold=fast.hold if fast else None, table=fast,
                                 idle=fast.idle if fast else None)
+        engine = MissEngine(index, store) if MissEngine.wanted(config, store, local) else None
         core = Core(index, store, config, local=local, plane=plane, stats=stats,
-                    catch_up=fast.catch_up if fast else None, control_socket=sock_path)
+                    catch_up=fast.catch_up if fast else None, control_socket=sock_path, misses=engine)
         try:
             control = ControlSocket(sock_path, core.commit_order, core.may_control, core.order_limit,
                                     core.trusted, room=core.orders.room)
@@ -183,6 +185,9 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
             _start_fast_path(core, fast, threads)
         log.info("opens: %s", f"answered in C (the fast path, {threads} thread{'s' * (threads > 1)})"
                  if fast else "answered by the daemon")
+        if engine is not None:
+            _start_miss_engine(core, engine)
+            stack.callback(engine.close)  # (before the unmount: the misses queued go to the loop)
         # (fresh: what the mounted daemon holds before its first read; the budgets on top)
         governor = Governor(config.cache_bytes + core.orders.budget)
         core.count(governor)
@@ -351,6 +356,19 @@ def _start_fast_path(core: Core, fast: fastpath.FastPath, threads: int) -> None:
     except OSError as e:
         raise MountError(f"the fast path did not start ({e}); --no-fast-path mounts without it") from None
     core.count(fast)
+
+
+def _start_miss_engine(core: Core, engine: MissEngine) -> None:
+    """The miss engine started (misses.py), its counters in the statistics; where it cannot
+    start, the loop takes every miss (one line says why)."""
+    try:
+        engine.start()
+    except (OSError, RuntimeError, ValueError) as e:
+        log.warning("misses: read by the daemon's loop (the miss engine did not start: %s)", e)
+        return
+    core.count(engine)
+    log.info("misses: read in C while no order is in force (the miss engine, %d lane%s)",
+             engine.lanes, "s" * (engine.lanes > 1))
 
 
 async def _widen_kernel_reads(initialized: trio.Event, point: str) -> None:

@@ -240,6 +240,15 @@ class ChunkStore:
             got = self._folders[rel] = (reach, changeable)
         return got
 
+    def chunk_fds(self) -> np.ndarray:
+        """Each chunk's open descriptor now (int64; -1: not open), for a reader that takes
+        its own copies (misses.MissEngine)."""
+        fds = np.full(len(self.index.chunks), -1, np.int64)
+        with self._lock:
+            for k, h in self._fds.items():
+                fds[k] = h.fd
+        return fds
+
     def _acquire(self, k: int) -> "_OpenChunk":
         with self._lock:
             h = self._fds.get(k)

@@ -7,7 +7,8 @@
 # runtimes preloaded (daemons the tests start inherit them): the unit tier, and the mount
 # tests that drive the native parts hardest (several fast-path threads, several readers,
 # evictions under a tenth-of-the-set cache, corrupt chunks and checksum failures, a reader
-# killed mid-read; and test_fastpath_threads.py's fetch stress test, all of them at once).
+# killed mid-read; test_fastpath_threads.py's fetch stress test, all of them at once; and
+# test_misses.py's, the same through the miss engine).
 # Any sanitizer report fails the run (UBSan halts on its first).
 #
 # usage: bash scripts/sanitize.sh [PYTEST ARGS]   (after scripts/setup.sh; about 10 minutes)
@@ -37,7 +38,7 @@ for part in _fetchio _cachecore _plancore _eventscore; do
     nm -D fusefs/$part.*.so | grep -q __asan || { echo "sanitize: $part is not instrumented" >&2; exit 1; }
 done
 "$py" -m pytest -q -p no:cacheprovider -m unit --deselect tests/test_units.py::test_the_daemons_heap_grows_in_few_steps "$@"
-"$py" -m pytest -q -p no:cacheprovider tests/test_fastpath_threads.py tests/test_trust.py tests/test_fetchio.py \
+"$py" -m pytest -q -p no:cacheprovider tests/test_fastpath_threads.py tests/test_trust.py tests/test_fetchio.py tests/test_misses.py \
     tests/test_hints.py::test_a_reader_killed_mid_read_leaves_the_daemon_serving \
     tests/test_hints.py::test_four_loader_workers_and_a_tenth_of_the_set_cached_fetch_each_sample_once "$@"
 echo "sanitize: clean (AddressSanitizer, UndefinedBehaviorSanitizer)"

@@ -36,7 +36,7 @@ fi
 # fusefs._fetchio, and fails, naming what is missing, where it cannot
 # (setup.py). Again whenever a source of theirs changed.
 stamp=.venv/.fusefs-installed
-native=(pyproject.toml setup.py fusefs/_*.c fusefs/_fastpath.h fusefs/pyfuse3/*.pyx fusefs/pyfuse3/*.pxi)
+native=(pyproject.toml setup.py fusefs/_*.c fusefs/_*.h fusefs/pyfuse3/*.pyx fusefs/pyfuse3/*.pxi)
 parts='import fusefs._fetchio, fusefs.pyfuse3, fusefs._cachecore, fusefs._plancore, fusefs._eventscore'
 stale=$(for f in "${native[@]}"; do [ -f "$stamp" ] && [ "$f" -nt "$stamp" ] && echo "$f"; done; true)
 if [ ! -f "$stamp" ] || [ -n "$stale" ] || ! .venv/bin/python -c "$parts" 2>/dev/null; then

@@ -162,7 +162,7 @@ SLOW_MODULES = {"test_abuse", "test_cli", "test_clients", "test_demo", "test_fau
                 "test_hints", "test_hybrid", "test_imagefolder", "test_importance", "test_local",
                 "test_metrics", "test_mount", "test_orders", "test_pack", "test_package",
                 "test_pyfuse3_patched", "test_swap", "test_untrusted", "test_fastpath_threads",
-                "test_harness", "test_inplace", "test_run"}
+                "test_harness", "test_inplace", "test_run", "test_misses"}
 
 
 def _remove_dead_runs_folders(base: str) -> None:
@@ -520,6 +520,75 @@ def attempt(f, *a):
     except OSError as e:
         return errno.errorcode[e.errno]
 """
+
+
+# a reader process of the stress tests: passes over its plan's (rel, digest) files, O_DIRECT
+STRESS_READER = """
+import errno, json, os, sys, xxhash
+mnt, plan = sys.argv[1], json.load(open(sys.argv[2]))
+while True:
+    for rel, digest in plan:  # (digest None: a corrupt sample, EIO)
+        try:
+            fd = os.open(os.path.join(mnt, rel), os.O_RDONLY | os.O_DIRECT)  # (to the daemon)
+            try:
+                got = bytearray()
+                while part := os.pread(fd, 1 << 17, len(got)):
+                    got += part
+            finally:
+                os.close(fd)
+        except OSError as e:
+            if digest is None and e.errno == errno.EIO:
+                continue
+            sys.exit(f'{rel}: {e}')
+        if digest is None or xxhash.xxh3_64_hexdigest(got) != digest:
+            sys.exit(f'{rel}: wrong bytes')
+    print('pass', flush=True)
+"""
+
+
+def corrupt_three(dst, copy, files: dict, rng):
+    """Copy the packed folder dst to copy with three samples of it corrupt, drawn by rng;
+    return (index, the three names, name -> xxh3 hex digest of its bytes, None where corrupt)."""
+    import xxhash
+    rels = sorted(files)
+    bad = rng.sample(rels, 3)
+    ix, _, _ = corrupt_sample(dst, copy, bad[0])
+    for rel in bad[1:]:
+        sid = resolve(ix, rel)[1]
+        flip_byte(os.path.join(copy, ix.chunks[int(ix.chunk[sid])].path), int(ix.offset[sid]) + 1)
+    return ix, bad, {r: None if r in bad else xxhash.xxh3_64_hexdigest(files[r]) for r in rels}
+
+
+def stress_readers(mnt: str, plans: list[str], rng, last_passes: int) -> None:
+    """A reader process (STRESS_READER) a plan, each pass of them all waited for, two of them
+    killed mid-pass and replaced, three times; then last_passes more; every reader killed
+    at the end; then wait until the mount has let go of their handles."""
+    import signal
+    import subprocess
+    import time
+    from trainer.hints import mount_stats
+
+    def reader(k):
+        return subprocess.Popen([sys.executable, "-c", STRESS_READER, mnt, plans[k]], stdout=subprocess.PIPE)
+    readers = [reader(k) for k in range(len(plans))]
+    try:
+        for _ in range(3):
+            passes(readers, 1)
+            for k in rng.sample(range(len(plans)), 2):  # (killed mid-pass: reading)
+                readers[k].send_signal(signal.SIGKILL)
+                readers[k].wait(timeout=60)
+                readers[k].stdout.close()
+                readers[k] = reader(k)
+        passes(readers, last_passes)
+    finally:
+        for r in readers:
+            r.kill()
+            r.wait(timeout=60)
+            r.stdout.close()
+    deadline = time.monotonic() + 30
+    while mount_stats(mnt)["open_handles"] > 1:  # (the control file's own)
+        assert time.monotonic() < deadline, "handles of killed readers were not released"
+        time.sleep(0.1)
 
 
 def passes(readers, n: int, bound: float = 120.0) -> None:

@@ -104,29 +104,6 @@ def test_a_request_wakes_one_fast_path_thread_not_all(tricky, tmp_path):
     assert slept <= 1.5 * answered, (slept, answered)
 
 
-STRESS_READER = """
-import errno, json, os, sys, xxhash
-mnt, plan = sys.argv[1], json.load(open(sys.argv[2]))
-while True:
-    for rel, digest in plan:  # (digest None: a corrupt sample, EIO)
-        try:
-            fd = os.open(os.path.join(mnt, rel), os.O_RDONLY | os.O_DIRECT)  # (to the daemon)
-            try:
-                got = bytearray()
-                while part := os.pread(fd, 1 << 17, len(got)):
-                    got += part
-            finally:
-                os.close(fd)
-        except OSError as e:
-            if digest is None and e.errno == errno.EIO:
-                continue
-            sys.exit(f'{rel}: {e}')
-        if digest is None or xxhash.xxh3_64_hexdigest(got) != digest:
-            sys.exit(f'{rel}: wrong bytes')
-    print('pass', flush=True)
-"""
-
-
 def test_fetch_stress_readers_killed_evictions_and_corrupt_samples(three_nodes, tmp_path):
     """The fetch path under stress (issue 88, item 5; scripts/sanitize.sh runs it under
     AddressSanitizer): an order over eight passes of the set, four readers taking its
@@ -142,22 +119,14 @@ def test_fetch_stress_readers_killed_evictions_and_corrupt_samples(three_nodes, 
     import json
     import os
     import random
-    import signal
-    import time
-    import xxhash
-    from conftest import corrupt_sample, flip_byte, passes, rss_within
+    from conftest import corrupt_three, rss_within, stress_readers
     from trainer import write_order
     from trainer.hints import mount_stats
     dst, files = three_nodes
     rels = sorted(files)
     rng = random.Random(88)
-    bad = rng.sample(rels, 3)
     copy = str(tmp_path / "dst")
-    ix, _, _ = corrupt_sample(dst, copy, bad[0])
-    for rel in bad[1:]:
-        sid = resolve(ix, rel)[1]
-        flip_byte(os.path.join(copy, ix.chunks[int(ix.chunk[sid])].path), int(ix.offset[sid]) + 1)
-    digest = {r: None if r in bad else xxhash.xxh3_64_hexdigest(files[r]) for r in rels}
+    ix, bad, digest = corrupt_three(dst, copy, files, rng)
     order = [r for _ in range(8) for r in rng.sample(rels, len(rels))]
     nreaders = 4
     plans = []
@@ -166,31 +135,10 @@ def test_fetch_stress_readers_killed_evictions_and_corrupt_samples(three_nodes, 
         with open(plans[-1], "w") as f:
             json.dump([(r, digest[r]) for r in order[k::nreaders]], f)
     mnt = str(tmp_path / "mnt")
-
-    def reader(k):
-        return subprocess.Popen([sys.executable, "-c", STRESS_READER, mnt, plans[k]], stdout=subprocess.PIPE)
     with running_mount(copy, mnt, "--cache-size", "10%", "--fast-threads", "2", "--no-kernel-cache") as (proc, log):
         write_order(mnt, order)
-        readers = [reader(k) for k in range(nreaders)]
-        try:
-            for _ in range(3):
-                passes(readers, 1)
-                for k in rng.sample(range(nreaders), 2):  # (killed mid-pass: reading)
-                    readers[k].send_signal(signal.SIGKILL)
-                    readers[k].wait(timeout=60)
-                    readers[k].stdout.close()
-                    readers[k] = reader(k)
-            passes(readers, 2)
-        finally:
-            for r in readers:
-                r.kill()
-                r.wait(timeout=60)
-                r.stdout.close()
+        stress_readers(mnt, plans, rng, 2)
         assert proc.poll() is None
-        deadline = time.monotonic() + 30
-        while mount_stats(mnt)["open_handles"] > 1:  # (the control file's own)
-            assert time.monotonic() < deadline, "handles of killed readers were not released"
-            time.sleep(0.1)
         s = mount_stats(mnt)
         bound = int(1.05 * s["memory_bound"])  # (fresh + the cache's and orders' budgets)
         if "libasan" not in os.environ.get("LD_PRELOAD", ""):  # (AddressSanitizer, which

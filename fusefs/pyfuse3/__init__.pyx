@@ -1209,3 +1209,6 @@ PARKED_READS = True
 
 # fusefs: a read of a whole sample no one fetches waits in the fast path, told as an event (fast_path_misses)
 PARKED_MISSES = True
+
+# fusefs: the misses the fast path parks go to a native engine's lanes (fast_path_miss_lanes)
+MISS_ENGINE = True

@@ -239,6 +239,12 @@ cdef extern from "_fastpath.h":
     void fusefs_fast_expect(const int64_t *sids, size_t n) nogil
     fusefs_parked *fusefs_fast_hand(unsigned long long sid)
     void fusefs_fast_misses(unsigned long long bit)
+    int fusefs_fast_miss_lanes(const unsigned char *lane_of, unsigned long long n, int nlanes)
+    void fusefs_fast_miss_engine(int on) nogil
+    void fusefs_fast_miss_stop(int hand_back) nogil
+    void fusefs_fast_miss_free()
+    void fusefs_fast_miss_counts(unsigned long long *out) nogil
+    object fusefs_fast_miss_api()
     void fusefs_fast_free_held()
     void fusefs_fast_kernel_flags(const unsigned char *flags, unsigned long long n)
     int fusefs_fast_tree(unsigned long long n_dirs, const unsigned long long *dir_first_file,
@@ -397,6 +403,54 @@ def fast_path_misses(bit):
     (fast_path_hold(sid, None)). 0: such reads go to the loop. The bit must be a single bit
     above every sample, none of the other events' (fast_path_start checks: EINVAL)."""
     fusefs_fast_misses(bit)
+
+
+_fusefs_miss_lanes = None  # (kept alive while the engine reads it)
+
+
+def fast_path_miss_lanes(lane_of):
+    """The miss engine's lanes (fusefs/_missapi.h): lane_of, a contiguous numpy uint8 array
+    with each sample's lane (its node's), all below 64. The engine is off until
+    fast_path_miss_engine(True). None: the lanes forgotten (after the engine's readers
+    ended; the engine stopped first)."""
+    global _fusefs_miss_lanes
+    if lane_of is None:
+        fusefs_fast_miss_free()
+        _fusefs_miss_lanes = None
+        return
+    if lane_of.dtype.itemsize != 1 or not lane_of.flags.c_contiguous:
+        raise TypeError('fast_path_miss_lanes: a contiguous array of bytes')
+    nlanes = int(lane_of.max()) + 1 if len(lane_of) else 1
+    err = fusefs_fast_miss_lanes(<const unsigned char *> <uintptr_t> lane_of.ctypes.data,
+                                 len(lane_of), nlanes)
+    if err:
+        raise OSError(err, f'fast_path_miss_lanes: {os.strerror(err)}')
+    _fusefs_miss_lanes = lane_of
+
+
+def fast_path_miss_engine(on):
+    """Whether the misses the fast path parks (fast_path_misses) go to the engine's lanes
+    (True) or are told to the caller as events (False); those queued are read still."""
+    fusefs_fast_miss_engine(1 if on else 0)
+
+
+def fast_path_miss_stop():
+    """Stop the engine: its readers end, and the misses still queued go to the loop."""
+    with nogil:
+        fusefs_fast_miss_stop(1)
+
+
+def fast_path_miss_api():
+    """The capsule of the functions the engine's readers call (fusefs/_missapi.h)."""
+    return fusefs_fast_miss_api()
+
+
+def fast_path_miss_counts():
+    """The engine's misses: (queued on a lane, told to the loop instead, answered by the
+    engine, handed to the loop by the engine)."""
+    cdef unsigned long long c[4]
+    fusefs_fast_miss_counts(c)
+    return c[0], c[1], c[2], c[3]
 
 
 def fast_path_hand_many(items):

@@ -37,6 +37,9 @@ fresh order:
            dentries and inodes dropped too, as a loader that drops its caches each epoch
            drops them: the kernel forgets the mount's inodes, and what the forgets cost
            the daemon is counted with the epoch)
+  small_missed  a fresh daemon with a tenth of the set cached that is never given an order
+           (a loader that hands none: `fusefs mount` and an unmodified script), the chunk
+           files in the page cache: every read a miss, each the daemon's cost of a miss
   scale    an epoch at ImageNet's count (bench_scale.py): --scale tiny samples (1,281,000;
            200,000 with --quick) with a 1 GiB cache, read along an order: a per-sample cost
            that grows with the data set, the queue or the cache shows here and nowhere else
@@ -250,9 +253,9 @@ def row(name: str, n: int, seconds: float, before: dict | None = None, after: di
         reqs = {k: round(v / n, 3) for k, v in sorted(reqs.items()) if v}
         out.update(daemon_cpu_us_per_sample=round(1e6 * cpu / n, 1),
                    requests_per_sample=round(sum(reqs.values()), 3), requests=reqs)
-        for k in ("backend_samples", "pushed", "loop_tasks"):
-            if k in after and k in before:  # (loop_tasks: tasks pyfuse3's loop started)
-                out[k] = after[k] - before[k]
+        for k in ("backend_samples", "pushed", "loop_tasks", "engine_misses"):
+            if k in after and k in before:  # (loop_tasks: tasks pyfuse3's loop started;
+                out[k] = after[k] - before[k]  # engine_misses: misses the miss engine read)
     return out
 
 
@@ -263,21 +266,24 @@ def fusefs_round(dst, mnt, pool, rels, orders, a, env=None, options=(), pool16=N
     """One round of the fusefs regimes: chunks_cold (page cache dropped), then a fresh
     daemon over chunk files warm in the page cache: chunks, kernel, kernel_os, daemon; then a fresh
     daemon with a cache of a tenth of the set: small_fill, small_kernel, small_dropped,
-    with pool16 (NODE_READERS reader processes) small_dropped_16, and small_forgot. env: the daemons'
+    with pool16 (NODE_READERS reader processes) small_dropped_16, and small_forgot; then a
+    fresh one without an order: small_missed. env: the daemons'
     environment (PYTHONPATH picks the version of fusefs); options: more mount arguments."""
     options = [*a.mount_option, *options]
     out = {}
     n = len(rels)
 
-    def epoch(name, proc, order, number, prepare=None):
+    def epoch(name, proc, order, number, prepare=None, hinted=True):
         # (counted from before the order: the read-ahead starts as soon as it is written;
-        # prepare, a drop of the kernel's caches, in the count: what it makes the daemon do)
+        # prepare, a drop of the kernel's caches, in the count: what it makes the daemon do;
+        # hinted=False: no order written, every read a miss)
         before, t0 = stats(mnt), thread_cpu(proc.pid)
         sixteen = name.endswith("_16")
         if prepare is not None:
             prepare()
         with CpuMeter() as machine:
-            write_order(mnt, order, number)
+            if hinted:
+                write_order(mnt, order, number)
             dt = read_epoch(pool16 if sixteen else pool, [os.path.join(mnt, rels[i]) for i in order],
                             NODE_READERS if sixteen else a.readers,
                             os_reads=name == "kernel_os", pace=a.pace if name == "kernel_paced" else 0)
@@ -315,6 +321,11 @@ def fusefs_round(dst, mnt, pool, rels, orders, a, env=None, options=(), pool16=N
                 epoch(name, proc, order, number, prepare=lambda: (drop_caches(3), warm_chunks(dst)))
                 continue
             epoch(name, proc, order, number)
+    drop_caches(1)  # small_missed: no order ever, the chunk files warm (as small_dropped's)
+    warm_chunks(dst)
+    with running_mount(dst, mnt, "--cache-size", "10%", *options, env=env) as (proc, _):
+        list_tree(mnt)
+        epoch("small_missed", proc, orders[2], 0, hinted=False)
     out["handlers"] = handlers_row(dst, env)
     out.update(fetch_loop_rows(dst, env))
     return out
