@@ -250,12 +250,15 @@ static struct {
 #define FUSEFS_LANE_CAP 1024       /* misses queued on a lane at most */
 #define FUSEFS_RECENT 64           /* the misses last queued or told, for a scan's */
 #define FUSEFS_STUCK_NS 1000000000LL
+#define FUSEFS_SLOW_NS 200000LL    /* a read this long: the node is slow, more readers read */
 
 typedef struct {
     uint64_t ring[FUSEFS_LANE_CAP];
     size_t head, n;
     pthread_cond_t ready;
-    long long busy_ns;  /* when its reader took its batch (0: it waits for one) */
+    int waiting, busy;     /* its readers waiting for misses; reading a batch */
+    int slow;              /* its last batch's reads took over FUSEFS_SLOW_NS: its readers share */
+    long long progress_ns; /* when one of its readers last took a batch or finished one */
 } fusefs_lane;
 
 static struct {
@@ -599,9 +602,11 @@ static int fusefs_miss_queue(uint64_t sid) {
     fusefs_miss.recent[fusefs_miss.recent_at++ % FUSEFS_RECENT] = sid + 2;
     if (!scan && fusefs_miss.on && !fusefs_miss.stopped && sid < fusefs_miss.n) {
         fusefs_lane *l = &fusefs_miss.lanes[fusefs_miss.lane_of[sid]];
-        if (l->n < FUSEFS_LANE_CAP && !(l->busy_ns && fusefs_now_ns() - l->busy_ns > FUSEFS_STUCK_NS)) {
+        if (l->n < FUSEFS_LANE_CAP && !(l->busy && !l->waiting
+                                         && fusefs_now_ns() - l->progress_ns > FUSEFS_STUCK_NS)) {
             l->ring[(l->head + l->n++) % FUSEFS_LANE_CAP] = sid;
-            pthread_cond_signal(&l->ready);
+            if (!l->busy || l->slow)  /* (else the busy reader takes it next, with the others) */
+                pthread_cond_signal(&l->ready);
             queued = 1;
         }
     }
@@ -613,9 +618,15 @@ static int fusefs_miss_queue(uint64_t sid) {
     return queued;
 }
 
-/* (a lane's reader) Up to max misses queued on lane, taken, waiting for one; 0 once the
- * engine stopped. */
-static size_t fusefs_miss_take(int lane, uint64_t *out, size_t max) {
+/* (a lane's reader) Misses queued on lane, up to max, taken, waiting for one (read_ns: how
+ * long a read of its last batch took on average, 0 at its first call); 0 once the engine
+ * stopped. While the lane's reads are quick (a node that answers from memory) a reader
+ * takes all there is, and a new miss wakes a reader only when none is reading: one reader
+ * makes the batches and the others sleep (each wake costs CPU). Once a batch's reads took
+ * FUSEFS_SLOW_NS (a node that answers slowly) the lane's readers share what is queued (each
+ * takes the queue over the readers waiting, itself included, and wakes another while some
+ * is left), and each new miss wakes one: their reads wait on the node side by side. */
+static size_t fusefs_miss_take(int lane, uint64_t *out, size_t max, long long read_ns) {
     size_t k = 0;
     pthread_mutex_lock(&fusefs_miss.lock);
     if (lane < 0 || lane >= fusefs_miss.nlanes || fusefs_miss.lanes == NULL) {
@@ -623,15 +634,29 @@ static size_t fusefs_miss_take(int lane, uint64_t *out, size_t max) {
         return 0;
     }
     fusefs_lane *l = &fusefs_miss.lanes[lane];
-    l->busy_ns = 0;
-    while (!fusefs_miss.stopped && l->n == 0)
+    if (read_ns) {
+        if (l->busy > 0)
+            l->busy--;
+        l->progress_ns = fusefs_now_ns();
+        l->slow = read_ns > FUSEFS_SLOW_NS;
+    }
+    while (!fusefs_miss.stopped && l->n == 0) {
+        l->waiting++;
         pthread_cond_wait(&l->ready, &fusefs_miss.lock);
+        l->waiting--;
+    }
     if (!fusefs_miss.stopped) {
-        for (; k < max && l->n; k++, l->n--) {
+        size_t share = l->slow ? (l->n + (size_t) l->waiting) / ((size_t) l->waiting + 1) : l->n;
+        if (share > max)
+            share = max;
+        for (; k < share; k++, l->n--) {
             out[k] = l->ring[l->head];
             l->head = (l->head + 1) % FUSEFS_LANE_CAP;
         }
-        l->busy_ns = fusefs_now_ns();
+        l->busy++;
+        l->progress_ns = fusefs_now_ns();
+        if (l->n && l->waiting && l->slow)
+            pthread_cond_signal(&l->ready);
     }
     pthread_mutex_unlock(&fusefs_miss.lock);
     return k;

@@ -465,18 +465,21 @@ done:
 }
 
 /* ---- the miss engine: Misses ----
- * A reader thread per lane (a storage node's: fusefs/_missapi.h) takes the misses the fast
- * path queued on its lane, reads them (coalesced as plan()'s reads are, into a buffer the
- * reader keeps and reuses: no allocation a sample once it has grown), checks their
- * checksums and answers the reads that wait from its buffer, all without the GIL and
- * without fusefs's loop. Whatever is not a clean read goes to the loop as without the
- * engine (done(sid, NULL)), which reads the sample itself and reports it as it does: a
+ * Reader threads a lane (a storage node's: fusefs/_missapi.h; as many as the fetches a node
+ * has in flight) take the misses the fast path queued on their lane (one reader all there
+ * is while the node answers quickly, a share each while it is slow: the binding's take),
+ * read them (coalesced as plan()'s reads are, the backend told of the later reads at once
+ * (WILLNEED), into a buffer the reader keeps and reuses, at most MISS_ARENA: no allocation
+ * a sample once it has grown), check their checksums and answer the reads that wait from
+ * the buffer, all without the GIL and without fusefs's loop. Whatever is not a clean read
+ * goes to the loop as without the engine (done(sid, NULL)), which reads the sample itself and reports it as it does: a
  * checksum mismatch (the sample is then never read here again), a short read, a sample over
  * MISS_BIG, a read that failed (the chunk's descriptor is closed: the chunk's later misses
  * go to the loop too, which opens it again and waits for its node within the user's bound).
  * The descriptors are the engine's own (duplicated from the caller's at its start). */
-#define MISS_BATCH 64        /* the misses a reader takes at most at once */
-#define MISS_BIG (16 << 20)  /* a sample larger than this goes to the loop */
+#define MISS_BATCH 64         /* the misses a reader takes at most at once */
+#define MISS_ARENA (4 << 20)  /* a reader's buffer at most: a batch is read in rounds that fit */
+#define MISS_BIG MISS_ARENA   /* a sample larger than this goes to the loop */
 
 typedef struct Misses Misses;
 
@@ -496,8 +499,8 @@ struct Misses {
     pthread_mutex_t fd_lock;
     unsigned char *bad;                /* per sample: a mismatch was found (to the loop) */
     long long max_gap, max_read;
-    int nlanes, running;
-    lane_reader_t *readers;
+    int nlanes, per_lane, willneed, running;
+    lane_reader_t *readers;           /* per_lane of them a lane */
     unsigned long long fetched, bytes, reads, to_loop;  /* (atomic) */
 };
 
@@ -519,19 +522,84 @@ static void miss_retire(Misses *m, uint64_t chunk, int fd) {
     pthread_mutex_unlock(&m->fd_lock);
 }
 
+/* Read places[0..k) (sorted by place; their bytes fit in arena) coalesced, and answer
+ * each sample's reads from its bytes, or hand them to the loop; the reads made and the
+ * microseconds they took added to *nreads and *read_us. */
+static void miss_round(Misses *m, const place_t *places, size_t k, char *arena, char *scratch,
+                       long long *nreads, long long *read_us) {
+    const fusefs_miss_api *api = m->api;
+    uint64_t rchunk[MISS_BATCH], msid[MISS_BATCH];
+    member_t members[MISS_BATCH];
+    read_t reads[MISS_BATCH];
+    size_t nr = 0;
+    char *p = arena;
+    for (size_t j = 0; j < k; j++) {
+        uint64_t sid = (uint64_t)places[j].sid, chunk = places[j].chunk;
+        long long off = (long long)places[j].offset;
+        Py_ssize_t sz = (Py_ssize_t)U64(m->size, sid);
+        read_t *r = nr ? &reads[nr - 1] : NULL;
+        if (r == NULL || rchunk[nr - 1] != chunk || off < r->offset + r->length
+                || off - (r->offset + r->length) > m->max_gap || off + sz - r->offset > m->max_read) {
+            r = &reads[nr];
+            rchunk[nr++] = chunk;
+            *r = (read_t){.fd = miss_fd(m, chunk), .offset = off, .members = &members[j]};
+        }
+        members[j] = (member_t){.rel = off - r->offset, .size = sz, .sum = U64(m->sum, sid), .buf = p};
+        msid[j] = sid;
+        p += sz;
+        r->n++;
+        r->length = off + sz - r->offset;
+    }
+    if (m->willneed)  /* (the backend's client fetches the later reads while the first is made) */
+        for (size_t i = 1; i < nr; i++)
+            if (reads[i].fd >= 0 && reads[i].length > 0)
+                (void)posix_fadvise(reads[i].fd, (off_t)reads[i].offset, (off_t)reads[i].length,
+                                    POSIX_FADV_WILLNEED);
+    for (size_t i = 0; i < nr; i++) {
+        read_t *r = &reads[i];
+        size_t first = (size_t)(r->members - members);
+        if (r->fd >= 0) {
+            long long t = now_us();
+            do_read(r, scratch);
+            *read_us += now_us() - t;
+            ++*nreads;
+            verify(r);
+        } else {
+            r->error = EBADF;
+        }
+        __atomic_add_fetch(&m->reads, 1, __ATOMIC_RELAXED);
+        if (r->error && r->fd >= 0)
+            miss_retire(m, rchunk[i], r->fd);
+        for (Py_ssize_t j = 0; j < r->n; j++) {
+            member_t *mb = &r->members[j];
+            uint64_t sid = msid[first + (size_t)j];
+            if (r->error || mb->rel + mb->size > r->got || mb->buf == NULL) {
+                if (!r->error && mb->rel + mb->size <= r->got)
+                    m->bad[sid] = 1;  /* (a mismatch: the loop reads it, finds it, says so) */
+                api->done(sid, NULL, 0);
+                __atomic_add_fetch(&m->to_loop, 1, __ATOMIC_RELAXED);
+            } else {
+                api->done(sid, mb->buf, (uint64_t)mb->size);
+                __atomic_add_fetch(&m->fetched, 1, __ATOMIC_RELAXED);
+                __atomic_add_fetch(&m->bytes, (unsigned long long)mb->size, __ATOMIC_RELAXED);
+            }
+        }
+    }
+}
+
 static void *miss_reader(void *arg) {
     lane_reader_t *lr = arg;
     Misses *m = lr->m;
     const fusefs_miss_api *api = m->api;
-    uint64_t sids[MISS_BATCH], rchunk[MISS_BATCH], msid[MISS_BATCH];
+    uint64_t sids[MISS_BATCH];
     place_t places[MISS_BATCH];
-    member_t members[MISS_BATCH];
-    read_t reads[MISS_BATCH];
     char *arena = NULL, *scratch = malloc(SCRATCH);
     size_t arena_cap = 0, n;
+    long long read_ns = 0;
     uint64_t nsamples = (uint64_t)m->offset.n;
-    while ((n = api->take(lr->lane, sids, MISS_BATCH)) > 0) {
-        size_t k = 0, total = 0;
+    while ((n = api->take(lr->lane, sids, MISS_BATCH, read_ns)) > 0) {
+        size_t k = 0;
+        long long nreads = 0, read_us = 0;
         for (size_t i = 0; i < n; i++) {
             uint64_t sid = sids[i];
             if (scratch == NULL || sid >= nsamples || m->bad[sid] || U64(m->size, sid) > MISS_BIG
@@ -541,69 +609,28 @@ static void *miss_reader(void *arg) {
                 continue;
             }
             places[k++] = (place_t){U32(m->chunk, sid), U64(m->offset, sid), (int64_t)sid, (int64_t)i};
-            total += U64(m->size, sid);
-        }
-        if (k == 0)
-            continue;
-        if (total > arena_cap) {
-            free(arena);
-            arena_cap = total;
-            arena = malloc(arena_cap ? arena_cap : 1);
-        }
-        if (arena == NULL) {
-            arena_cap = 0;
-            for (size_t j = 0; j < k; j++)
-                api->done((uint64_t)places[j].sid, NULL, 0);
-            __atomic_add_fetch(&m->to_loop, k, __ATOMIC_RELAXED);
-            continue;
         }
         qsort(places, k, sizeof *places, by_place);
-        size_t nr = 0;
-        char *p = arena;
-        for (size_t j = 0; j < k; j++) {
-            uint64_t sid = (uint64_t)places[j].sid, chunk = places[j].chunk;
-            long long off = (long long)places[j].offset;
-            Py_ssize_t sz = (Py_ssize_t)U64(m->size, sid);
-            read_t *r = nr ? &reads[nr - 1] : NULL;
-            if (r == NULL || rchunk[nr - 1] != chunk || off < r->offset + r->length
-                    || off - (r->offset + r->length) > m->max_gap || off + sz - r->offset > m->max_read) {
-                r = &reads[nr];
-                rchunk[nr++] = chunk;
-                *r = (read_t){.fd = miss_fd(m, chunk), .offset = off, .members = &members[j]};
+        for (size_t j0 = 0, j1; j0 < k; j0 = j1) {  /* (rounds whose bytes fit in MISS_ARENA) */
+            size_t bytes = 0;
+            for (j1 = j0; j1 < k && bytes + U64(m->size, places[j1].sid) <= MISS_ARENA; j1++)
+                bytes += U64(m->size, places[j1].sid);
+            if (bytes > arena_cap) {
+                size_t cap = 2 * arena_cap > bytes ? 2 * arena_cap : bytes;
+                free(arena);
+                arena_cap = cap < MISS_ARENA ? cap : MISS_ARENA;
+                arena = malloc(arena_cap);
             }
-            members[j] = (member_t){.rel = off - r->offset, .size = sz, .sum = U64(m->sum, sid), .buf = p};
-            msid[j] = sid;
-            p += sz;
-            r->n++;
-            r->length = off + sz - r->offset;
+            if (arena == NULL) {
+                arena_cap = 0;
+                for (size_t j = j0; j < j1; j++)
+                    api->done((uint64_t)places[j].sid, NULL, 0);
+                __atomic_add_fetch(&m->to_loop, j1 - j0, __ATOMIC_RELAXED);
+                continue;
+            }
+            miss_round(m, places + j0, j1 - j0, arena, scratch, &nreads, &read_us);
         }
-        for (size_t i = 0; i < nr; i++) {
-            read_t *r = &reads[i];
-            size_t first = (size_t)(r->members - members);
-            if (r->fd >= 0) {
-                do_read(r, scratch);
-                verify(r);
-            } else {
-                r->error = EBADF;
-            }
-            __atomic_add_fetch(&m->reads, 1, __ATOMIC_RELAXED);
-            if (r->error && r->fd >= 0)
-                miss_retire(m, rchunk[i], r->fd);
-            for (Py_ssize_t j = 0; j < r->n; j++) {
-                member_t *mb = &r->members[j];
-                uint64_t sid = msid[first + (size_t)j];
-                if (r->error || mb->rel + mb->size > r->got || mb->buf == NULL) {
-                    if (!r->error && mb->rel + mb->size <= r->got)
-                        m->bad[sid] = 1;  /* (a mismatch: the loop reads it, finds it, says so) */
-                    api->done(sid, NULL, 0);
-                    __atomic_add_fetch(&m->to_loop, 1, __ATOMIC_RELAXED);
-                } else {
-                    api->done(sid, mb->buf, (uint64_t)mb->size);
-                    __atomic_add_fetch(&m->fetched, 1, __ATOMIC_RELAXED);
-                    __atomic_add_fetch(&m->bytes, (unsigned long long)mb->size, __ATOMIC_RELAXED);
-                }
-            }
-        }
+        read_ns = 1000 * read_us / (nreads ? nreads : 1) + 1;  /* (a read's mean; at least 1) */
     }
     free(arena);
     free(scratch);
@@ -612,16 +639,16 @@ static void *miss_reader(void *arg) {
 
 static int Misses_init(Misses *m, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"api", "chunk", "offset", "size", "checksum", "fds", "lanes", "max_gap",
-                             "max_read", NULL};
+                             "max_read", "per_lane", "willneed", NULL};
     PyObject *capsule, *chunk, *offset, *size, *sum, *fds;
-    int nlanes;
+    int nlanes, per_lane = 1, willneed = 0;
     long long max_gap, max_read;
     if (m->capsule != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Misses: initialised already");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOiLL:Misses", kwlist, &capsule, &chunk, &offset,
-                                     &size, &sum, &fds, &nlanes, &max_gap, &max_read))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOiLL|ip:Misses", kwlist, &capsule, &chunk, &offset,
+                                     &size, &sum, &fds, &nlanes, &max_gap, &max_read, &per_lane, &willneed))
         return -1;
     const fusefs_miss_api *api = PyCapsule_GetPointer(capsule, FUSEFS_MISS_API);
     if (api == NULL)
@@ -631,8 +658,9 @@ static int Misses_init(Misses *m, PyObject *args, PyObject *kw) {
                      api->version, FUSEFS_MISS_API_VERSION);
         return -1;
     }
-    if (nlanes < 1 || nlanes > FUSEFS_MISS_LANES || max_gap < 0 || max_read < 1) {
-        PyErr_SetString(PyExc_ValueError, "Misses: lanes out of 1..64, or a bad max_gap or max_read");
+    if (nlanes < 1 || nlanes > FUSEFS_MISS_LANES || per_lane < 1 || per_lane > 64 || max_gap < 0
+            || max_read < 1) {
+        PyErr_SetString(PyExc_ValueError, "Misses: lanes or per_lane out of 1..64, or a bad max_gap or max_read");
         return -1;
     }
     array_t fd_arr;
@@ -649,7 +677,7 @@ static int Misses_init(Misses *m, PyObject *args, PyObject *kw) {
     m->nchunks = fd_arr.n;
     m->fds = malloc(sizeof *m->fds * (size_t)(fd_arr.n ? fd_arr.n : 1));
     m->bad = calloc((size_t)(m->offset.n ? m->offset.n : 1), 1);
-    m->readers = calloc((size_t)nlanes, sizeof *m->readers);
+    m->readers = calloc((size_t)nlanes * (size_t)per_lane, sizeof *m->readers);
     if (m->fds == NULL || m->bad == NULL || m->readers == NULL) {
         PyBuffer_Release(&fd_arr.view);
         PyErr_NoMemory();
@@ -668,6 +696,8 @@ static int Misses_init(Misses *m, PyObject *args, PyObject *kw) {
     pthread_mutex_init(&m->fd_lock, NULL);
     m->api = api;
     m->nlanes = nlanes;
+    m->per_lane = per_lane;
+    m->willneed = willneed;
     m->max_gap = max_gap;
     m->max_read = max_read;
     Py_INCREF(capsule);
@@ -675,15 +705,15 @@ static int Misses_init(Misses *m, PyObject *args, PyObject *kw) {
     return 0;
 }
 
-/* start(): a reader thread per lane. */
+/* start(): per_lane reader threads a lane. */
 static PyObject *Misses_start(Misses *m, PyObject *unused) {
     (void)unused;
     if (m->api == NULL || m->running) {
         PyErr_SetString(PyExc_RuntimeError, "Misses.start: not initialised, or running");
         return NULL;
     }
-    for (int i = 0; i < m->nlanes; i++) {
-        m->readers[i] = (lane_reader_t){.m = m, .lane = i};
+    for (int i = 0; i < m->nlanes * m->per_lane; i++) {
+        m->readers[i] = (lane_reader_t){.m = m, .lane = i / m->per_lane};
         int err = pthread_create(&m->readers[i].thread, NULL, miss_reader, &m->readers[i]);
         if (err) {
             m->running = i;  /* (join() waits for those started, once the binding stopped) */
@@ -691,7 +721,7 @@ static PyObject *Misses_start(Misses *m, PyObject *unused) {
             return PyErr_SetFromErrno(PyExc_OSError);
         }
     }
-    m->running = m->nlanes;
+    m->running = m->nlanes * m->per_lane;
     Py_RETURN_NONE;
 }
 
@@ -757,7 +787,7 @@ static void Misses_dealloc(Misses *m) {
 }
 
 static PyMethodDef Misses_methods[] = {
-    {"start", (PyCFunction)Misses_start, METH_NOARGS, "Start a reader thread per lane."},
+    {"start", (PyCFunction)Misses_start, METH_NOARGS, "Start per_lane reader threads a lane."},
     {"join", (PyCFunction)Misses_join, METH_O,
      "join(timeout_s) -> whether every reader ended (after the binding's fast_path_miss_stop)."},
     {"counts", (PyCFunction)Misses_counts, METH_NOARGS,
@@ -771,9 +801,10 @@ static PyTypeObject MissesType = {
     .tp_name = "fusefs._fetchio.Misses",
     .tp_basicsize = sizeof(Misses),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Misses(api, chunk, offset, size, checksum, fds, lanes, max_gap, max_read): the miss "
-              "engine's readers (a thread per lane) over the index's arrays and the chunks' "
-              "descriptors (duplicated; -1: that chunk's misses go to the loop).",
+    .tp_doc = "Misses(api, chunk, offset, size, checksum, fds, lanes, max_gap, max_read, per_lane=1, "
+              "willneed=False): the miss engine's readers (per_lane threads a lane) over the "
+              "index's arrays and the chunks' descriptors (duplicated; -1: that chunk's misses go "
+              "to the loop); willneed: the backend is told of a batch's later reads at once.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Misses_init,
     .tp_dealloc = (destructor)Misses_dealloc,

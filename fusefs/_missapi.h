@@ -6,9 +6,9 @@
  * A read of the whole of a sample that is neither held nor being fetched waits in the fast
  * path (a miss); while lanes are set (pyfuse3.fast_path_miss_lanes) and the engine is on
  * (pyfuse3.fast_path_miss_engine), the miss is queued on its sample's lane (one a storage
- * node) instead of being told to fusefs's loop. A lane's reader takes what is queued
- * (take), reads it, and answers the reads that wait (done, with the bytes), or hands them to
- * the loop (done, NULL: the loop reads the sample as without the engine). */
+ * node) instead of being told to fusefs's loop. A lane's readers take what is queued (take; a
+ * share each where the node is slow), read it, and answer the reads that wait (done, with the bytes), or hand
+ * them to the loop (done, NULL: the loop reads the sample as without the engine). */
 #ifndef FUSEFS_MISSAPI_H
 #define FUSEFS_MISSAPI_H
 
@@ -16,14 +16,15 @@
 #include <stdint.h>
 
 #define FUSEFS_MISS_API "fusefs.pyfuse3.miss_api"
-#define FUSEFS_MISS_API_VERSION 1
+#define FUSEFS_MISS_API_VERSION 2
 #define FUSEFS_MISS_LANES 64 /* lanes at most (a lane a node) */
 
 typedef struct {
     int version; /* FUSEFS_MISS_API_VERSION */
-    /* Up to max samples queued on lane, taken (at least one: it waits for them); 0 once the
-     * engine stops (a reader then ends). */
-    size_t (*take)(int lane, uint64_t *out, size_t max);
+    /* Samples queued on lane, up to max (a reader's share where the lane is slow), taken (at
+     * least one: it waits for them); read_ns: how long a read of its last batch took on
+     * average (0 at its first call). 0 once the engine stops (a reader then ends). */
+    size_t (*take)(int lane, uint64_t *out, size_t max, long long read_ns);
     /* The reads that wait for sid answered from its n bytes at buf (not kept), or handed to
      * the loop (buf NULL); sid is no longer being fetched. Nothing once the engine stopped. */
     void (*done)(uint64_t sid, const char *buf, uint64_t n);

@@ -4,19 +4,19 @@ Without an order the read-ahead has nothing to fetch, and every read of a sample
 does not hold is a miss: the fast path parks it (fastpath.py). Without the engine the loop
 hears of it, plans its fetch, hands it to a fetch thread and settles its arrival (about 150
 us of the loop's Python a miss on this VM: docs/HOTPATH.md). With it the fast path queues
-the miss on its node's lane, and that lane's reader thread (fusefs._fetchio.Misses) reads
-the lane's queue in one go, checks the checksums and answers the reads from its own buffer;
+the miss on its node's lane, and that lane's reader threads (fusefs._fetchio.Misses) read
+its queue (a share each, as many as the fetches a node has in flight), checks the checksums and answers the reads from its own buffer;
 the loop hears only of the answers (the fast path's read events, as for a read of a held
 sample). Nothing of a missed sample is kept: without an order nothing says it is read again
 before the rest.
 
 Whatever is not a clean read goes to the loop as without the engine (fusefs/_fetchio.c,
 Misses): a checksum mismatch, a short read, a failed read (and that chunk's later misses),
-a sample over 16 MiB. The loop hears of the misses itself while an order is in force (its
+a sample over 4 MiB. The loop hears of the misses itself while an order is in force (its
 read-ahead fetches a miss with the samples queued after it), of a miss whose sample follows
 one missed lately (a scan: the loop fetches the samples after it along with it), and of
-those of a node whose reader has been in one read for a second (the loop waits for the node
-within --io-timeout). docs/ARCHITECTURE.md, "The miss engine".
+those of a node whose readers are all reading and none finished for a second (the loop
+waits for the node within --io-timeout). docs/ARCHITECTURE.md, "The miss engine".
 """
 from __future__ import annotations
 
@@ -39,10 +39,13 @@ LANES = 64    # the binding's lanes at most (fusefs/_missapi.h: FUSEFS_MISS_LANE
 
 
 class MissEngine:
-    """The engine over store's chunks (index's), a lane a storage node."""
+    """The engine over store's chunks (index's), a lane a storage node, with per_lane reader
+    threads a lane (as many as the fetches a node has in flight: --per-node); willneed: the
+    backend is told of a batch's later reads at once (--willneed)."""
 
-    def __init__(self, index, store):
+    def __init__(self, index, store, per_lane: int = 1, willneed: bool = False):
         self.index, self.store = index, store
+        self.per_lane, self.willneed = per_lane, willneed
         lane_of_chunk = (np.array([c.node for c in index.chunks], np.int64) % LANES).astype(np.uint8)
         self.lanes = int(lane_of_chunk.max()) + 1 if len(lane_of_chunk) else 1
         self.lane_of = np.ascontiguousarray(lane_of_chunk[index.chunk])
@@ -58,12 +61,13 @@ class MissEngine:
                 and store.native and local is None and getattr(pyfuse3, "MISS_ENGINE", False))
 
     def start(self) -> None:
-        """Set the lanes and start a reader a lane (after the fast path started); on."""
+        """Set the lanes and start the readers (after the fast path started); on."""
         ix = self.index
         pyfuse3.fast_path_miss_lanes(self.lane_of)
         try:
             self.readers = Misses(pyfuse3.fast_path_miss_api(), ix.chunk, ix.offset, ix.size, ix.checksum,
-                                  self.store.chunk_fds(), self.lanes, MAX_GAP, MAX_READ)
+                                  self.store.chunk_fds(), self.lanes, MAX_GAP, MAX_READ,
+                                  per_lane=self.per_lane, willneed=self.willneed)
             self.readers.start()
         except BaseException:
             pyfuse3.fast_path_miss_stop()

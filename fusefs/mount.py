@@ -139,7 +139,8 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
                                 kernel=KernelCache() if config.kernel_cache else None,
                                 hold=fast.hold if fast else None, table=fast,
                                 idle=fast.idle if fast else None)
-        engine = MissEngine(index, store) if MissEngine.wanted(config, store, local) else None
+        engine = (MissEngine(index, store, config.fetch.per_node, config.fetch.willneed)
+                  if MissEngine.wanted(config, store, local) else None)
         core = Core(index, store, config, local=local, plane=plane, stats=stats,
                     catch_up=fast.catch_up if fast else None, control_socket=sock_path, misses=engine)
         try:
@@ -367,8 +368,8 @@ def _start_miss_engine(core: Core, engine: MissEngine) -> None:
         log.warning("misses: read by the daemon's loop (the miss engine did not start: %s)", e)
         return
     core.count(engine)
-    log.info("misses: read in C while no order is in force (the miss engine, %d lane%s)",
-             engine.lanes, "s" * (engine.lanes > 1))
+    log.info("misses: read in C while no order is in force (the miss engine, %d lane%s, %d reader%s each)",
+             engine.lanes, "s" * (engine.lanes > 1), engine.per_lane, "s" * (engine.per_lane > 1))
 
 
 async def _widen_kernel_reads(initialized: trio.Event, point: str) -> None:
