@@ -146,6 +146,8 @@ class Core:
                         self.kernel_view, self.orders, self.control,
                         *([local] if local is not None else [])]
         self.n_files = index.n_files
+        # (a miss's room in the cache: without an order the loop keeps misses while it has it)
+        self._miss_room = self.cache.cost(index.total_bytes // max(1, index.n_files))
         self._scope = trio.CancelScope()  # run()'s
 
     @property
@@ -332,6 +334,16 @@ class Core:
                               "go to the loop", len(missed))
                 for sid in missed:
                     self.holders.let_go(sid)
+            self._misses_to_engine()
+
+    def _misses_to_engine(self) -> None:
+        """Misses reached the loop: without an order it keeps them in the cache while the
+        cache has room for one (a set the cache holds is then read from memory from the
+        next epoch on); once it has none, the miss engine reads them (misses.py), keeping
+        nothing, as the loop would keep nothing more."""
+        if (self.misses is not None and not self.misses.on and not self.policy.plans
+                and self.cache.free < self._miss_room):
+            self.misses.enable(True)
 
     def _sid_of_fh(self, fh: int) -> int | None:
         return fh & SID_MASK if fh < FH_BASE else None

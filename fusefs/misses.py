@@ -8,7 +8,8 @@ the miss on its node's lane, and that lane's reader threads (fusefs._fetchio.Mis
 its queue (a share each, as many as the fetches a node has in flight), checks the checksums and answers the reads from its own buffer;
 the loop hears only of the answers (the fast path's read events, as for a read of a held
 sample). Nothing of a missed sample is kept: without an order nothing says it is read again
-before the rest.
+before the rest, and the engine is on only once the cache has no room for a miss (until
+then the loop fetches the misses and the cache keeps them: core.Core._misses_to_engine).
 
 Whatever is not a clean read goes to the loop as without the engine (fusefs/_fetchio.c,
 Misses): a checksum mismatch, a short read, a failed read (and that chunk's later misses),
@@ -61,7 +62,8 @@ class MissEngine:
                 and store.native and local is None and getattr(pyfuse3, "MISS_ENGINE", False))
 
     def start(self) -> None:
-        """Set the lanes and start the readers (after the fast path started); on."""
+        """Set the lanes and start the readers (after the fast path started); off until
+        enable(True) (the core turns it on once the cache has no room for a miss)."""
         ix = self.index
         pyfuse3.fast_path_miss_lanes(self.lane_of)
         try:
@@ -75,7 +77,6 @@ class MissEngine:
                 pyfuse3.fast_path_miss_lanes(None)
             self.readers = None
             raise
-        self.enable(True)
 
     def enable(self, on: bool) -> None:
         """New misses to the engine (True) or to the loop (False)."""
