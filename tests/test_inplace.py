@@ -133,6 +133,25 @@ def test_shards_are_read_ahead_along_the_order_in_batches_per_node(shards):
     assert all(node["requests"] > 0 for node in s["nodes"].values()), s["nodes"]
 
 
+def test_without_an_order_the_miss_engine_reads_the_shards_where_they_lie(shards):
+    """A full cache (--cache-size 0) and no order: the miss engine's readers, a lane per
+    node, read the members out of the tars (the index's offsets into them) with the exact
+    bytes; the loop takes only the first miss and those that look like a scan."""
+    base, files = shards
+    mnt = base / "mnt"
+    names = sorted(files)
+    random.Random(2).shuffle(names)
+    with running_mount(base / "dst", mnt, "--cache-size", "0") as (proc, log):
+        for rel in names:
+            assert open(mnt / rel, "rb").read() == files[rel], rel
+        s = _stats(mnt)
+        assert proc.poll() is None
+        text = open(log).read()
+    assert "miss engine, 2 lanes" in text
+    assert s["engine_misses"] >= len(names) // 2 and s["engine_to_loop"] == 0, s
+    assert s["engine_misses"] + s["misses_to_loop"] + 1 >= len(names), s
+
+
 def test_a_member_changed_under_the_mount_is_eio_and_a_log_line_the_rest_is_served(shards):
     base, files = shards
     ix = Index.load(str(base / "dst" / INDEX_NAME))
