@@ -478,7 +478,8 @@ done:
  * go to the loop too, which opens it again and waits for its node within the user's bound).
  * The descriptors are the engine's own (duplicated from the caller's at its start). */
 #define MISS_BATCH 64         /* the misses a reader takes at most at once */
-#define MISS_ARENA (4 << 20)  /* a reader's buffer at most: a batch is read in rounds that fit */
+#define MISS_ARENA (2 << 20)  /* a reader's buffer at most: a batch is read in rounds that fit
+                                 * (a whole read of a sample is one request of at most 1 MiB) */
 #define MISS_BIG MISS_ARENA   /* a sample larger than this goes to the loop */
 
 typedef struct Misses Misses;
@@ -832,6 +833,11 @@ PyMODINIT_FUNC PyInit__fetchio(void) {
     PyObject *mod = PyModule_Create(&module);
     if (mod == NULL)
         return NULL;
+    /* (what a reader's buffers take at most: misses.MissEngine.buffer_bytes) */
+    if (PyModule_AddIntConstant(mod, "MISS_BUFFERS", MISS_ARENA + SCRATCH) < 0) {
+        Py_DECREF(mod);
+        return NULL;
+    }
     Py_INCREF(&MissesType);
     if (PyModule_AddObject(mod, "Misses", (PyObject *)&MissesType) < 0) {
         Py_DECREF(&MissesType);

@@ -13,7 +13,7 @@ then the loop fetches the misses and the cache keeps them: core.Core._misses_to_
 
 Whatever is not a clean read goes to the loop as without the engine (fusefs/_fetchio.c,
 Misses): a checksum mismatch, a short read, a failed read (and that chunk's later misses),
-a sample over 4 MiB. The loop hears of the misses itself while an order is in force (its
+a sample over 2 MiB. The loop hears of the misses itself while an order is in force (its
 read-ahead fetches a miss with the samples queued after it), of a miss whose sample follows
 one missed lately (a scan: the loop fetches the samples after it along with it), and of
 those of a node whose readers are all reading and none finished for a second (the loop
@@ -31,9 +31,9 @@ from .store import MAX_GAP, MAX_READ
 log = logging.getLogger("fusefs")
 
 try:
-    from ._fetchio import Misses
+    from ._fetchio import MISS_BUFFERS, Misses
 except ImportError:  # (FUSEFS_NO_NATIVE=1: no native reads, no engine)
-    Misses = None
+    MISS_BUFFERS, Misses = 0, None
 
 JOIN_S = 5.0  # how long the unmount waits for a reader inside a read (then it is left to end)
 LANES = 64    # the binding's lanes at most (fusefs/_missapi.h: FUSEFS_MISS_LANES)
@@ -52,6 +52,14 @@ class MissEngine:
         self.lane_of = np.ascontiguousarray(lane_of_chunk[index.chunk])
         self.readers = None
         self.on = False
+        self.counts_at_close: dict = {}
+
+    @property
+    def buffer_bytes(self) -> int:
+        """What the readers' buffers take at most (each its batch's bytes, read in rounds of
+        at most 2 MiB, and a scratch buffer for gaps): held outside the cache's budget, and
+        counted in the daemon's memory bound (memory.Governor)."""
+        return self.lanes * self.per_lane * MISS_BUFFERS
 
     @classmethod
     def wanted(cls, config, store, local) -> bool:
@@ -103,11 +111,13 @@ class MissEngine:
         self.readers = None
 
     def counters(self) -> dict:
-        """The engine's misses (counted among the daemon's misses): answered in C, their bytes, the reads made, handed to the
-        loop; and the fast path's: queued for the engine, told to the loop instead."""
+        """The engine's misses (counted among the daemon's misses too): answered in C, their
+        bytes, the reads made, handed to the loop; and the fast path's: queued for the
+        engine, told to the loop instead."""
         if self.readers is None:
-            return getattr(self, "counts_at_close", {})
+            return self.counts_at_close
         queued, told, _, _ = pyfuse3.fast_path_miss_counts()
         c = self.readers.counts()
-        return {"misses": c["fetched"], "engine_misses": c["fetched"], "engine_bytes": c["bytes"], "engine_reads": c["reads"],
-                "engine_to_loop": c["to_loop"], "engine_queued": queued, "misses_to_loop": told}
+        return {"misses": c["fetched"], "engine_misses": c["fetched"], "engine_bytes": c["bytes"],
+                "engine_reads": c["reads"], "engine_to_loop": c["to_loop"], "engine_queued": queued,
+                "misses_to_loop": told}

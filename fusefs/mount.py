@@ -190,7 +190,8 @@ def serve(index: Index, store: ChunkStore, mnt: str, config: MountConfig = DEFAU
             _start_miss_engine(core, engine)
             stack.callback(engine.close)  # (before the unmount: the misses queued go to the loop)
         # (fresh: what the mounted daemon holds before its first read; the budgets on top)
-        governor = Governor(config.cache_bytes + core.orders.budget)
+        governor = Governor(config.cache_bytes + core.orders.budget
+                            + (engine.buffer_bytes if engine is not None else 0))
         core.count(governor)
         trio.run(_main, core, loop, fast, stops, control, governor, (ops.initialized, where))
         clean.append(True)

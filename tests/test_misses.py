@@ -188,12 +188,13 @@ def test_engine_stress_readers_killed_and_corrupt_samples_on_three_nodes(three_n
     reaches the daemon, and every one is a miss) through two fast-path threads and three
     lanes, three samples corrupt, readers killed mid-pass and replaced, three times. Every
     read gets its bytes or, for a corrupt sample, EIO (the log names its chunk); no read
-    hangs; the daemon keeps serving; the killed readers' handles are released; a read of
+    hangs; the daemon keeps serving; the killed readers' handles are released; its resident
+    memory comes within fresh + budgets (the readers' buffers among them) + 5%; a read of
     every file afterwards finds nothing waiting (each its bytes, the corrupt ones EIO)."""
     import json
     import os
     import random
-    from conftest import corrupt_three, stress_readers
+    from conftest import corrupt_three, rss_within, stress_readers
     dst, files = three_nodes
     rels = sorted(files)
     rng = random.Random(90)
@@ -212,6 +213,9 @@ def test_engine_stress_readers_killed_and_corrupt_samples_on_three_nodes(three_n
         stress_readers(mnt, plans, rng, 1)
         assert proc.poll() is None
         s = mount_stats(mnt)
+        bound = int(1.05 * s["memory_bound"])  # (fresh + the budgets, the readers' buffers among them)
+        if "libasan" not in os.environ.get("LD_PRELOAD", ""):  # (AddressSanitizer's malloc keeps freed memory)
+            assert rss_within(proc.pid, bound) <= bound
         for rel in rels:  # (nothing left waiting: every file answers)
             path = os.path.join(mnt, rel)
             if rel in bad:
