@@ -31,7 +31,7 @@ log = logging.getLogger("fusefs")
 
 _BYTES = frozenset((bytes, memoryview))  # what a sample read well is (NodeReads, LocalTierReads)
 MAX_BACKOFF = 2.0  # seconds between tries of a read waiting for a node (io_timeout)
-BATCH_BYTES = 1 << 20  # a request holds at least --batch samples, and as many as make this
+BATCH_BYTES = 4 << 20  # a request holds at least --batch samples, and as many as make this
 
 
 class FetchCancelled(OSError):
