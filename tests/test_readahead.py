@@ -121,10 +121,12 @@ def test_the_default_read_ahead_refills_every_slot_with_a_full_batch(three_nodes
     samples per request, batches of 4; two give 3.0-3.3, and fewer readers miss). Checked
     at the two moments that decide it, with the reads held at a gate (no thread timing):
     the batches an order's start dispatches, and those of the first refill once a reader
-    has used a refill's worth of the order. (Batches of 4 samples: fetch.BATCH_BYTES, which
-    makes a request of this set's small samples hold ~50, is set aside.)"""
+    has used a refill's worth of the order. (Batches of 4 samples: fetch.BATCH_BYTES and
+    MISS_BATCH_BYTES, which make a request of this set's small samples hold ~50-200, are set
+    aside.)"""
     from fusefs import fetch
     monkeypatch.setattr(fetch, "BATCH_BYTES", 0)
+    monkeypatch.setattr(fetch, "MISS_BATCH_BYTES", 0)
     dst, _ = three_nodes
     ix = Index.load(os.path.join(dst, INDEX_NAME))
     for seed in range(3):
