@@ -496,7 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "reads are advised at once, see --willneed)")
     s.add_argument("--batch", type=int, default=DEFAULTS.fetch.batch,
                    help=f"samples per backend request (default {DEFAULTS.fetch.batch}; smaller samples "
-                        "are batched up to 4 MiB a read-ahead request, 1 MiB a miss's)")
+                        "are batched up to 1 MiB a request; a read-ahead request holds up to 64 within 4 MiB)")
     s.add_argument("--readahead", metavar="SIZE",
                    help="how far ahead of the readers the order is read: bytes or %% of the cache "
                         "budget (default 1/16 of the budget, at least a full batch per request slot of "

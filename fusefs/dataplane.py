@@ -59,7 +59,7 @@ class DataPlane:
         placement, inflight, fetch = Placement(index), InFlight(index.n_files), config.fetch
         plan = ReadAheadPlan(index, policy, cache, nodes=len(placement.names),
                              chunk_node=placement.chunk_node, inflight=inflight, per_node=fetch.per_node,
-                             max_per_node=max_per_node(fetch), batch=batch_size(fetch, index),
+                             max_per_node=max_per_node(fetch), batch=batch_size(fetch, index, readahead=True),
                              readahead=config.readahead, kernel_held=kernel_view.held)
         wake = Wake()
         arrivals = Arrivals(policy, cache, holders, plan, wake, local=local,

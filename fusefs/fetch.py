@@ -31,8 +31,9 @@ log = logging.getLogger("fusefs")
 
 _BYTES = frozenset((bytes, memoryview))  # what a sample read well is (NodeReads, LocalTierReads)
 MAX_BACKOFF = 2.0  # seconds between tries of a read waiting for a node (io_timeout)
-BATCH_BYTES = 4 << 20  # a read-ahead request holds at least --batch samples, and as many as make this
-MISS_BATCH_BYTES = 1 << 20  # ... and the misses' requests (a miss's companions are a guess: fewer)
+BATCH_BYTES = 1 << 20  # a request holds at least --batch samples, and as many as make this
+# a read-ahead request holds more: as many samples as make READAHEAD_BYTES, up to READAHEAD_SAMPLES
+READAHEAD_SAMPLES, READAHEAD_BYTES = 64, 4 << 20
 
 
 class FetchCancelled(OSError):
@@ -464,16 +465,18 @@ class Placement:
         return self._chunk_node_v[self._chunk_v[sid]]
 
 
-def batch_size(config: FetchConfig, index, nbytes: int | None = None) -> int:
-    """Samples per request: config's `batch`, or as many as make nbytes where samples are
-    smaller (tiny samples in batches of 16 paid a thread hand-off and a request's overhead
-    per 16: most of their cost at ImageNet's count, docs/HOTPATH.md). The read-ahead's
-    requests make BATCH_BYTES (each costs the loop about 160 us: docs/HOTPATH.md,
-    "Fetching"); the misses' (the fetcher's own batch) MISS_BATCH_BYTES, since a scan's
-    companions are fetched on a guess (reading at random, a miss next to one read lately
-    looks like a scan)."""
-    mean = index.total_bytes / max(1, index.n_files)
-    return max(config.batch, int((BATCH_BYTES if nbytes is None else nbytes) // max(1.0, mean)))
+def batch_size(config: FetchConfig, index, readahead: bool = False) -> int:
+    """Samples per request: config's `batch`, or as many as make BATCH_BYTES where samples
+    are smaller (tiny samples in batches of 16 paid a thread hand-off and a request's
+    overhead per 16: most of their cost at ImageNet's count, docs/HOTPATH.md). A read-ahead
+    request (readahead) holds up to READAHEAD_SAMPLES while they make at most
+    READAHEAD_BYTES: each request costs the loop about 160 us (docs/HOTPATH.md,
+    "Fetching"), so 16 samples of 110 KB paid 10 us a sample for it. The misses' requests
+    (the fetcher's own batch) keep the smaller size: a scan's companions are fetched on a
+    guess (reading at random, a miss next to one read lately looks like a scan)."""
+    mean = max(1.0, index.total_bytes / max(1, index.n_files))
+    n = max(config.batch, int(BATCH_BYTES // mean))
+    return max(n, min(READAHEAD_SAMPLES, int(READAHEAD_BYTES // mean))) if readahead else n
 
 
 def max_per_node(config: FetchConfig) -> int:
@@ -526,7 +529,7 @@ class Fetcher:
         self.node_of = placement.node_of
         self.node_names = placement.names
         self.per_node = per_node
-        self.batch = batch_size(config, store.index, MISS_BATCH_BYTES)  # (the misses' batches)
+        self.batch = batch_size(config, store.index)  # (the misses' batches)
         self.retries = config.retries
         self.backoff = backoff
         self.io_timeout = config.io_timeout

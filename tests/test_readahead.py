@@ -122,11 +122,11 @@ def test_the_default_read_ahead_refills_every_slot_with_a_full_batch(three_nodes
     at the two moments that decide it, with the reads held at a gate (no thread timing):
     the batches an order's start dispatches, and those of the first refill once a reader
     has used a refill's worth of the order. (Batches of 4 samples: fetch.BATCH_BYTES and
-    MISS_BATCH_BYTES, which make a request of this set's small samples hold ~50-200, are set
+    READAHEAD_BYTES, which make a request of this set's small samples hold ~50-64, are set
     aside.)"""
     from fusefs import fetch
     monkeypatch.setattr(fetch, "BATCH_BYTES", 0)
-    monkeypatch.setattr(fetch, "MISS_BATCH_BYTES", 0)
+    monkeypatch.setattr(fetch, "READAHEAD_BYTES", 0)
     dst, _ = three_nodes
     ix = Index.load(os.path.join(dst, INDEX_NAME))
     for seed in range(3):
