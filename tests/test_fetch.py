@@ -33,6 +33,25 @@ def test_in_flight_claims_each_sample_once_and_wakes_only_its_waiters():
     assert inflight.waiter(3) is not w3  # (a new fetch, a new waiter)
 
 
+def test_a_read_ahead_request_holds_more_samples_than_a_miss_but_tiny_ones_as_before():
+    """Requests: --batch samples, or as many as make 1 MiB where samples are smaller; a
+    read-ahead request up to 64 samples while they make at most 4 MiB (each request costs
+    the loop about as much as ten samples do), never fewer than the others' and never more
+    than 64 where 1 MiB already holds more (tiny samples: as many as before)."""
+    from fusefs.config import FetchConfig
+    from fusefs.fetch import batch_size
+
+    class Sizes:  # (an index's figures that batch_size reads)
+        def __init__(self, mean):
+            self.n_files, self.total_bytes = 1000, 1000 * mean
+    config = FetchConfig()
+    for mean, miss, readahead in ((1_750, 599, 599), (20_000, 52, 64), (110_000, 16, 38),
+                                  (300_000, 16, 16), (4 << 20, 16, 16)):
+        assert batch_size(config, Sizes(mean)) == miss, mean
+        assert batch_size(config, Sizes(mean), readahead=True) == readahead, mean
+    assert batch_size(FetchConfig(batch=100), Sizes(110_000), readahead=True) == 100
+
+
 class Sink:
     """What the arrivals would be told: every sample, once each, and the batches' ends."""
 
