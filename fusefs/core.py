@@ -337,11 +337,12 @@ class Core:
             self._misses_to_engine()
 
     def _misses_to_engine(self) -> None:
-        """Misses reached the loop: without an order it keeps them in the cache while the
-        cache has room for one (a set the cache holds is then read from memory from the
-        next epoch on); once it has none, the miss engine reads them (misses.py), keeping
-        nothing, as the loop would keep nothing more."""
-        if (self.misses is not None and not self.misses.on and not self.policy.plans
+        """Misses reached the loop: without an order (or once the orders were read to their
+        ends) it keeps them in the cache while the cache has room for one (a set the cache
+        holds is then read from memory from the next epoch on); once it has none, the miss
+        engine reads them (misses.py), keeping nothing, as the loop would keep nothing
+        more. A new order turns it off again (_order_in_force)."""
+        if (self.misses is not None and not self.misses.on and not self.policy.ahead
                 and self.cache.free < self._miss_room):
             self.misses.enable(True)
 

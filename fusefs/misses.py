@@ -13,7 +13,7 @@ then the loop fetches the misses and the cache keeps them: core.Core._misses_to_
 
 Whatever is not a clean read goes to the loop as without the engine (fusefs/_fetchio.c,
 Misses): a checksum mismatch, a short read, a failed read (and that chunk's later misses),
-a sample over 2 MiB. The loop hears of the misses itself while an order is in force (its
+a sample over 2 MiB. The loop hears of the misses itself while an order has positions left (its
 read-ahead fetches a miss with the samples queued after it), of a miss whose sample follows
 one missed lately (a scan: the loop fetches the samples after it along with it), and of
 those of a node whose readers are all reading and none finished for a second (the loop

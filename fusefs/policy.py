@@ -48,6 +48,12 @@ class Policy:
         self.plans[rank] = plan
 
     @property
+    def ahead(self) -> bool:
+        """Whether an order in force has positions not yet read (one read to its end needs
+        nothing more until the next comes)."""
+        return any(not plan.done for plan in self.plans.values())
+
+    @property
     def single(self) -> Plan | None:
         """The one plan in force, where there is exactly one (its positions are then the
         keys themselves: `clock`), else None."""

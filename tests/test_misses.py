@@ -141,6 +141,28 @@ def test_a_scan_and_every_miss_under_an_order_go_to_the_loop(tricky, tmp_path):
         assert proc.poll() is None
 
 
+def test_an_order_read_to_its_end_gives_the_misses_back_to_the_engine(tricky, tmp_path):
+    """While an order has positions left the loop takes every miss; once it has been read
+    to its end (and no other came), the engine reads the misses again: the first one the
+    loop hears of turns it back on."""
+    _, dst, files = tricky
+    ix = Index.load(f"{dst}/{INDEX_NAME}")
+    names = _no_two_in_a_row(ix, _whole(files))
+    order, again = names[:8], names[8:12]
+    assert len(again) == 4
+    mnt = tmp_path / "mnt"
+    with _engine_mount(dst, mnt, files) as (proc, log):
+        write_order(str(mnt), order)
+        before = mount_stats(str(mnt))
+        _read_each(mnt, order, files)
+        s = mount_stats(str(mnt))
+        assert _delta(s, before, "engine_queued") == 0, s  # (the order's: the loop's)
+        _read_each(mnt, again, files)
+        after = mount_stats(str(mnt))
+        assert _delta(after, s, "engine_misses") >= len(again) - 1, after  # (the first: the loop's)
+        assert proc.poll() is None
+
+
 def test_while_the_cache_has_room_the_loop_keeps_each_miss_and_the_next_pass_is_memory(tricky, tmp_path):
     """With a cache that holds the set and no order, the engine stays off: the loop fetches
     each miss and the cache keeps it, so a second pass (the kernel's copies dropped: O_DIRECT
