@@ -4,8 +4,9 @@ Without an order the read-ahead has nothing to fetch, and every read of a sample
 does not hold is a miss: the fast path parks it (fastpath.py). Without the engine the loop
 hears of it, plans its fetch, hands it to a fetch thread and settles its arrival (about 150
 us of the loop's Python a miss on this VM: docs/HOTPATH.md). With it the fast path queues
-the miss on its node's lane, and that lane's reader threads (fusefs._fetchio.Misses) read
-its queue (a share each, as many as the fetches a node has in flight), checks the checksums and answers the reads from its own buffer;
+the miss on its node's lane, and that lane's reader threads (fusefs._fetchio.Misses; as
+many as the fetches a node has in flight) read its queue (a share each while the node is
+slow), check the checksums and answer the reads from their own buffers;
 the loop hears only of the answers (the fast path's read events, as for a read of a held
 sample). Nothing of a missed sample is kept: without an order nothing says it is read again
 before the rest, and the engine is on only once the cache has no room for a miss (until

@@ -369,7 +369,7 @@ def _start_miss_engine(core: Core, engine: MissEngine) -> None:
         log.warning("misses: read by the daemon's loop (the miss engine did not start: %s)", e)
         return
     core.count(engine)
-    log.info("misses: read in C once the cache is full, while no order is in force (the miss engine, "
+    log.info("misses: read in C once the cache is full, while no order has positions left (the miss engine, "
              "%d lane%s, %d reader%s each)",
              engine.lanes, "s" * (engine.lanes > 1), engine.per_lane, "s" * (engine.per_lane > 1))
 
