@@ -327,6 +327,7 @@ class Core:
         if used:
             self._use_many(used)
         if missed:
+            self._misses_to_engine()  # (before their fetch: once it answers, the next misses come)
             try:
                 self.reads.parked_misses(missed)
             except Exception:  # (a bug: their reads must not wait for ever)
