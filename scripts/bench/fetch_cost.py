@@ -37,12 +37,16 @@ read each side: shares, not us), the rest being trio's scheduler and its waits f
   events       the fast path's opens, reads and releases applied (Core.answered: the uses)
   loop reads   reads of samples not yet held, answered on the loop (Core.read)
 
+With --remote, each request's reads come in the fewest groups, as a remote node's round trips
+make them (1, 1, 2, 4, ... reads a group: each group one hand-on to the loop's inbox), where
+reads from the page cache come in one or two groups a request.
+
 With --opcodes, one more pass runs under sys.settrace and the row gains the Python opcodes
 the loop thread ran in fusefs/'s modules per sample, in all and by module: a count that this
 VM's noise does not move (docs/HOTPATH.md, "Per sample on the loop").
 
 usage: .venv/bin/python scripts/bench/fetch_cost.py PACKED [--cache 0.1 1.2] [--passes 5] [--readers 4] [--without-order]
-                                                     [--opcodes]
+                                                     [--remote] [--opcodes]
        (PACKED: e.g. out/bench_hotpath/packed-2000, which bench_hotpath.py --quick makes: 2,000
        files of ~110 KB; its chunk files are read into the page cache first)
 """
@@ -50,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import inspect
 import json
 import os
@@ -281,11 +286,17 @@ def main() -> int:
                    help="each cache share once more without an order: the readers read in a random "
                         "order the core is not told (every sample a miss on the loop, as with a "
                         "loader that hands over no order)")
+    p.add_argument("--remote", action="store_true",
+                   help="each request's reads in the fewest groups (1, 1, 2, 4, ... reads: "
+                        "store.GROUP_S 0), as a remote node's round trips make them; the reads "
+                        "are still the page cache's")
     p.add_argument("--opcodes", action="store_true",
                    help="one more pass under sys.settrace: the Python opcodes the loop ran in fusefs/ "
                         "per sample, in all and by module")
     JsonLines.argument(p, "fetch_cost")  # (--results -: print only, as bench_hotpath.py's guard does)
     a = p.parse_args()
+    if a.remote:
+        ChunkStore.read_batch = functools.partialmethod(ChunkStore.read_batch, group_s=0.0)
     index = Index.load(os.path.join(a.packed, INDEX_NAME))
     store = ChunkStore(a.packed, index)
     warm_chunks(a.packed)  # (the chunks' reads are the page cache's: the loop's cost alone)
@@ -308,6 +319,7 @@ def main() -> int:
                   for k in ("deliveries", "read-ahead", "fetches", "events", "loop reads", "other")}
         shares["scheduler"] = round(1 - sum(shares.values()), 3)
         row = {"bench": "fetch_cost", "cache_share": share, "samples": n, "order": hinted,
+               **({"remote": True} if a.remote else {}),
                "sample_bytes": int(index.total_bytes // max(1, n)),
                "loop_cpu_us_per_sample": statistics.median(us), "passes_us_per_sample": us,
                "fetched": [r["fetched"] for r in runs], "loop_reads": [r["loop_reads"] for r in runs],
