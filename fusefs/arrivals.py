@@ -98,6 +98,12 @@ class Arrivals:
         if self.holders.waiting:
             self.holders.arrived(items)
 
+    def waits(self) -> bool:
+        """(Any thread.) Whether a read waits in the fast path for a fetched sample that
+        its thread may have handed over before the read came (Holders.wait_for: answered
+        here, on arrival)."""
+        return bool(self.holders.waiting)
+
     def ended(self, node: int, readahead: bool) -> None:
         """A batch on node ended: a read-ahead batch leaves a request slot free."""
         if readahead:

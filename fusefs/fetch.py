@@ -100,6 +100,11 @@ class InFlight:
         self._n += len(new)
         return new
 
+    @property
+    def waited(self) -> bool:
+        """Whether a reader on the loop waits for a sample in flight (read in any thread)."""
+        return bool(self._waiters)
+
     def waiter(self, sid: int) -> Pending | None:
         """What a reader waits on for sample sid's fetch (its bytes or error once settled),
         or None where sid is not in flight."""
@@ -260,7 +265,12 @@ class Tries:
 class Batch:
     """One fetch of one node's samples, without a task of its own: each try runs as one
     call in a worker thread (Fetcher._launch), whose groups of reads (`on_read`, in the
-    thread) and outcome (`tried`) reach the loop through the fetcher's inbox. Each of its
+    thread) and outcome (`tried`) reach the loop through the fetcher's inbox. A group that
+    no one on the loop waits for (no reader missed one of the batch's samples, none waits
+    there for a sample in flight, none to push: the read-ahead's, whose readers the fast path
+    answers from the thread) is held (`held`) and reaches the loop with the groups after it,
+    at the latest with the try's end: one arrival a try, not one a group (a remote node's
+    reads come in groups of 1, 1, 2, 4, ... reads, store.ChunkStore.read_batch). Each of its
     samples (`left` until then) is settled exactly once (`finish`, InFlight.settle), as it
     arrives (`arrived`: the group's samples handed to the sink together) or when the fetch
     ends (cancelled ones with FetchCancelled). A try with failures that are to be tried
@@ -268,7 +278,7 @@ class Batch:
     task."""
 
     __slots__ = ("fetcher", "n", "node", "left", "push", "unpushed", "missed", "readahead",
-                 "serve", "served", "hand", "from_local", "tries", "over", "inbox")
+                 "serve", "served", "hand", "from_local", "tries", "over", "inbox", "held")
 
     def __init__(self, fetcher: "Fetcher", n: int, sids: list[int], push, unpushed, missed,
                  readahead: bool, serve, served, hand=None):
@@ -279,6 +289,7 @@ class Batch:
         self.tries = Tries(fetcher.retries, fetcher.backoff, fetcher.max_backoff, fetcher.io_timeout)
         self.over = False  # ended, or given up at the fetcher's end: late posts are ignored
         self.inbox = fetcher.inbox
+        self.held = None  # [{sid: bytes}, reads, bytes] of this try's groups not yet posted
 
     def finish(self, sid: int, r) -> None:
         self._settle(sid, r)
@@ -344,10 +355,27 @@ class Batch:
             self.hand(got.items())
         todo = [] if push is None else [(sid, r) for sid, r in got.items()
                                         if sid not in unpushed and not isinstance(r, Exception)]
+        if not (todo or local or self.missed or self.fetcher.waits()):
+            held = self.held
+            if held is None:
+                self.held = [dict(got), nreads, nbytes]
+            else:
+                held[0].update(got)
+                held[1] += nreads
+                held[2] += nbytes
+            return
+        self.post_held()
         if todo:
             push(todo, lambda: self.inbox.post(self.arrived, (got, local, nreads, nbytes)))
         else:
             self.inbox.post(self.arrived, (got, local, nreads, nbytes))
+
+    def post_held(self) -> None:
+        """(The worker thread.) The groups held so far to the loop, as one."""
+        held = self.held
+        if held is not None:
+            self.held = None
+            self.inbox.post(self.arrived, (held[0], False, held[1], held[2]))
 
     def tried(self, item) -> None:
         """(The event loop.) A try's worker thread is done: its results counted, the samples
@@ -451,6 +479,10 @@ class Sink(Protocol):
 
     def ended(self, node: int, readahead: bool) -> None:
         """A batch on node ended (readahead: one of the read-ahead's)."""
+
+    def waits(self) -> bool:
+        """(Any thread.) Whether a reader waits for a sample's arrival here (then the fetch
+        threads hand each group on as it is read, not with the groups after it)."""
 
 
 class Placement:
@@ -636,8 +668,11 @@ class Fetcher:
         self.threads[b.n] += 1
         self._threads += 1
         waited, post, tried = bool(b.missed), self.inbox.post, b.tried
-        trio.lowlevel.start_thread_soon(lambda: self._read(todo, b.on_read, waited),
-                                        lambda outcome: post(tried, (todo, t0, outcome)))
+
+        def done(outcome):  # (the worker thread: its groups held, then its end)
+            b.post_held()
+            post(tried, (todo, t0, outcome))
+        trio.lowlevel.start_thread_soon(lambda: self._read(todo, b.on_read, waited), done)
 
     def thread_done(self, n: int) -> None:
         """(The loop.) A worker thread of node n is done: a try waiting for one starts."""
@@ -689,6 +724,11 @@ class Fetcher:
             local.update(got)
             rest = [s for s in rest if s not in got]
         return results, local
+
+    def waits(self) -> bool:
+        """(Any thread.) Whether a reader waits on the loop for a sample being fetched (its
+        Pending) or for its arrival (the sink's)."""
+        return self.inflight.waited or self.sink.waits()
 
     def is_down(self, node: int) -> bool:
         return self.nodes[node].down

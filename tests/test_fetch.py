@@ -1,5 +1,6 @@
 """The fetcher's record of the samples in flight (fetch.InFlight) and a batch's settling of
 each of them (fetch.Batch), with a real chunk store and trio's worker threads, no mount."""
+import functools
 import os
 import shutil
 
@@ -63,6 +64,9 @@ class Sink:
 
     def ended(self, node, readahead):
         self.over.set()
+
+    def waits(self):
+        return False
 
 
 @pytest.mark.parametrize("corrupt", [False, True])
@@ -148,3 +152,53 @@ def test_a_batch_cut_short_wakes_its_waiters_with_an_error(three_nodes):
     assert waiter.done and isinstance(waiter.error, FetchCancelled)
     assert not inflight and sorted(s for s, _ in sink.items) == sorted(sids)
     assert all(isinstance(r, FetchCancelled) for _, r in sink.items)
+
+
+class Calls(Sink):
+    """Sink, and each arrived call's samples."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def arrived(self, items, missed, served):
+        super().arrived(items, missed, served)
+        self.calls.append([sid for sid, _ in items])
+
+
+@pytest.mark.parametrize("kind", ["readahead", "waited", "missed"])
+def test_a_read_ahead_try_reaches_the_loop_once_unless_a_reader_waits_there(three_nodes, monkeypatch, kind):
+    """A try's groups of reads (here one read each, in the fewest groups: 1, 1, 2, 4, 4) reach
+    the loop as one arrival at the try's end where nothing on the loop waits for them (the
+    read-ahead's: the fast path's readers have their bytes from the thread), and group by
+    group where a reader on the loop waits for a sample in flight, or a reader missed one."""
+    from fusefs.store import ChunkStore as Store
+    monkeypatch.setattr(Store, "read_batch", functools.partialmethod(Store.read_batch, group_s=0.0))
+    dst, files = three_nodes
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    placement = Placement(ix)
+    sids = [s for s in range(ix.n_files) if placement.node_of(s) == 0][:24:2]  # (none adjacent)
+    sink, inflight = Calls(), InFlight(ix.n_files)
+    fetcher = Fetcher(ChunkStore(str(dst), ix), MountConfig.of().fetch, sink=sink, placement=placement,
+                      inflight=inflight, max_gap=0)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(fetcher.run, nursery)
+            claimed = fetcher.claim(sids)
+            waiter = inflight.waiter(sids[-1]) if kind == "waited" else None  # (before any read)
+            assert fetcher.submit(sids, claimed, readahead=kind != "missed",
+                                  missed={sids[0]} if kind == "missed" else ())
+            with trio.fail_after(30):
+                await sink.over.wait()
+                if waiter is not None:
+                    await waiter.wait()
+            nursery.cancel_scope.cancel()
+    trio.run(main)
+    assert sorted(sum(sink.calls, [])) == sorted(sids)
+    assert all(bytes(r) == files[os.fsdecode(ix.file_path(s))] for s, r in sink.items)
+    assert fetcher.nodes[0].stats.reads == len(sids) and fetcher.nodes[0].stats.samples == len(sids)
+    if kind == "readahead":
+        assert len(sink.calls) == 1, sink.calls
+    else:
+        assert len(sink.calls) >= 4, sink.calls  # (a call a group)
