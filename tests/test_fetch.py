@@ -166,12 +166,13 @@ class Calls(Sink):
         self.calls.append([sid for sid, _ in items])
 
 
-@pytest.mark.parametrize("kind", ["readahead", "waited", "missed"])
+@pytest.mark.parametrize("kind", ["readahead", "waited", "missed", "parked"])
 def test_a_read_ahead_try_reaches_the_loop_once_unless_a_reader_waits_there(three_nodes, monkeypatch, kind):
     """A try's groups of reads (here one read each, in the fewest groups: 1, 1, 2, 4, 4) reach
     the loop as one arrival at the try's end where nothing on the loop waits for them (the
     read-ahead's: the fast path's readers have their bytes from the thread), and group by
-    group where a reader on the loop waits for a sample in flight, or a reader missed one."""
+    group where a reader on the loop waits for a sample in flight, a read waits in the fast
+    path for an arrival (the sink's waits: parked), or a reader missed one."""
     from fusefs.store import ChunkStore as Store
     monkeypatch.setattr(Store, "read_batch", functools.partialmethod(Store.read_batch, group_s=0.0))
     dst, files = three_nodes
@@ -179,6 +180,8 @@ def test_a_read_ahead_try_reaches_the_loop_once_unless_a_reader_waits_there(thre
     placement = Placement(ix)
     sids = [s for s in range(ix.n_files) if placement.node_of(s) == 0][:24:2]  # (none adjacent)
     sink, inflight = Calls(), InFlight(ix.n_files)
+    if kind == "parked":
+        sink.waits = lambda: True
     fetcher = Fetcher(ChunkStore(str(dst), ix), MountConfig.of().fetch, sink=sink, placement=placement,
                       inflight=inflight, max_gap=0)
 
