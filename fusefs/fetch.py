@@ -522,7 +522,8 @@ class Fetcher:
     I/O and nothing else. A batch (`submit`, on the loop, no task: a task and its thread
     hand-off cost the loop about 70 us a batch, a thread call alone 14) runs in worker
     threads; its samples' results are handed to `sink` (arrivals.Arrivals) on the loop as
-    they arrive, and its end too. The samples being fetched (`inflight`, an InFlight) are
+    they arrive (or, where no reader waits on the loop for them, with the try's end:
+    Batch.post_held), and its end too. The samples being fetched (`inflight`, an InFlight) are
     the fetcher's: a second reader waits for that fetch instead of fetching again.
 
     A backend read that fails with an OSError is retried after a backoff (`retries` times,
@@ -609,7 +610,8 @@ class Fetcher:
                unpushed=(), missed=(), serve=None, served=(), expect=None, hand=None,
                readahead: bool = False) -> bool:
         """Fetch sids (one node) in one batch, on the loop, without waiting: each sample is
-        handed to the sink as soon as its read is done, those of a group of reads together
+        handed to the sink as soon as its read is done (where a reader waits on the loop;
+        else with the try's end: Batch.post_held), those of a group of reads together
         (the read of a sample asked for earlier in sids is made earlier). `claimed`: those of
         sids already claimed for this batch (claim; the others are claimed now; any someone
         else fetches are left out). `push([(sid, bytes)], announce)`: called in the worker thread with the samples
