@@ -119,11 +119,12 @@ def extensions() -> list[Extension]:
                                             "-Wno-unused-function", "-Wno-incompatible-pointer-types"],
                         extra_link_args=["-lpthread", "-lrt"],
                         # (the C the generated source includes: a change to it rebuilds)
-                        depends=["fusefs/_fastpath.h", "fusefs/_missapi.h"])
+                        depends=["fusefs/_fastpath.h", "fusefs/_missapi.h", "fusefs/_publishapi.h"])
     out = [binding, *(Extension(f"fusefs.{name}", [f"fusefs/{name}.c"], extra_compile_args=["-O2"])
                       for name in ("_cachecore", "_plancore", "_eventscore"))]
     if native_wanted():
-        out.append(Extension("fusefs._fetchio", ["fusefs/_fetchio.c"], libraries=["xxhash"], depends=["fusefs/_missapi.h"],
+        out.append(Extension("fusefs._fetchio", ["fusefs/_fetchio.c"], libraries=["xxhash"],
+                             depends=["fusefs/_missapi.h", "fusefs/_publishapi.h"],
                              extra_compile_args=["-O2"]))
     return out
 

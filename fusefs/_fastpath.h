@@ -101,6 +101,7 @@
 #define FUSEFS_FASTPATH_H
 
 #include "_missapi.h"
+#include "_publishapi.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -1485,6 +1486,45 @@ static fusefs_parked *fusefs_fast_hand(uint64_t sid) {
     fusefs_fast.expected[sid] = 0;
     pthread_rwlock_unlock(&fusefs_fast.held_lock);
     return waiting;
+}
+
+/* (with the GIL) fusefs_publish_api's publish: each bytes object of objs held (serve[i]) or
+ * handed over (the reads that wait for it answered, it not held), as fusefs_fast_hold and
+ * fusefs_fast_hand; the reads that wait are answered together once the GIL is let go. */
+static void fusefs_fast_publish(const int64_t *sids, void *const *objs, const unsigned char *serve, size_t n) {
+    struct { fusefs_parked *w; const char *buf; uint64_t n; } *todo = NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        PyObject *o = (PyObject *) objs[i];
+        if (o == NULL || !PyBytes_CheckExact(o) || sids[i] < 0)
+            continue;
+        fusefs_parked *w = serve[i] ? fusefs_fast_hold((uint64_t) sids[i], o) : fusefs_fast_hand((uint64_t) sids[i]);
+        if (w == NULL)
+            continue;
+        if (todo == NULL)
+            todo = malloc(n * sizeof *todo);
+        if (todo == NULL) {  /* (no room to gather them: answered now, the GIL held) */
+            fusefs_fast_answer_parked(w, PyBytes_AS_STRING(o), (uint64_t) PyBytes_GET_SIZE(o));
+            continue;
+        }
+        todo[k].w = w;
+        todo[k].buf = PyBytes_AS_STRING(o);
+        todo[k++].n = (uint64_t) PyBytes_GET_SIZE(o);
+    }
+    if (k) {
+        Py_BEGIN_ALLOW_THREADS
+        for (size_t i = 0; i < k; i++)
+            fusefs_fast_answer_parked(todo[i].w, todo[i].buf, todo[i].n);
+        Py_END_ALLOW_THREADS
+    }
+    free(todo);
+}
+
+static const fusefs_publish_api fusefs_publish_api_table = {FUSEFS_PUBLISH_API_VERSION, fusefs_fast_publish};
+
+/* (with the GIL) The capsule of fusefs_publish_api_table (a new reference, or NULL). */
+static PyObject *fusefs_fast_publish_api(void) {
+    return PyCapsule_New((void *) &fusefs_publish_api_table, FUSEFS_PUBLISH_API, NULL);
 }
 
 /* (with the GIL, before the thread starts) The event bit of a miss that waits here (with

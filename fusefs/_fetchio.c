@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "_missapi.h"
+#include "_publishapi.h"
 
 /* XXH3-64, the function of the checksums that `fusefs pack` writes with python-xxhash. On
  * x86, libxxhash's dispatcher picks the fastest variant for the CPU at run time (AVX2,
@@ -276,6 +277,45 @@ done:
     return out;
 }
 
+/* Publish values' bytes (the samples members[mstart ..] in turn) through api: those among
+ * served (int64, ascending) held, the others handed over. 0, or -1 with an exception. */
+static int publish_group(const fusefs_publish_api *api, const array_t *served, const array_t *members,
+                         Py_ssize_t mstart, PyObject *values) {
+    Py_ssize_t n = PyList_GET_SIZE(values), k = 0;
+    int64_t *sids = malloc((size_t)n * sizeof *sids);
+    void **objs = malloc((size_t)n * sizeof *objs);
+    unsigned char *serve = malloc((size_t)n);
+    if (sids == NULL || objs == NULL || serve == NULL) {
+        free(sids);
+        free(objs);
+        free(serve);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *v = PyList_GET_ITEM(values, j);
+        if (!PyBytes_CheckExact(v))
+            continue;
+        int64_t sid = I64(*members, mstart + j);
+        Py_ssize_t lo = 0, hi = served->n; /* (sid among served: a binary search) */
+        while (lo < hi) {
+            Py_ssize_t mid = lo + (hi - lo) / 2;
+            if (I64(*served, mid) < sid)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        sids[k] = sid;
+        objs[k] = v;
+        serve[k++] = lo < served->n && I64(*served, lo) == sid;
+    }
+    api->publish(sids, (void *const *)objs, serve, (size_t)k);
+    free(sids);
+    free(objs);
+    free(serve);
+    return 0;
+}
+
 /* read_group(reads, members, start, mstart, chunks, fds, offset, size, checksum, least=-1,
  *            budget_us=0, advise_from=-1) -> (made, reads ok, bytes, values, failed, bad)
  *   reads, members: plan()'s buffers; the group reads from read `start` on (its members
@@ -291,16 +331,37 @@ done:
  *   if they match its checksum, else -1 for a mismatch, or the number of its bytes the
  *   file held (a short read), or None (its read failed, or its chunk is not open); failed:
  *   (read, errno) of each read that failed, errno 0 for one whose chunk is not open; bad:
- *   how many of values are not bytes. */
+ *   how many of values are not bytes.
+ *   publish: None, or (capsule, served): the fast path's (pyfuse3.fast_path_publish_api(),
+ *   fusefs/_publishapi.h) and the samples of the batch it is to hold (int64, ascending);
+ *   before the call returns, the samples read clean are published there (those of served
+ *   held, the others handed to the reads that wait for them) and those reads answered. */
 static PyObject *read_group(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *reads_obj, *members_obj, *chunks_obj, *fds_obj, *offset_obj, *size_obj, *sum_obj;
+    PyObject *publish = Py_None;
     Py_ssize_t start, mstart, least = -1, advise_from = -1;
     long long budget_us = 0;
-    if (!PyArg_ParseTuple(args, "OOnnOOOOO|nLn:read_group", &reads_obj, &members_obj, &start,
+    if (!PyArg_ParseTuple(args, "OOnnOOOOO|nLnO:read_group", &reads_obj, &members_obj, &start,
                           &mstart, &chunks_obj, &fds_obj, &offset_obj, &size_obj, &sum_obj,
-                          &least, &budget_us, &advise_from))
+                          &least, &budget_us, &advise_from, &publish))
         return NULL;
+    const fusefs_publish_api *api = NULL;
+    array_t served = {{0}};
+    if (publish != Py_None) {
+        PyObject *capsule, *served_obj;
+        if (!PyArg_ParseTuple(publish, "OO:read_group's publish", &capsule, &served_obj))
+            return NULL;
+        api = PyCapsule_GetPointer(capsule, FUSEFS_PUBLISH_API);
+        if (api == NULL)
+            return NULL;
+        if (api->version != FUSEFS_PUBLISH_API_VERSION) {
+            PyErr_SetString(PyExc_RuntimeError, "read_group: the binding's publish API is not this module's version");
+            return NULL;
+        }
+        if (get_array(served_obj, &served, 8, "served") < 0)
+            return NULL;
+    }
     array_t arr[7] = {{{0}}};
     PyObject *objs[7] = {reads_obj, members_obj, chunks_obj, fds_obj, offset_obj, size_obj, sum_obj};
     const char *names[7] = {"reads", "members", "chunks", "fds", "offset", "size", "checksum"};
@@ -447,8 +508,12 @@ static PyObject *read_group(PyObject *self, PyObject *args) {
             PyList_SET_ITEM(values, j, v);
         }
     }
+    if (api != NULL && nmade > bad && publish_group(api, &served, &members, mstart, values) < 0)
+        goto done;
     out = Py_BuildValue("(nnLOOn)", made, ok, nbytes, values, failed, bad);
 done:
+    if (api != NULL)
+        PyBuffer_Release(&served.view);
     if (bufs != NULL) {
         for (Py_ssize_t i = 0; i < mcount; i++)
             Py_XDECREF(bufs[i]);
@@ -818,7 +883,7 @@ static PyMethodDef methods[] = {
      "coalesced reads as int64 buffers (see the module's source)."},
     {"read_group", read_group, METH_VARARGS,
      "read_group(reads, members, start, mstart, chunks, fds, offset, size, checksum, least=-1, "
-     "budget_us=0, advise_from=-1) -> (made, reads ok, bytes, values, failed, bad): a group of "
+     "budget_us=0, advise_from=-1, publish=None) -> (made, reads ok, bytes, values, failed, bad): a group of "
      "a batch's reads and checksums without the GIL (see the module's source)."},
     {NULL, NULL, 0, NULL},
 };

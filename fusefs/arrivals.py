@@ -70,7 +70,7 @@ class Arrivals:
                 if holders.expects:
                     out.update(expect=holders.expect)
             if holders.expects:  # (any of them may be a miss whose read waits there)
-                out.update(hand=holders.hand_many)
+                out.update(hand=holders.hand_many, publish=holders.publish_api)
         if holders.pushes:
             out.update(push=holders.push, unpushed=reserved | set(missed))
         return out

@@ -133,6 +133,13 @@ class FastPath:
         pyfuse3.fast_path_hand_many(items)
 
     @staticmethod
+    def publish_api():
+        """The capsule (fusefs/_publishapi.h) through which a fetch's worker thread's compiled
+        reads (fusefs._fetchio.read_group) hold each group's samples (hold_many) or hand
+        them over (hand_many) in C, as the group is read."""
+        return pyfuse3.fast_path_publish_api()
+
+    @staticmethod
     def expect(sids) -> None:
         """(The loop, as a batch starts.) A fetch thread will hold sids (hold_many) or the
         loop let them go (hold(sid, None)): until then the thread keeps a read of one waiting

@@ -278,13 +278,16 @@ class Batch:
     task."""
 
     __slots__ = ("fetcher", "n", "node", "left", "push", "unpushed", "missed", "readahead",
-                 "serve", "served", "hand", "from_local", "tries", "over", "inbox", "held")
+                 "serve", "served", "hand", "publish", "from_local", "tries", "over", "inbox", "held")
 
     def __init__(self, fetcher: "Fetcher", n: int, sids: list[int], push, unpushed, missed,
-                 readahead: bool, serve, served, hand=None):
+                 readahead: bool, serve, served, hand=None, publish=None):
         self.fetcher, self.n, self.node, self.left = fetcher, n, fetcher.nodes[n], set(sids)
         self.push, self.unpushed, self.missed, self.readahead = push, unpushed, missed, readahead
         self.serve, self.served, self.hand = serve, served, hand
+        # (the node's reads publish to the fast path in C: the capsule and what it holds)
+        self.publish = None if publish is None else \
+            (publish, np.array(sorted(s for s in sids if s in served), np.int64))
         self.from_local: set[int] = set()
         self.tries = Tries(fetcher.retries, fetcher.backoff, fetcher.max_backoff, fetcher.io_timeout)
         self.over = False  # ended, or given up at the fetcher's end: late posts are ignored
@@ -342,16 +345,18 @@ class Batch:
                 stats.samples += sum(1 for sid, _ in settled if sid not in from_local)
             self._hand_over(settled)
 
-    def on_read(self, got: dict, nreads: int = 0, nbytes: int = 0, local: bool = False) -> None:
-        """(The worker thread.) A group of reads is done: its samples to the loop, and those
+    def on_read(self, got: dict, nreads: int = 0, nbytes: int = 0, local: bool = False,
+                published: bool = False) -> None:
+        """(The worker thread.) A group of reads is done: its samples to the fast path
+        (unless the reads published them there in C: `published`), to the loop, and those
         to push pushed into the kernel (holders.Holders.push, which holds them where the
         loop answers their readers until the push is done)."""
         push, unpushed, served = self.push, self.unpushed, self.served
-        if served:  # (the fast path answers them from now on: before the loop has them)
+        if served and not published:  # (the fast path answers them from now on: before the loop has them)
             early = [(sid, r) for sid, r in got.items() if sid in served and not isinstance(r, Exception)]
             if early:
                 self.serve(early)
-        if self.hand is not None:  # (the reads that wait for any of them: answered now)
+        if self.hand is not None and not published:  # (the reads that wait for any of them: answered now)
             self.hand(got.items())
         todo = [] if push is None else [(sid, r) for sid, r in got.items()
                                         if sid not in unpushed and not isinstance(r, Exception)]
@@ -449,7 +454,7 @@ class LocalTierReads:
     def __init__(self, tier):
         self.tier = tier
 
-    def read(self, sids: list[int], on_read, waited: bool) -> dict:
+    def read(self, sids: list[int], on_read, waited: bool, publish=None) -> dict:
         got = self.tier.read_many(sids)
         if got:
             on_read(got, local=True)
@@ -460,14 +465,15 @@ class NodeReads:
     """The storage nodes' chunk files (store.ChunkStore) as a place to read from: every
     sample asked for, its bytes or its error, each group of reads handed to on_read as it
     is done (ChunkStore.read_batch: reads at most max_gap apart joined; waited: a reader
-    waits for the first sample, whose read is handed on alone)."""
+    waits for the first sample, whose read is handed on alone; publish: Batch.publish, the
+    fast path the compiled reads publish each group to)."""
     local = False
 
     def __init__(self, store, max_gap: int = MAX_GAP):
         self.store, self.max_gap = store, max_gap
 
-    def read(self, sids: list[int], on_read, waited: bool) -> dict:
-        return self.store.read_batch(sids, self.max_gap, on_read, first_alone=waited)[0]
+    def read(self, sids: list[int], on_read, waited: bool, publish=None) -> dict:
+        return self.store.read_batch(sids, self.max_gap, on_read, first_alone=waited, publish=publish)[0]
 
 
 class Sink(Protocol):
@@ -608,7 +614,7 @@ class Fetcher:
 
     def submit(self, sids: list[int], claimed: list[int] | None = None, *, push=None,
                unpushed=(), missed=(), serve=None, served=(), expect=None, hand=None,
-               readahead: bool = False) -> bool:
+               publish=None, readahead: bool = False) -> bool:
         """Fetch sids (one node) in one batch, on the loop, without waiting: each sample is
         handed to the sink as soon as its read is done (where a reader waits on the loop;
         else with the try's end: Batch.post_held), those of a group of reads together
@@ -625,7 +631,11 @@ class Fetcher:
         samples of `served` this batch fetches (holders.Holders.expect: the fast path keeps
         their reads waiting for serve), or None. `hand([(sid, bytes | Exception)])`: called in
         the worker thread with each group's results (holders.Holders.hand_many: the reads of
-        missed samples that wait in the fast path are answered), or None. `readahead`: a batch of the read-ahead
+        missed samples that wait in the fast path are answered), or None. `publish`: the fast
+        path's capsule (pyfuse3.fast_path_publish_api), or None: where given, the node's
+        compiled reads do serve's and hand's work in C as each group is read (those of
+        `served` held, the others handed over), and serve and hand are left to the groups
+        read otherwise (the local tier's, the Python reads). `readahead`: a batch of the read-ahead
         (counted in readahead_running until it ends). Whether a batch was started (not if
         every sample is fetched already)."""
         if self.inbox is None:
@@ -642,7 +652,7 @@ class Fetcher:
             if expected:
                 expect(expected)
         n = self.node_of(sids[0])
-        b = Batch(self, n, sids, push, unpushed, missed, readahead, serve, served, hand)
+        b = Batch(self, n, sids, push, unpushed, missed, readahead, serve, served, hand, publish)
         b.node.busy += 1
         if readahead:
             self.readahead_running[n] += 1
@@ -674,7 +684,7 @@ class Fetcher:
         def done(outcome):  # (the worker thread: its groups held, then its end)
             b.post_held()
             post(tried, (todo, t0, outcome))
-        trio.lowlevel.start_thread_soon(lambda: self._read(todo, b.on_read, waited), done)
+        trio.lowlevel.start_thread_soon(lambda: self._read(todo, b.on_read, waited, b.publish), done)
 
     def thread_done(self, n: int) -> None:
         """(The loop.) A worker thread of node n is done: a try waiting for one starts."""
@@ -707,16 +717,16 @@ class Fetcher:
                   self.node_names[self.node_of(sid)], self.store.chunk_path(int(index.chunk[sid])),
                   os.fsdecode(index.file_path(sid)), error)
 
-    def _read(self, sids: list[int], on_read, waited: bool):
+    def _read(self, sids: list[int], on_read, waited: bool, publish=None):
         """(results, sids served by the local tier); blocking. Each tier in turn reads what
         the ones before it did not hold (the last, the nodes, reads all that is left),
         handing each group of reads to on_read as it is done. waited: a reader waits for
-        the first sample (its read is handed on alone)."""
+        the first sample (its read is handed on alone); publish: Batch.publish."""
         results, local, rest = {}, set(), sids
         for tier in self.tiers:
             if not rest:
                 break
-            got = tier.read(rest, on_read, waited)
+            got = tier.read(rest, on_read, waited, publish)
             if not tier.local:  # (the nodes, the last: they read every one)
                 if not results:
                     return got, local

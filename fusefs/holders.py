@@ -91,6 +91,14 @@ class Holders:
             serve(sid, data)
 
     @property
+    def publish_api(self):
+        """The fast path's capsule a fetch thread's compiled reads publish each group with,
+        in C (FastPath.publish_api: serve_early's and hand_many's work), or None (no table,
+        or one kept in Python, which serve_early and hand_many fill)."""
+        api = getattr(self._table, "publish_api", None)
+        return api() if api is not None else None
+
+    @property
     def expects(self) -> bool:
         """Whether the fast path can keep the reads of samples to come waiting (expect)."""
         return self._table is not None

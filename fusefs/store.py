@@ -347,7 +347,8 @@ class ChunkStore:
         return reads
 
     def read_batch(self, sids, max_gap: int = MAX_GAP, on_read=None, *,
-                   first_alone: bool = False, group_s: float = GROUP_S) -> tuple[dict, int, int]:
+                   first_alone: bool = False, group_s: float = GROUP_S,
+                   publish=None) -> tuple[dict, int, int]:
         """Read several samples with as few reads as the layout allows, in the order of
         sids (see coalesce), in groups: each group is one call without the GIL and one
         hand-on of its results (on_read), so groups cost CPU per sample, and each makes
@@ -362,10 +363,19 @@ class ChunkStore:
         A failed read fails only the samples in it; a corrupt sample fails alone.
         on_read, if given, is called after each group with {sid: result} of its samples,
         and the group's reads made and bytes read.
+
+        publish: None, or (the fast path's capsule, pyfuse3.fast_path_publish_api(); the
+        samples it is to hold, int64 ascending): the compiled reads then publish each group's
+        clean samples there in C as they are read (fusefs._fetchio.read_group: those to hold
+        held, the others handed to the reads that wait for them), and on_read is told so
+        (published=True); the Python reads publish nothing.
         """
         out, nreads, nbytes = {}, 0, 0
+        tell = {}
         if self.native:
-            read_group, total = self._native_groups(sids, max_gap)
+            read_group, total = self._native_groups(sids, max_gap, publish)
+            if publish is not None:
+                tell = {"published": True}
         else:
             reads = self.coalesce(sids, max_gap)
             if self.willneed:
@@ -383,7 +393,7 @@ class ChunkStore:
             nbytes += b
             out.update(got)
             if on_read is not None:
-                on_read(got, n, b)
+                on_read(got, n, b, **tell)
         return out, nreads, nbytes
 
     def _read_python(self, reads, least: int, budget_s: float) -> tuple[dict, int, int, int]:
@@ -416,12 +426,13 @@ class ChunkStore:
                     got[sid] = e
         return got, nreads, nbytes, len(reads)
 
-    def _native_groups(self, sids, max_gap: int):
+    def _native_groups(self, sids, max_gap: int, publish=None):
         """(read_group(done, least, budget_s) -> (results, reads made, bytes read, reads
         done), the number of reads): as _read_python over coalesce's reads, planned and made
         by fusefs._fetchio (plan, read_group) without per-sample Python: each group one
         stretch without the GIL, each sample read straight into its own bytes, the first
-        group also advising the kernel of every read but the first (willneed)."""
+        group also advising the kernel of every read but the first (willneed), and its
+        samples published to the fast path (publish: read_batch's)."""
         ix = self.index
         reads_b, members_b = _fetchio.plan(sids, ix.chunk, ix.offset, ix.size, max_gap, MAX_READ)
         reads = np.frombuffer(reads_b, np.int64).reshape(-1, 4)
@@ -442,7 +453,7 @@ class ChunkStore:
                         unopened[k] = e
                 made, ok, nbytes, values, failed, bad = _fetchio.read_group(
                     reads_b, members_b, done, first, chunks, fds, ix.offset, ix.size, ix.checksum, least,
-                    int(budget_s * 1e6), 1 if done == 0 and self.willneed else -1)
+                    int(budget_s * 1e6), 1 if done == 0 and self.willneed else -1, publish)
                 ids = members[first:first + len(values)].tolist()
                 got = dict(zip(ids, values))
                 if bad:  # (a failed read, a chunk not open, a mismatch or a short read)

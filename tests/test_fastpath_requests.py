@@ -392,6 +392,40 @@ def test_a_read_of_an_expected_sample_waits_until_its_hold_answers_it_or_hands_i
     assert pyfuse3.fast_path_parked() == (4, 1, 0) and events() == []
 
 
+def test_a_fetched_group_is_published_in_c_held_where_served_else_handed_to_its_reads(fast, tricky):
+    """The compiled reads publish a group's samples to the fast path as they are read
+    (ChunkStore.read_batch's publish: fusefs/_publishapi.h): the reads that wait for them are
+    answered before read_batch returns, a sample of `served` is held from then on (a later
+    read is answered), any other is not (a later read goes to the loop), and on_read is told
+    that they were published."""
+    import numpy as np
+    core, answer, events = fast
+    files = tricky[2]
+    ix = core.index
+    kept, handed = [s for s in range(ix.n_files) if ix.size[s] > 100][:2]
+    fh = {}
+    for sid in (kept, handed):
+        assert answer(request(OPEN, core.file_base + sid, OPEN_IN.pack(os.O_RDONLY, 0)))[0]
+        fh[sid] = (((core.handles.serial + len(fh) + 1) % SERIAL_WRAP) << SID_BITS) | sid
+    events()
+
+    def read(sid: int, unique: int) -> bytes:
+        return request(READ_OP, core.file_base + sid, READ_IN.pack(fh[sid], 0, 1 << 20, 0, 0, 0, 0), unique=unique)
+    data = {sid: files[os.fsdecode(ix.file_path(sid))] for sid in (kept, handed)}
+    pyfuse3.fast_path_expect([kept, handed])
+    assert answer(read(kept, 40)) == (True, b"") and answer(read(handed, 42)) == (True, b"")
+    told = []
+    got = core.store.read_batch([kept, handed], on_read=lambda got, n, b, **kw: told.append(kw),
+                                publish=(pyfuse3.fast_path_publish_api(), np.array([kept], np.int64)))[0]
+    assert got == data and told and all(kw == {"published": True} for kw in told)
+    done, out = answer(request(IOCTL, core.file_base + kept, unique=44))  # (what was written, then this)
+    assert sorted(replies(out)) == sorted([reply(40, body=data[kept]), reply(42, body=data[handed]),
+                                           reply(44, errno.ENOTTY)])
+    assert answer(read(kept, 46)) == (True, reply(46, body=data[kept]))  # (held)
+    assert answer(read(handed, 48)) == (False, b"")  # (handed over, not held: the loop's)
+    assert pyfuse3.fast_path_parked() == (2, 0, 0)
+
+
 def test_a_read_of_a_whole_sample_no_one_fetches_waits_and_is_told_at_once(tricky):
     """With misses told (fast_path_misses), a read of the whole of a sample that is neither
     held nor expected waits in the fast path and becomes an event at once (READ | MISSED |

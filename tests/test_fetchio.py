@@ -243,7 +243,7 @@ def test_a_batch_is_advised_in_its_first_compiled_group(tricky, monkeypatch):
 
         @staticmethod
         def read_group(*args):
-            calls.append(args[2:4] + args[-1:])  # (start, first member, advise_from)
+            calls.append(args[2:4] + args[11:12])  # (start, first member, advise_from)
             return _fetchio.read_group(*args)
     monkeypatch.setattr(storemod, "_fetchio", Spy)
     sids = np.random.default_rng(3).permutation(ix.n_files).tolist()

@@ -32,7 +32,8 @@ spec.loader.exec_module(patched)
 def test_the_venv_has_every_patch():
     """scripts/setup.sh builds them; the hot-path figures in docs are measured with them."""
     assert set(patched.marks()) == {"loop", "store", "ioctl", "spawn", "fast", "interrupt", "threads",
-                                    "version", "lazy", "idle", "answer_nogil", "parked", "misses", "engine"}
+                                    "version", "lazy", "idle", "answer_nogil", "parked", "misses", "engine",
+                                    "publish"}
     assert all(getattr(pyfuse3, mark) is True for mark in patched.marks().values())
     assert not hasattr(pyfuse3, "INODE_WITHOUT_OPEN")
 

@@ -1212,3 +1212,6 @@ PARKED_MISSES = True
 
 # fusefs: the misses the fast path parks go to a native engine's lanes (fast_path_miss_lanes)
 MISS_ENGINE = True
+
+# fusefs: a fetch's worker thread publishes a group's samples in C (fast_path_publish_api)
+PUBLISH_IN_C = True

@@ -245,6 +245,7 @@ cdef extern from "_fastpath.h":
     void fusefs_fast_miss_free()
     void fusefs_fast_miss_counts(unsigned long long *out) nogil
     object fusefs_fast_miss_api()
+    object fusefs_fast_publish_api()
     void fusefs_fast_free_held()
     void fusefs_fast_kernel_flags(const unsigned char *flags, unsigned long long n)
     int fusefs_fast_tree(unsigned long long n_dirs, const unsigned long long *dir_first_file,
@@ -443,6 +444,12 @@ def fast_path_miss_stop():
 def fast_path_miss_api():
     """The capsule of the functions the engine's readers call (fusefs/_missapi.h)."""
     return fusefs_fast_miss_api()
+
+
+def fast_path_publish_api():
+    """The capsule of the function a fetch's worker thread publishes a group's samples with
+    (fusefs/_publishapi.h): held or handed over in C as they are read."""
+    return fusefs_fast_publish_api()
 
 
 def fast_path_miss_counts():
