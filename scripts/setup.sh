@@ -25,6 +25,14 @@ if [ ${#need_apt[@]} -gt 0 ] || [ ${#need_slim[@]} -gt 0 ]; then
     [ ${#need_slim[@]} -eq 0 ] || apt-get install -y -qq --no-install-recommends "${need_slim[@]}" >/dev/null
 fi
 
+# The kernel's FUSE control filesystem, which systemd mounts at boot and a bare machine may
+# not have: a mount's daemon widens the kernel's reads of its files there
+# (fusefs/mount.py, widen_kernel_reads; tests/test_mount.py holds it).
+if [ -d /sys/fs/fuse/connections ] && ! mountpoint -q /sys/fs/fuse/connections; then
+    mount -t fusectl fusectl /sys/fs/fuse/connections \
+        || echo "setup: the FUSE control filesystem is not mounted: each mount keeps the kernel's default read-ahead" >&2
+fi
+
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     echo "setup: creating .venv with $($PY --version)"
