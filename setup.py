@@ -120,7 +120,8 @@ def extensions() -> list[Extension]:
                         extra_link_args=["-lpthread", "-lrt"],
                         # (the C the generated source includes: a change to it rebuilds)
                         depends=["fusefs/_fastpath.h", "fusefs/_missapi.h", "fusefs/_publishapi.h"])
-    out = [binding, *(Extension(f"fusefs.{name}", [f"fusefs/{name}.c"], extra_compile_args=["-O2"])
+    out = [binding, *(Extension(f"fusefs.{name}", [f"fusefs/{name}.c"], extra_compile_args=["-O2"],
+                                depends=["fusefs/_publishapi.h"] if name == "_cachecore" else [])
                       for name in ("_cachecore", "_plancore", "_eventscore"))]
     if native_wanted():
         out.append(Extension("fusefs._fetchio", ["fusefs/_fetchio.c"], libraries=["xxhash"],

@@ -17,6 +17,8 @@
  * put). Every function runs with the GIL (the loop's). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include "_publishapi.h"
 #include <structmember.h>
 
 #include <math.h>
@@ -40,6 +42,7 @@ typedef struct {
     uint64_t next_seq;
     long long budget, overhead, used, reserved, outside, peak, evictions, pinned_bytes;
     PyObject *mirror;    /* mirror(sid, bytes or None) of every entry that comes or goes, or NULL */
+    const fusefs_publish_api *table;  /* or, the mirror being the fast path's capsule: told in C */
 } Entries;
 
 static Py_ssize_t data_len(PyObject *d) {
@@ -184,6 +187,10 @@ static Py_ssize_t cached(Entries *c, PyObject *o) {
 }
 
 static int tell(Entries *c, Py_ssize_t sid, PyObject *d) {
+    if (c->table != NULL) {  /* (the fast path's table, in C: no Python call) */
+        c->table->hold((uint64_t)sid, d);
+        return 0;
+    }
     if (c->mirror == NULL)
         return 0;
     PyObject *o = PyLong_FromSsize_t(sid);
@@ -314,6 +321,17 @@ static int Entries_init(Entries *c, PyObject *args, PyObject *kw) {
         return -1;
     c->budget = budget;
     c->overhead = overhead;
+    const fusefs_publish_api *table = NULL;
+    if (PyCapsule_CheckExact(mirror)) {
+        table = PyCapsule_GetPointer(mirror, FUSEFS_PUBLISH_API);
+        if (table == NULL)
+            return -1;
+        if (table->version != FUSEFS_PUBLISH_API_VERSION) {
+            PyErr_SetString(PyExc_RuntimeError, "Entries: the binding's publish API is not this module's version");
+            return -1;
+        }
+    }
+    c->table = table;
     Py_XSETREF(c->mirror, mirror == Py_None ? NULL : Py_NewRef(mirror));
     return 0;
 }

@@ -1520,7 +1520,22 @@ static void fusefs_fast_publish(const int64_t *sids, void *const *objs, const un
     free(todo);
 }
 
-static const fusefs_publish_api fusefs_publish_api_table = {FUSEFS_PUBLISH_API_VERSION, fusefs_fast_publish};
+/* (with the GIL) fusefs_publish_api's hold: fusefs_fast_hold of obj where it is a bytes
+ * object (else of none), the reads that waited answered with the GIL let go. */
+static void fusefs_fast_hold_one(uint64_t sid, void *obj) {
+    PyObject *o = obj != NULL && PyBytes_CheckExact((PyObject *) obj) ? (PyObject *) obj : NULL;
+    fusefs_parked *w = fusefs_fast_hold(sid, o);
+    if (w != NULL) {
+        const char *buf = o != NULL ? PyBytes_AS_STRING(o) : NULL;
+        uint64_t n = o != NULL ? (uint64_t) PyBytes_GET_SIZE(o) : 0;
+        Py_BEGIN_ALLOW_THREADS
+        fusefs_fast_answer_parked(w, buf, n);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+static const fusefs_publish_api fusefs_publish_api_table = {FUSEFS_PUBLISH_API_VERSION, fusefs_fast_publish,
+                                                            fusefs_fast_hold_one};
 
 /* (with the GIL) The capsule of fusefs_publish_api_table (a new reference, or NULL). */
 static PyObject *fusefs_fast_publish_api(void) {

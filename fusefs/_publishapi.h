@@ -1,8 +1,10 @@
-/* What the fast path (fusefs/_fastpath.h, in the binding fusefs.pyfuse3) offers a fetch's
- * worker thread (fusefs/_fetchio.c, read_group), handed over as a capsule
- * (pyfuse3.fast_path_publish_api(): FUSEFS_PUBLISH_API): the samples of a group of reads
- * published where the fast path answers from, in C, as the group is read, instead of one
- * Python call a sample (Holders.serve_early, Holders.hand_many). */
+/* What the fast path (fusefs/_fastpath.h, in the binding fusefs.pyfuse3) offers the native
+ * parts that hand it samples, handed over as a capsule (pyfuse3.fast_path_publish_api():
+ * FUSEFS_PUBLISH_API): a fetch's worker thread (fusefs/_fetchio.c, read_group) publishes
+ * the samples of a group of reads as the group is read (publish), and the cache
+ * (fusefs/_cachecore.c, its mirror) tells it of every entry that comes or goes (hold), in
+ * C, instead of one Python call a sample (Holders.serve_early, Holders.hand_many,
+ * FastPath.hold). */
 #ifndef FUSEFS_PUBLISHAPI_H
 #define FUSEFS_PUBLISHAPI_H
 
@@ -10,7 +12,7 @@
 #include <stdint.h>
 
 #define FUSEFS_PUBLISH_API "fusefs.pyfuse3.publish_api"
-#define FUSEFS_PUBLISH_API_VERSION 1
+#define FUSEFS_PUBLISH_API_VERSION 2
 
 typedef struct {
     int version; /* FUSEFS_PUBLISH_API_VERSION */
@@ -22,6 +24,11 @@ typedef struct {
      * answered before it returns, with the GIL let go (objs are the caller's references,
      * alive meanwhile). */
     void (*publish)(const int64_t *sids, void *const *objs, const unsigned char *serve, size_t n);
+    /* (With the GIL.) The cache's mirror: sid's bytes are obj (a bytes object) from now on,
+     * held by the fast path, or none (NULL, or anything else: the fast path lets go of them),
+     * as pyfuse3.fast_path_hold. The reads that wait for sid are answered from obj, with the
+     * GIL let go (obj is the caller's, alive meanwhile), or, with none, handed to the loop. */
+    void (*hold)(uint64_t sid, void *obj);
 } fusefs_publish_api;
 
 #endif

@@ -52,7 +52,9 @@ class SampleCache(Entries):
     def __init__(self, budget: int, static: int = 0, entry_overhead: int = ENTRY_OVERHEAD, mirror=None,
                  samples: int = 0):
         """budget bytes, of them static for the pinned entries; mirror: hold(sid, data) for
-        every entry put from now on, hold(sid, None) for every one that leaves, or None;
+        every entry put from now on, hold(sid, None) for every one that leaves, or the fast
+        path's capsule (pyfuse3.fast_path_publish_api(): the same told in C, no Python call
+        an entry), or None;
         samples: the data set's count (the arrays' size from the start; else they grow)."""
         if budget < 0:
             raise ValueError("cache budget must be >= 0")

@@ -52,7 +52,10 @@ class DataPlane:
         to (FastPath: hold_many, expect), or None; idle(bool): told when the read-ahead has
         covered its orders, or no longer (FastPath.idle), or None."""
         policy = Policy(index.size)
-        cache = SampleCache(config.cache_bytes, config.static_bytes, mirror=hold, samples=index.n_files)
+        # (the fast path's table told of each entry in C, where there is one)
+        api = getattr(table, "publish_api", None)
+        mirror = api() if api is not None else hold
+        cache = SampleCache(config.cache_bytes, config.static_bytes, mirror=mirror, samples=index.n_files)
         kernel_view = KernelView(index.n_files, stats, kernel, ino_base=file_base(index))
         handles = Handles(held_cap(config.cache_bytes), room=cache)  # open files, what they keep
         holders = Holders(cache, handles, kernel_view, serve=hold, table=table)

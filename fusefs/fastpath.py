@@ -12,7 +12,7 @@ Core.fast_path_args) and every forget (it has no answer; fusefs keeps no lookup 
 hands every other request (folders' and control files' names among them) to pyfuse3's
 request loop unchanged. It answers a read of a dataset handle when the
 sample's bytes are held for it: the cache tells it of every entry that comes or goes
-(`hold`, the cache's mirror: cache.SampleCache), and the thread keeps a reference to each held bytes
+(the cache's mirror, cache.SampleCache: `publish_api`'s capsule, in C; `hold` from Python), and the thread keeps a reference to each held bytes
 object. A fetch's worker thread hands it the read-ahead's samples as they are read
 (`hold_many`, holders.Holders.serve_early), and a read of one that comes while it is being
 fetched waits in the thread (`expect`, as the batch starts) and is answered by that hand-over,

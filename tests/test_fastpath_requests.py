@@ -426,6 +426,40 @@ def test_a_fetched_group_is_published_in_c_held_where_served_else_handed_to_its_
     assert pyfuse3.fast_path_parked() == (2, 0, 0)
 
 
+def test_a_cache_mirrored_in_c_holds_what_it_keeps_and_lets_go_of_what_leaves(fast, tricky):
+    """A cache whose mirror is the fast path's capsule (fusefs/_publishapi.h: no Python call
+    an entry) tells the fast path of each entry in C: a put answers the read that waited for
+    its sample and the fast path answers the sample's reads from then on; an entry evicted or
+    dropped is let go of, its reads going to the loop."""
+    from fusefs.cache import SampleCache
+    core, answer, events = fast
+    files, ix = tricky[2], core.index
+    a, b = [s for s in range(ix.n_files) if ix.size[s] > 100][:2]
+    data = {sid: files[os.fsdecode(ix.file_path(sid))] for sid in (a, b)}
+    cache = SampleCache(max(map(len, data.values())), entry_overhead=0,
+                        mirror=pyfuse3.fast_path_publish_api(), samples=ix.n_files)
+    fh = {}
+    for sid in (a, b):
+        assert answer(request(OPEN, core.file_base + sid, OPEN_IN.pack(os.O_RDONLY, 0)))[0]
+        fh[sid] = (((core.handles.serial + len(fh) + 1) % SERIAL_WRAP) << SID_BITS) | sid
+    events()
+
+    def read(sid: int, unique: int) -> bytes:
+        return request(READ_OP, core.file_base + sid, READ_IN.pack(fh[sid], 0, 1 << 20, 0, 0, 0, 0), unique=unique)
+    pyfuse3.fast_path_expect([a])
+    assert answer(read(a, 50)) == (True, b"")
+    assert cache.put(a, data[a], 5.0)
+    assert answer(request(IOCTL, core.file_base + a, unique=52)) == \
+        (True, reply(50, body=data[a]) + reply(52, errno.ENOTTY))  # (the put answered the read)
+    assert answer(read(a, 54)) == (True, reply(54, body=data[a]))
+    assert answer(read(b, 56)) == (False, b"")
+    assert cache.put(b, data[b], 1.0) and a not in cache  # (b is needed sooner: a is evicted)
+    assert answer(read(a, 58)) == (False, b"")
+    assert answer(read(b, 60)) == (True, reply(60, body=data[b]))
+    cache.drop(b)
+    assert answer(read(b, 62)) == (False, b"")
+
+
 def test_a_read_of_a_whole_sample_no_one_fetches_waits_and_is_told_at_once(tricky):
     """With misses told (fast_path_misses), a read of the whole of a sample that is neither
     held nor expected waits in the fast path and becomes an event at once (READ | MISSED |
