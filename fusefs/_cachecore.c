@@ -506,6 +506,23 @@ static PyObject *Entries_holds_reservation(Entries *c, PyObject *o) {
     return PyBool_FromLong(sid < c->cap && c->res[sid] >= 0);
 }
 
+/* reserved_among(sids) -> {sid, ...}: those of sids that hold a reservation. */
+static PyObject *Entries_reserved_among(Entries *c, PyObject *sids) {
+    PyObject *seq = PySequence_Fast(sids, "reserved_among: sids must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    PyObject *out = PySet_New(NULL);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        Py_ssize_t sid = sid_of(items[i]);
+        if (sid < 0 || (sid < c->cap && c->res[sid] >= 0 && PySet_Add(out, items[i]) < 0))
+            Py_CLEAR(out);
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
 /* drop(sid): take sid's entry out (not an eviction); whether it was cached. */
 static int drop(Entries *c, Py_ssize_t sid) {
     return take_out(c, sid, NULL, 0);
@@ -755,6 +772,8 @@ static PyMethodDef Entries_methods[] = {
     {"settle", (PyCFunction)Entries_settle, METH_O, "settle(sid): see cache.SampleCache"},
     {"settle_many", (PyCFunction)Entries_settle_many, METH_O, "settle() of the sid of each (sid, _)"},
     {"holds_reservation", (PyCFunction)Entries_holds_reservation, METH_O, "whether sid holds a reservation"},
+    {"reserved_among", (PyCFunction)Entries_reserved_among, METH_O,
+     "reserved_among(sids) -> {sid, ...}: those of sids that hold a reservation"},
     {"put_many", (PyCFunction)(void (*)(void))Entries_put_many, METH_VARARGS | METH_KEYWORDS,
      "put_many(items, keys, start=0, told=()): see cache.SampleCache"},
     {"drop", (PyCFunction)Entries_drop, METH_O, "drop(sid): whether sid was cached (it is not now)"},

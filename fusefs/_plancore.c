@@ -711,7 +711,65 @@ static PyTypeObject QueuesType = {
 };
 
 
+/* The byte of flags (a writable buffer, one a sample) of the sample o names: an int, or a
+ * tuple whose first item is one; NULL with IndexError or TypeError. */
+static unsigned char *flag_of(Py_buffer *f, PyObject *o) {
+    if (PyTuple_Check(o) && PyTuple_GET_SIZE(o) > 0)
+        o = PyTuple_GET_ITEM(o, 0);
+    Py_ssize_t s = PyNumber_AsSsize_t(o, PyExc_IndexError);
+    if (s == -1 && PyErr_Occurred())
+        return NULL;
+    if (s < 0 || s >= f->len) {
+        PyErr_Format(PyExc_IndexError, "sample %zd is not in the flags", s);
+        return NULL;
+    }
+    return (unsigned char *)f->buf + s;
+}
+
+/* flag(flags, items, value) -> [item, ...]: the flag of each of items (a sample, or a tuple
+ * whose first item is one) set to value (0 or 1): those whose flag was not value before,
+ * in order, each once (fetch.InFlight: a claim sets 1, a settle 0); none is changed where
+ * one of items is not a sample. */
+static PyObject *flag(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *flags, *items, *out = NULL, *seq = NULL;
+    int value;
+    if (!PyArg_ParseTuple(args, "OOp:flag", &flags, &items, &value))
+        return NULL;
+    Py_buffer f;
+    if (PyObject_GetBuffer(flags, &f, PyBUF_WRITABLE) < 0)
+        return NULL;
+    seq = PySequence_Fast(items, "flag: items must be a sequence");
+    if (seq == NULL || (out = PyList_New(0)) == NULL)
+        goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **all = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {  /* (the changes listed first: none made on an error) */
+        unsigned char *b = flag_of(&f, all[i]);
+        if (b == NULL || ((*b != 0) != value && !(*b & 0x80) && PyList_Append(out, all[i]) < 0)) {
+            Py_CLEAR(out);
+            break;
+        }
+        if ((*b != 0) != value)
+            *b |= 0x80;  /* (listed: a second of it is not) */
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {  /* (the marks taken off; the changes made) */
+        unsigned char *b = flag_of(&f, all[i]);
+        if (b == NULL)
+            break;
+        if (*b & 0x80)
+            *b = out != NULL ? (unsigned char)value : (unsigned char)(*b & 0x7f);
+    }
+done:
+    Py_XDECREF(seq);
+    PyBuffer_Release(&f);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"flag", flag, METH_VARARGS,
+     "flag(flags, items, value) -> [item, ...]: each of items' flag (a sample's, or a tuple's first's) set "
+     "to value (0 or 1): those whose flag was not value, in order, each once"},
     {"use_many", use_many, METH_VARARGS,
      "use_many(arrays, sids, cursor, frontier, skip_window, max_skip_window, passed) -> (out, cursor, "
      "frontier, skip_window, skipped, late): plan.Plan.use_many's counting (arrays: uses, total, "

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import collections
 import logging
+import operator
 import time
 
 import numpy as np
 
 from .cache import SampleCache
-from .fetch import FetchCancelled
+from .fetch import READ_WELL, FetchCancelled
 from .holders import Holders
 from .policy import Policy
 from .prefetch import ReadAheadPlan, Wake
@@ -28,6 +29,7 @@ from .store import CorruptSample
 log = logging.getLogger("fusefs")
 
 GAVE_UP_MAX = 4096  # samples whose fetch gave up that are remembered (the oldest go first)
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)  # (of a (sid, result) item)
 
 
 class Arrivals:
@@ -63,8 +65,9 @@ class Arrivals:
         holders, out = self.holders, {"missed": missed}
         reserved = set()
         if holders.serves_early:
-            holds = self.cache.holds_reservation
-            reserved = {s for s in sids if holds(s) and s not in missed}
+            reserved = self.cache.reserved_among(sids)
+            if missed:
+                reserved.difference_update(missed)
             if reserved:
                 out.update(serve=holders.serve_early, served=reserved)
                 if holders.expects:
@@ -117,17 +120,20 @@ class Arrivals:
         and the cache keeps the group's samples in one call (SampleCache.put_many). Returns
         the samples the cache may not have kept (the others it did keep): those refused,
         failed or missed, or all where a local tier is offered them first."""
-        ok, unkept = [], []
-        for item in items:
-            sid, r = item
-            if sid in missed or isinstance(r, Exception):
-                self.deliver(sid, r, missed=sid in missed)
-                unkept.append(sid)
-            else:
-                ok.append(item)
+        if not missed and set(map(type, map(_SECOND, items))) <= READ_WELL:  # (a clean group: no loop)
+            ok, unkept = items if type(items) is list else list(items), []
+        else:
+            ok, unkept = [], []
+            for item in items:
+                sid, r = item
+                if sid in missed or isinstance(r, Exception):
+                    self.deliver(sid, r, missed=sid in missed)
+                    unkept.append(sid)
+                else:
+                    ok.append(item)
         if not ok:
             return unkept
-        keys = self.policy.keys_of([sid for sid, _ in ok])
+        keys = self.policy.keys_of(list(map(_FIRST, ok)))
         if self.local is not None:  # (each offered to the local tier first)
             for (sid, r), key in zip(ok, keys):
                 self._keep(sid, r, key)

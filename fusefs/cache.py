@@ -45,7 +45,8 @@ ENTRY_OVERHEAD = 1024  # bytes an entry costs beyond its sample's (bench_memory:
 class SampleCache(Entries):
     """Entries' methods (C): get(sid), `sid in cache`, len(cache), rekey(sid, key),
     rekey_many([sid, key, ...]), reserve_many(sids, sizes, keys), settle(sid),
-    settle_many(items), holds_reservation(sid), put_many(items, keys, start, told),
+    settle_many(items), holds_reservation(sid), reserved_among(sids),
+    put_many(items, keys, start, told),
     drop(sid); its counters: budget, used, reserved, outside, peak, evictions, pinned_bytes,
     free."""
 

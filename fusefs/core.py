@@ -452,7 +452,7 @@ class Core:
         if plan.passed:
             self._passed(plan.passed)
         size = self.index.size_v
-        self.prefetcher.used(sum(size[s] for s in pairs[::2]))
+        self.prefetcher.used(sum(map(size.__getitem__, pairs[::2])))
 
     def _passed(self, passed: list[int]) -> None:
         """Samples whose occurrence a plan's cursor passed without their readers' uses

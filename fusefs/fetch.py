@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import errno
 import logging
+import operator
 import os
 import threading
 import time
@@ -23,13 +24,15 @@ from typing import Protocol
 import numpy as np
 import trio
 
+from . import _plancore
 from .config import DEFAULTS, FetchConfig
 from .histogram import Histogram
 from .store import MAX_GAP, ChunkStore, CorruptSample, ShortRead
 
 log = logging.getLogger("fusefs")
 
-_BYTES = frozenset((bytes, memoryview))  # what a sample read well is (NodeReads, LocalTierReads)
+READ_WELL = frozenset((bytes, memoryview))  # what a sample read well is (NodeReads, LocalTierReads)
+_FIRST = operator.itemgetter(0)  # (a (sid, result) item's sid)
 MAX_BACKOFF = 2.0  # seconds between tries of a read waiting for a node (io_timeout)
 BATCH_BYTES = 1 << 20  # a request holds at least --batch samples, and as many as make this
 # a read-ahead request holds more: as many samples as make READAHEAD_BYTES, up to READAHEAD_SAMPLES
@@ -91,12 +94,9 @@ class InFlight:
         return self._n
 
     def claim(self, sids) -> list[int]:
-        """Those of sids not in flight, now in flight (in sids' order, each once)."""
-        flags, new = self.flags, []
-        for s in sids:
-            if not flags[s]:
-                flags[s] = 1
-                new.append(s)
+        """Those of sids not in flight, now in flight (in sids' order, each once; one call
+        of C a batch)."""
+        new = _plancore.flag(self.flags, sids, 1)
         self._n += len(new)
         return new
 
@@ -131,11 +131,9 @@ class InFlight:
             p.set()
 
     def settle_many(self, items) -> None:
-        """settle() of each (sid, bytes) of items, all in flight (a group that arrived)."""
-        flags = self.flags
-        for sid, _ in items:
-            flags[sid] = 0
-        self._n -= len(items)
+        """settle() of each (sid, bytes) of items, all in flight (a group that arrived; their
+        flags in one call of C)."""
+        self._n -= len(_plancore.flag(self.flags, items, 0))
         if self._waiters:
             pop = self._waiters.pop
             for sid, r in items:
@@ -287,7 +285,7 @@ class Batch:
         self.serve, self.served, self.hand = serve, served, hand
         # (the node's reads publish to the fast path in C: the capsule and what it holds)
         self.publish = None if publish is None else \
-            (publish, np.array(sorted(s for s in sids if s in served), np.int64))
+            (publish, np.array(sorted(set(served).intersection(sids)), np.int64))
         self.from_local: set[int] = set()
         self.tries = Tries(fetcher.retries, fetcher.backoff, fetcher.max_backoff, fetcher.io_timeout)
         self.over = False  # ended, or given up at the fetcher's end: late posts are ignored
@@ -328,7 +326,7 @@ class Batch:
         if local:
             self.from_local.update(got)
         left = self.left
-        if left.issuperset(got) and set(map(type, got.values())) <= _BYTES:  # (no error: C only)
+        if left.issuperset(got) and set(map(type, got.values())) <= READ_WELL:  # (no error: C only)
             settled = list(got.items())
         else:
             settled = [item for item in got.items() if item[0] in left and not isinstance(item[1], Exception)]
@@ -336,7 +334,7 @@ class Batch:
             if len(settled) == len(left):
                 left.clear()
             else:
-                left.difference_update(sid for sid, _ in settled)
+                left.difference_update(map(_FIRST, settled))
             self.fetcher.inflight.settle_many(settled)
             from_local = self.from_local
             if not from_local:
@@ -647,10 +645,10 @@ class Fetcher:
             sids = [s for s in sids if s in mine]
         if not sids:
             return False
-        if expect is not None:
-            expected = [s for s in sids if s in served]
+        if expect is not None and served:
+            expected = set(served).intersection(sids)
             if expected:
-                expect(expected)
+                expect(list(expected))
         n = self.node_of(sids[0])
         b = Batch(self, n, sids, push, unpushed, missed, readahead, serve, served, hand, publish)
         b.node.busy += 1

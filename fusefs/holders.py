@@ -129,13 +129,14 @@ class Holders:
         reads wait in the fast path (wait_for): answered from their bytes (where the worker
         thread did not), or, where the fetch failed, handed to the loop."""
         waiting = self.waiting
-        for sid, r in items:
-            if sid in waiting:
-                waiting.discard(sid)
-                if isinstance(r, Exception):
-                    self.let_go(sid)
-                else:
-                    self.hand(sid, r if type(r) is bytes else bytes(r))
+        got = dict(items)
+        for sid in waiting.intersection(got):  # (few wait: not a look at each of items)
+            waiting.discard(sid)
+            r = got[sid]
+            if isinstance(r, Exception):
+                self.let_go(sid)
+            else:
+                self.hand(sid, r if type(r) is bytes else bytes(r))
 
     def expect(self, sids) -> None:
         """(The loop, as a batch starts.) sids will be handed to the fast path by the batch's

@@ -210,7 +210,7 @@ class ReadAheadPlan:
         """Reserve room for sids in turn (SampleCache.reserve_many, their keys from one call)
         and queue them on their nodes, until one finds no room: how many were queued."""
         sizes, keys = self.index.size_v, self.policy.keys_of(sids)
-        done = self.cache.reserve_many(sids, [sizes[s] for s in sids], keys)
+        done = self.cache.reserve_many(sids, list(map(sizes.__getitem__, sids)), keys)
         self.queued.push_many(sids, done)
         return done
 

@@ -392,6 +392,24 @@ def test_a_read_of_an_expected_sample_waits_until_its_hold_answers_it_or_hands_i
     assert pyfuse3.fast_path_parked() == (4, 1, 0) and events() == []
 
 
+def two_opened(fast, tricky):
+    """Two samples of over 100 bytes opened through the fast path (its events taken):
+    (a, b, {sid: its bytes}, read(sid, unique) -> a request for the whole of sid through its
+    handle)."""
+    core, answer, events = fast
+    files, ix = tricky[2], core.index
+    a, b = [s for s in range(ix.n_files) if ix.size[s] > 100][:2]
+    fh = {}
+    for sid in (a, b):
+        assert answer(request(OPEN, core.file_base + sid, OPEN_IN.pack(os.O_RDONLY, 0)))[0]
+        fh[sid] = (((core.handles.serial + len(fh) + 1) % SERIAL_WRAP) << SID_BITS) | sid
+    events()
+
+    def read(sid: int, unique: int) -> bytes:
+        return request(READ_OP, core.file_base + sid, READ_IN.pack(fh[sid], 0, 1 << 20, 0, 0, 0, 0), unique=unique)
+    return a, b, {sid: files[os.fsdecode(ix.file_path(sid))] for sid in (a, b)}, read
+
+
 def test_a_fetched_group_is_published_in_c_held_where_served_else_handed_to_its_reads(fast, tricky):
     """The compiled reads publish a group's samples to the fast path as they are read
     (ChunkStore.read_batch's publish: fusefs/_publishapi.h): the reads that wait for them are
@@ -400,18 +418,7 @@ def test_a_fetched_group_is_published_in_c_held_where_served_else_handed_to_its_
     that they were published."""
     import numpy as np
     core, answer, events = fast
-    files = tricky[2]
-    ix = core.index
-    kept, handed = [s for s in range(ix.n_files) if ix.size[s] > 100][:2]
-    fh = {}
-    for sid in (kept, handed):
-        assert answer(request(OPEN, core.file_base + sid, OPEN_IN.pack(os.O_RDONLY, 0)))[0]
-        fh[sid] = (((core.handles.serial + len(fh) + 1) % SERIAL_WRAP) << SID_BITS) | sid
-    events()
-
-    def read(sid: int, unique: int) -> bytes:
-        return request(READ_OP, core.file_base + sid, READ_IN.pack(fh[sid], 0, 1 << 20, 0, 0, 0, 0), unique=unique)
-    data = {sid: files[os.fsdecode(ix.file_path(sid))] for sid in (kept, handed)}
+    kept, handed, data, read = two_opened(fast, tricky)
     pyfuse3.fast_path_expect([kept, handed])
     assert answer(read(kept, 40)) == (True, b"") and answer(read(handed, 42)) == (True, b"")
     told = []
@@ -433,19 +440,9 @@ def test_a_cache_mirrored_in_c_holds_what_it_keeps_and_lets_go_of_what_leaves(fa
     dropped is let go of, its reads going to the loop."""
     from fusefs.cache import SampleCache
     core, answer, events = fast
-    files, ix = tricky[2], core.index
-    a, b = [s for s in range(ix.n_files) if ix.size[s] > 100][:2]
-    data = {sid: files[os.fsdecode(ix.file_path(sid))] for sid in (a, b)}
+    a, b, data, read = two_opened(fast, tricky)
     cache = SampleCache(max(map(len, data.values())), entry_overhead=0,
-                        mirror=pyfuse3.fast_path_publish_api(), samples=ix.n_files)
-    fh = {}
-    for sid in (a, b):
-        assert answer(request(OPEN, core.file_base + sid, OPEN_IN.pack(os.O_RDONLY, 0)))[0]
-        fh[sid] = (((core.handles.serial + len(fh) + 1) % SERIAL_WRAP) << SID_BITS) | sid
-    events()
-
-    def read(sid: int, unique: int) -> bytes:
-        return request(READ_OP, core.file_base + sid, READ_IN.pack(fh[sid], 0, 1 << 20, 0, 0, 0, 0), unique=unique)
+                        mirror=pyfuse3.fast_path_publish_api(), samples=core.index.n_files)
     pyfuse3.fast_path_expect([a])
     assert answer(read(a, 50)) == (True, b"")
     assert cache.put(a, data[a], 5.0)

@@ -4,9 +4,11 @@ import functools
 import os
 import shutil
 
+import numpy as np
 import pytest
 import trio
 
+from fusefs.cache import SampleCache
 from fusefs.config import MountConfig
 from fusefs.fetch import Fetcher, FetchCancelled, InFlight, Placement
 from fusefs.index import INDEX_NAME, Index
@@ -32,6 +34,22 @@ def test_in_flight_claims_each_sample_once_and_wakes_only_its_waiters():
     inflight.settle(2, b"two")  # (no waiter: none made)
     assert not inflight and inflight.claim([3, 2]) == [3, 2]
     assert inflight.waiter(3) is not w3  # (a new fetch, a new waiter)
+    assert inflight.claim(np.array([9, 4, 9])) == [9, 4] and len(inflight) == 4  # (numpy's ints too)
+    with pytest.raises(IndexError):
+        inflight.claim([5, 10])  # (one is not a sample: none is claimed)
+    assert 5 not in inflight and len(inflight) == 4
+
+
+def test_a_cache_names_the_samples_of_a_batch_that_hold_a_reservation():
+    """SampleCache.reserved_among: the set of a batch's samples with a reservation (the
+    read-ahead's, which the fast path is handed in the fetch thread), in one call."""
+    cache = SampleCache(1000, entry_overhead=0, samples=10)
+    assert cache.reserve_many([2, 5, 7], [100, 100, 100], [1.0, 2.0, 3.0]) == 3
+    cache.settle(5)
+    assert cache.reserved_among([1, 2, 5, 7, 7]) == {2, 7}
+    assert cache.reserved_among([]) == set()
+    with pytest.raises(ValueError):
+        cache.reserved_among([-1])
 
 
 def test_a_read_ahead_request_holds_more_samples_than_a_miss_but_tiny_ones_as_before():
