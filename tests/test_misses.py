@@ -5,6 +5,7 @@ loop as without it. Real mounts, read with open()."""
 import contextlib
 import errno
 import shutil
+import time
 
 import pytest
 
@@ -38,6 +39,17 @@ def _delta(after: dict, before: dict, key: str) -> int:
     return after.get(key, 0) - before.get(key, 0)
 
 
+def _counted(mnt, before: dict, key: str, n: int, bound: float = 30.0) -> dict:
+    """The mount's counters once key has moved by n since before, or after bound seconds: the
+    fetch thread answers a read before the loop counts its fetch (on its arrival)."""
+    deadline = time.monotonic() + bound
+    while True:
+        s = mount_stats(str(mnt))
+        if _delta(s, before, key) >= n or time.monotonic() > deadline:
+            return s
+        time.sleep(0.01)
+
+
 @contextlib.contextmanager
 def _engine_mount(dst, mnt, files: dict, *args):
     """A mount without a cache (--cache-size 0), its first miss read: the loop fetches it
@@ -48,7 +60,7 @@ def _engine_mount(dst, mnt, files: dict, *args):
     with running_mount(dst, mnt, "--cache-size", "0", *args) as (proc, log):
         before = mount_stats(str(mnt))
         _read_each(mnt, [first], files)
-        s = mount_stats(str(mnt))
+        s = _counted(mnt, before, "backend_samples", 1)  # (and the engine on: the cache is full)
         assert _delta(s, before, "engine_queued") == 0 and _delta(s, before, "backend_samples") == 1, s
         yield proc, log
 
