@@ -1433,29 +1433,54 @@ static void fusefs_release_dropped(void) {
  * to answer from o, or hand to the loop where o is NULL (fusefs_fast_answer_parked: without
  * the GIL, o kept alive meanwhile). Does nothing while the thread has no table (not
  * started, or after fusefs_fast_free_held). */
-static fusefs_parked *fusefs_fast_hold(uint64_t sid, PyObject *o) {
-    PyObject *old;
+static void fusefs_fast_let_go(PyObject *old);
+
+/* (any thread, without the GIL) fusefs_fast_hold's change of the table: o (a reference the
+ * table takes, or NULL) becomes sample sid's; *old: the object the table held before (for
+ * fusefs_fast_let_go), or o itself where there is no table (nothing changed). The reads that
+ * waited for sid are returned. */
+static fusefs_parked *fusefs_fast_swap(uint64_t sid, PyObject *o, PyObject **old) {
     fusefs_parked *waiting = NULL;
-    if (fusefs_fast.held == NULL || sid >= fusefs_fast.n_files)
-        return NULL;
-    Py_XINCREF(o);
     if (o != NULL)  /* (a fetch: the read-ahead needs the readers' progress, fusefs_event) */
         __atomic_store_n(&fusefs_fast.filled_ns, fusefs_now_ns(), __ATOMIC_RELAXED);
     pthread_rwlock_wrlock(&fusefs_fast.held_lock);
-    old = fusefs_fast.held[sid];
+    if (fusefs_fast.held == NULL || sid >= fusefs_fast.n_files) {
+        pthread_rwlock_unlock(&fusefs_fast.held_lock);
+        *old = o;
+        return NULL;
+    }
+    *old = fusefs_fast.held[sid];
     fusefs_fast.held[sid] = o;
     unsigned char was = fusefs_fast.expected[sid];
     fusefs_fast.expected[sid] = 0;
     if (was & FUSEFS_WAITED)  /* (parked under the read lock: none parks now) */
         waiting = fusefs_unpark(sid, 0);
     pthread_rwlock_unlock(&fusefs_fast.held_lock);
+    return waiting;
+}
+
+static fusefs_parked *fusefs_fast_hold(uint64_t sid, PyObject *o) {
+    PyObject *old;
+    if (fusefs_fast.held == NULL || sid >= fusefs_fast.n_files)
+        return NULL;
+    Py_XINCREF(o);
+    fusefs_parked *waiting = fusefs_fast_swap(sid, o, &old);
+    fusefs_fast_let_go(old);
+    return waiting;
+}
+
+/* (with the GIL) An object the table let go of (fusefs_fast_swap; NULL: none): its
+ * reference dropped at once, or, while a thread copies a reply from it, at a later hold once
+ * none does (a hold never waits for a reply: its caller holds the GIL). The objects dropped
+ * earlier that no thread copies from any longer are released first. */
+static void fusefs_fast_let_go(PyObject *old) {
     if (fusefs_fast.dropped_n)
         fusefs_release_dropped();
     if (old == NULL)
-        return waiting;
+        return;
     if (!fusefs_copying(old)) {  /* (after the lock: a thread that took old marked it) */
         Py_DECREF(old);
-        return waiting;
+        return;
     }
     if (fusefs_fast.dropped_n == fusefs_fast.dropped_cap) {
         size_t cap = fusefs_fast.dropped_cap ? 2 * fusefs_fast.dropped_cap : FUSEFS_MAX_THREADS;
@@ -1464,13 +1489,12 @@ static fusefs_parked *fusefs_fast_hold(uint64_t sid, PyObject *o) {
             while (fusefs_copying(old))
                 sched_yield();
             Py_DECREF(old);
-            return waiting;
+            return;
         }
         fusefs_fast.dropped = more;
         fusefs_fast.dropped_cap = cap;
     }
     fusefs_fast.dropped[fusefs_fast.dropped_n++] = old;
-    return waiting;
 }
 
 /* (with the GIL) The reads that wait for sample sid (parked), taken, for the caller to
@@ -1488,36 +1512,37 @@ static fusefs_parked *fusefs_fast_hand(uint64_t sid) {
     return waiting;
 }
 
-/* (with the GIL) fusefs_publish_api's publish: each bytes object of objs held (serve[i]) or
- * handed over (the reads that wait for it answered, it not held), as fusefs_fast_hold and
- * fusefs_fast_hand; the reads that wait are answered together once the GIL is let go. */
-static void fusefs_fast_publish(const int64_t *sids, void *const *objs, const unsigned char *serve, size_t n) {
-    struct { fusefs_parked *w; const char *buf; uint64_t n; } *todo = NULL;
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        PyObject *o = (PyObject *) objs[i];
-        if (o == NULL || !PyBytes_CheckExact(o) || sids[i] < 0)
-            continue;
-        fusefs_parked *w = serve[i] ? fusefs_fast_hold((uint64_t) sids[i], o) : fusefs_fast_hand((uint64_t) sids[i]);
-        if (w == NULL)
-            continue;
-        if (todo == NULL)
-            todo = malloc(n * sizeof *todo);
-        if (todo == NULL) {  /* (no room to gather them: answered now, the GIL held) */
-            fusefs_fast_answer_parked(w, PyBytes_AS_STRING(o), (uint64_t) PyBytes_GET_SIZE(o));
-            continue;
-        }
-        todo[k].w = w;
-        todo[k].buf = PyBytes_AS_STRING(o);
-        todo[k++].n = (uint64_t) PyBytes_GET_SIZE(o);
+/* (any thread, without the GIL) fusefs_publish_api's hold_nogil: obj (a bytes object whose
+ * reference the caller took for the table) held as sample sid's, and the reads that waited
+ * for it answered from its n bytes at buf; *old for let_go. */
+static void fusefs_fast_hold_nogil(uint64_t sid, void *obj, const char *buf, uint64_t n, void **old) {
+    PyObject *was;
+    fusefs_parked *w = fusefs_fast_swap(sid, (PyObject *) obj, &was);
+    *old = was;
+    if (w != NULL)
+        fusefs_fast_answer_parked(w, buf, n);
+}
+
+/* (any thread, without the GIL) fusefs_publish_api's hand_nogil: the reads that wait for
+ * sample sid answered from its n bytes at buf, which are not held (fusefs_fast_hand's). */
+static void fusefs_fast_hand_nogil(uint64_t sid, const char *buf, uint64_t n) {
+    if (fusefs_fast.expected == NULL || sid >= fusefs_fast.n_files
+            || !(__atomic_load_n(&fusefs_fast.expected[sid], __ATOMIC_RELAXED) & FUSEFS_WAITED))
+        return;
+    pthread_rwlock_wrlock(&fusefs_fast.held_lock);
+    fusefs_parked *w = NULL;
+    if (fusefs_fast.expected != NULL) {
+        w = fusefs_fast.expected[sid] & FUSEFS_WAITED ? fusefs_unpark(sid, 0) : NULL;
+        fusefs_fast.expected[sid] = 0;
     }
-    if (k) {
-        Py_BEGIN_ALLOW_THREADS
-        for (size_t i = 0; i < k; i++)
-            fusefs_fast_answer_parked(todo[i].w, todo[i].buf, todo[i].n);
-        Py_END_ALLOW_THREADS
-    }
-    free(todo);
+    pthread_rwlock_unlock(&fusefs_fast.held_lock);
+    if (w != NULL)
+        fusefs_fast_answer_parked(w, buf, n);
+}
+
+/* (with the GIL) fusefs_publish_api's let_go. */
+static void fusefs_fast_let_go_api(void *old) {
+    fusefs_fast_let_go((PyObject *) old);
 }
 
 /* (with the GIL) fusefs_publish_api's hold: fusefs_fast_hold of obj where it is a bytes
@@ -1534,8 +1559,9 @@ static void fusefs_fast_hold_one(uint64_t sid, void *obj) {
     }
 }
 
-static const fusefs_publish_api fusefs_publish_api_table = {FUSEFS_PUBLISH_API_VERSION, fusefs_fast_publish,
-                                                            fusefs_fast_hold_one};
+static const fusefs_publish_api fusefs_publish_api_table = {
+    FUSEFS_PUBLISH_API_VERSION, fusefs_fast_hold_nogil, fusefs_fast_hand_nogil, fusefs_fast_let_go_api,
+    fusefs_fast_hold_one};
 
 /* (with the GIL) The capsule of fusefs_publish_api_table (a new reference, or NULL). */
 static PyObject *fusefs_fast_publish_api(void) {
@@ -1607,12 +1633,15 @@ static void fusefs_fast_drop_table(void) {
     if (held == NULL)
         return;
     fusefs_fast_miss_stop(0);  /* (no reader of the engine touches the tables from now on) */
+    pthread_rwlock_wrlock(&fusefs_fast.held_lock);  /* (a hold without the GIL sees none) */
     fusefs_fast.held = NULL;
+    unsigned char *expected = fusefs_fast.expected;
+    fusefs_fast.expected = NULL;
+    pthread_rwlock_unlock(&fusefs_fast.held_lock);
     for (uint64_t i = 0; i < fusefs_fast.n_files; i++)
         Py_XDECREF(held[i]);
     free(held);
-    free(fusefs_fast.expected);
-    fusefs_fast.expected = NULL;
+    free(expected);
     fusefs_free_parked();
     while (fusefs_fast.head) {  /* (what a configured, unstarted fast path handed the loop) */
         fusefs_req *r = fusefs_fast.head;

@@ -277,43 +277,34 @@ done:
     return out;
 }
 
-/* Publish values' bytes (the samples members[mstart ..] in turn) through api: those among
- * served (int64, ascending) held, the others handed over. 0, or -1 with an exception. */
-static int publish_group(const fusefs_publish_api *api, const array_t *served, const array_t *members,
-                         Py_ssize_t mstart, PyObject *values) {
-    Py_ssize_t n = PyList_GET_SIZE(values), k = 0;
-    int64_t *sids = malloc((size_t)n * sizeof *sids);
-    void **objs = malloc((size_t)n * sizeof *objs);
-    unsigned char *serve = malloc((size_t)n);
-    if (sids == NULL || objs == NULL || serve == NULL) {
-        free(sids);
-        free(objs);
-        free(serve);
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (Py_ssize_t j = 0; j < n; j++) {
-        PyObject *v = PyList_GET_ITEM(values, j);
-        if (!PyBytes_CheckExact(v))
-            continue;
-        int64_t sid = I64(*members, mstart + j);
-        Py_ssize_t lo = 0, hi = served->n; /* (sid among served: a binary search) */
-        while (lo < hi) {
-            Py_ssize_t mid = lo + (hi - lo) / 2;
-            if (I64(*served, mid) < sid)
-                lo = mid + 1;
-            else
-                hi = mid;
+/* A fetch's publishing to the fast path (read_group's publish): per member of the group, whether
+ * the fast path is to hold it (serve), whether the reference the caller took for the fast path
+ * is still the caller's (taken), and what the fast path let go of (old). */
+typedef struct {
+    const fusefs_publish_api *api;
+    unsigned char *serve, *taken;
+    void **old;
+} publish_t;
+
+/* (without the GIL) Read r, just made and checked (its members from j0 on, their objects
+ * bufs), published: each clean member held (serve) or handed to the reads that wait for it. */
+static void publish_read(publish_t *p, const read_t *r, Py_ssize_t j0, PyObject **bufs,
+                         const array_t *members, Py_ssize_t mstart) {
+    if (r->fd < 0 || r->error)
+        return;
+    for (Py_ssize_t q = 0; q < r->n; q++) {
+        const member_t *m = &r->members[q];
+        Py_ssize_t j = j0 + q;
+        if (m->buf == NULL || m->rel + m->size > r->got || bufs[j] == NULL)
+            continue; /* (a mismatch, a short read: the loop's) */
+        uint64_t sid = (uint64_t)I64(*members, mstart + j);
+        if (p->serve[j]) {
+            p->api->hold_nogil(sid, bufs[j], m->buf, (uint64_t)m->size, &p->old[j]);
+            p->taken[j] = 0;
+        } else {
+            p->api->hand_nogil(sid, m->buf, (uint64_t)m->size);
         }
-        sids[k] = sid;
-        objs[k] = v;
-        serve[k++] = lo < served->n && I64(*served, lo) == sid;
     }
-    api->publish(sids, (void *const *)objs, serve, (size_t)k);
-    free(sids);
-    free(objs);
-    free(serve);
-    return 0;
 }
 
 /* read_group(reads, members, start, mstart, chunks, fds, offset, size, checksum, least=-1,
@@ -333,9 +324,10 @@ static int publish_group(const fusefs_publish_api *api, const array_t *served, c
  *   (read, errno) of each read that failed, errno 0 for one whose chunk is not open; bad:
  *   how many of values are not bytes.
  *   publish: None, or (capsule, served): the fast path's (pyfuse3.fast_path_publish_api(),
- *   fusefs/_publishapi.h) and the samples of the batch it is to hold (int64, ascending);
- *   before the call returns, the samples read clean are published there (those of served
- *   held, the others handed to the reads that wait for them) and those reads answered. */
+ *   fusefs/_publishapi.h) and the samples of the batch it is to hold (int64, ascending): as
+ *   each read is checked, without the GIL, its clean samples are published there (those of
+ *   served held, the others handed to the reads that wait for them) and those reads
+ *   answered, not at the group's end. */
 static PyObject *read_group(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *reads_obj, *members_obj, *chunks_obj, *fds_obj, *offset_obj, *size_obj, *sum_obj;
@@ -371,6 +363,7 @@ static PyObject *read_group(PyObject *self, PyObject *args) {
     member_t *ms = NULL;
     PyObject **bufs = NULL;
     char *scratch = NULL;
+    publish_t pub = {api, NULL, NULL, NULL};
     for (; got < 7; got++)
         if (get_array(objs[got], &arr[got], 8, names[got]) < 0)
             goto done;
@@ -447,6 +440,32 @@ static PyObject *read_group(PyObject *self, PyObject *args) {
         }
     }
 
+    if (api != NULL) { /* (the fast path's references to the samples it is to hold: taken now) */
+        pub.serve = calloc((size_t)(mcount ? mcount : 1), 1);
+        pub.taken = calloc((size_t)(mcount ? mcount : 1), 1);
+        pub.old = calloc((size_t)(mcount ? mcount : 1), sizeof(void *));
+        if (pub.serve == NULL || pub.taken == NULL || pub.old == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (Py_ssize_t k = 0; k < mcount; k++) {
+            if (bufs[k] == NULL)
+                continue;
+            int64_t sid = I64(members, mstart + k);
+            Py_ssize_t lo = 0, hi = served.n; /* (sid among served: a binary search) */
+            while (lo < hi) {
+                Py_ssize_t mid = lo + (hi - lo) / 2;
+                if (I64(served, mid) < sid)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            if (lo < served.n && I64(served, lo) == sid) {
+                pub.serve[k] = pub.taken[k] = 1;
+                Py_INCREF(bufs[k]);
+            }
+        }
+    }
     Py_ssize_t made = 0;
     Py_BEGIN_ALLOW_THREADS
     if (advise_from >= 0)
@@ -458,12 +477,21 @@ static PyObject *read_group(PyObject *self, PyObject *args) {
         if (rs[made].fd >= 0) {
             do_read(&rs[made], scratch);
             verify(&rs[made]);
+            if (api != NULL) /* (its readers answered now, not at the group's end) */
+                publish_read(&pub, &rs[made], rs[made].members - ms, bufs, &members, mstart);
         }
         made++;
         if (least >= 0 && made >= least && now_us() - t0 >= budget_us)
             break;
     }
     Py_END_ALLOW_THREADS
+    if (api != NULL) /* (the references the fast path did not take, and those it let go of) */
+        for (Py_ssize_t k = 0; k < mcount; k++) {
+            if (pub.taken[k])
+                Py_DECREF(bufs[k]);
+            if (pub.old[k] != NULL)
+                api->let_go(pub.old[k]);
+        }
 
     Py_ssize_t ok = 0, nmade = 0, bad = 0;
     long long nbytes = 0;
@@ -508,10 +536,11 @@ static PyObject *read_group(PyObject *self, PyObject *args) {
             PyList_SET_ITEM(values, j, v);
         }
     }
-    if (api != NULL && nmade > bad && publish_group(api, &served, &members, mstart, values) < 0)
-        goto done;
     out = Py_BuildValue("(nnLOOn)", made, ok, nbytes, values, failed, bad);
 done:
+    free(pub.serve);
+    free(pub.taken);
+    free(pub.old);
     if (api != NULL)
         PyBuffer_Release(&served.view);
     if (bufs != NULL) {

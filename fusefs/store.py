@@ -365,9 +365,10 @@ class ChunkStore:
         and the group's reads made and bytes read.
 
         publish: None, or (the fast path's capsule, pyfuse3.fast_path_publish_api(); the
-        samples it is to hold, int64 ascending): the compiled reads then publish each group's
-        clean samples there in C as they are read (fusefs._fetchio.read_group: those to hold
-        held, the others handed to the reads that wait for them), and on_read is told so
+        samples it is to hold, int64 ascending): the compiled reads then publish each clean
+        sample there in C as its read is checked, without the GIL (read_group in
+        fusefs/_fetchio.c: those to hold held, the others handed to the reads that wait for
+        them: those readers do not wait for the group's end), and on_read is told so
         (published=True); the Python reads publish nothing.
         """
         out, nreads, nbytes = {}, 0, 0

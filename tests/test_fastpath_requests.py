@@ -431,6 +431,11 @@ def test_a_fetched_group_is_published_in_c_held_where_served_else_handed_to_its_
     assert answer(read(kept, 46)) == (True, reply(46, body=data[kept]))  # (held)
     assert answer(read(handed, 48)) == (False, b"")  # (handed over, not held: the loop's)
     assert pyfuse3.fast_path_parked() == (2, 0, 0)
+    held, handed_over = got.pop(kept), got.pop(handed)
+    refs = sys.getrefcount(held), sys.getrefcount(handed_over)  # (the fast path holds one reference
+    pyfuse3.fast_path_hold(kept, None)  # to the held bytes, none to the others)
+    after = sys.getrefcount(held)
+    assert refs == (3, 2) and after == 2
 
 
 def test_a_cache_mirrored_in_c_holds_what_it_keeps_and_lets_go_of_what_leaves(fast, tricky):
