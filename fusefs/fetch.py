@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import errno
 import logging
+import math
 import operator
 import os
 import threading
@@ -276,7 +277,8 @@ class Batch:
     task."""
 
     __slots__ = ("fetcher", "n", "node", "left", "push", "unpushed", "missed", "readahead",
-                 "serve", "served", "hand", "publish", "from_local", "tries", "over", "inbox", "held")
+                 "serve", "served", "hand", "publish", "whole", "from_local", "tries", "over", "inbox",
+                 "held")
 
     def __init__(self, fetcher: "Fetcher", n: int, sids: list[int], push, unpushed, missed,
                  readahead: bool, serve, served, hand=None, publish=None):
@@ -286,6 +288,10 @@ class Batch:
         # (the node's reads publish to the fast path in C: the capsule and what it holds)
         self.publish = None if publish is None else \
             (publish, np.array(sorted(set(served).intersection(sids)), np.int64))
+        # (a read-ahead try with nothing to push reads in one call of C: the fast path answers
+        # each sample's readers as its read is checked, so groups would only cost Python)
+        self.whole = readahead and self.publish is not None and \
+            (push is None or not set(sids).difference(unpushed))
         self.from_local: set[int] = set()
         self.tries = Tries(fetcher.retries, fetcher.backoff, fetcher.max_backoff, fetcher.io_timeout)
         self.over = False  # ended, or given up at the fetcher's end: late posts are ignored
@@ -452,7 +458,7 @@ class LocalTierReads:
     def __init__(self, tier):
         self.tier = tier
 
-    def read(self, sids: list[int], on_read, waited: bool, publish=None) -> dict:
+    def read(self, sids: list[int], on_read, waited: bool, publish=None, whole: bool = False) -> dict:
         got = self.tier.read_many(sids)
         if got:
             on_read(got, local=True)
@@ -464,14 +470,17 @@ class NodeReads:
     sample asked for, its bytes or its error, each group of reads handed to on_read as it
     is done (ChunkStore.read_batch: reads at most max_gap apart joined; waited: a reader
     waits for the first sample, whose read is handed on alone; publish: Batch.publish, the
-    fast path the compiled reads publish each group to)."""
+    fast path the compiled reads publish each sample to; whole: Batch.whole, every read in
+    one group)."""
     local = False
 
     def __init__(self, store, max_gap: int = MAX_GAP):
         self.store, self.max_gap = store, max_gap
 
-    def read(self, sids: list[int], on_read, waited: bool, publish=None) -> dict:
-        return self.store.read_batch(sids, self.max_gap, on_read, first_alone=waited, publish=publish)[0]
+    def read(self, sids: list[int], on_read, waited: bool, publish=None, whole: bool = False) -> dict:
+        kw = {"group_s": math.inf} if whole else {}
+        return self.store.read_batch(sids, self.max_gap, on_read, first_alone=waited, publish=publish,
+                                     **kw)[0]
 
 
 class Sink(Protocol):
@@ -631,9 +640,10 @@ class Fetcher:
         the worker thread with each group's results (holders.Holders.hand_many: the reads of
         missed samples that wait in the fast path are answered), or None. `publish`: the fast
         path's capsule (pyfuse3.fast_path_publish_api), or None: where given, the node's
-        compiled reads do serve's and hand's work in C as each group is read (those of
-        `served` held, the others handed over), and serve and hand are left to the groups
-        read otherwise (the local tier's, the Python reads). `readahead`: a batch of the read-ahead
+        compiled reads do serve's and hand's work in C as each read is checked (those of
+        `served` held, the others handed over; a read-ahead batch with nothing to push then
+        reads in one group, Batch.whole), and serve and hand are left to the groups read
+        otherwise (the local tier's, the Python reads). `readahead`: a batch of the read-ahead
         (counted in readahead_running until it ends). Whether a batch was started (not if
         every sample is fetched already)."""
         if self.inbox is None:
@@ -682,7 +692,8 @@ class Fetcher:
         def done(outcome):  # (the worker thread: its groups held, then its end)
             b.post_held()
             post(tried, (todo, t0, outcome))
-        trio.lowlevel.start_thread_soon(lambda: self._read(todo, b.on_read, waited, b.publish), done)
+        trio.lowlevel.start_thread_soon(lambda: self._read(todo, b.on_read, waited, b.publish, b.whole),
+                                        done)
 
     def thread_done(self, n: int) -> None:
         """(The loop.) A worker thread of node n is done: a try waiting for one starts."""
@@ -715,16 +726,16 @@ class Fetcher:
                   self.node_names[self.node_of(sid)], self.store.chunk_path(int(index.chunk[sid])),
                   os.fsdecode(index.file_path(sid)), error)
 
-    def _read(self, sids: list[int], on_read, waited: bool, publish=None):
+    def _read(self, sids: list[int], on_read, waited: bool, publish=None, whole: bool = False):
         """(results, sids served by the local tier); blocking. Each tier in turn reads what
         the ones before it did not hold (the last, the nodes, reads all that is left),
         handing each group of reads to on_read as it is done. waited: a reader waits for
-        the first sample (its read is handed on alone); publish: Batch.publish."""
+        the first sample (its read is handed on alone); publish, whole: Batch's."""
         results, local, rest = {}, set(), sids
         for tier in self.tiers:
             if not rest:
                 break
-            got = tier.read(rest, on_read, waited, publish)
+            got = tier.read(rest, on_read, waited, publish, whole)
             if not tier.local:  # (the nodes, the last: they read every one)
                 if not results:
                     return got, local

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import errno
 import io
+import math
 import os
 import resource
 import stat
@@ -356,8 +357,9 @@ class ChunkStore:
         ... reads (the i-th read of a batch reaches its reader after at most about 2i
         reads) and goes on while it has taken less than group_s: reads that take longer
         (a remote node's round trip) come in those minimal groups, fast ones (the page
-        cache, a local disk) in one or two groups a batch. first_alone: the first read is a
-        group of its own (a reader waits for its sample).
+        cache, a local disk) in one or two groups a batch; group_s inf: every read in one
+        group. first_alone: the first read is a group of its own (a reader waits for its
+        sample).
 
         Returns ({sid: bytes or the exception for that sample}, reads made, bytes read).
         A failed read fails only the samples in it; a corrupt sample fails alone.
@@ -388,7 +390,8 @@ class ChunkStore:
         done = 0
         while done < total:
             budget = 0.0 if first_alone and done == 0 else group_s
-            got, n, b, made = read_group(done, max(1, done), budget)
+            # (group_s inf: every read in one group)
+            got, n, b, made = read_group(done, -1 if budget == math.inf else max(1, done), budget)
             done += made
             nreads += n
             nbytes += b
@@ -454,7 +457,7 @@ class ChunkStore:
                         unopened[k] = e
                 made, ok, nbytes, values, failed, bad = _fetchio.read_group(
                     reads_b, members_b, done, first, chunks, fds, ix.offset, ix.size, ix.checksum, least,
-                    int(budget_s * 1e6), 1 if done == 0 and self.willneed else -1, publish)
+                    int(min(budget_s, 1e6) * 1e6), 1 if done == 0 and self.willneed else -1, publish)
                 ids = members[first:first + len(values)].tolist()
                 got = dict(zip(ids, values))
                 if bad:  # (a failed read, a chunk not open, a mismatch or a short read)

@@ -223,3 +223,41 @@ def test_a_read_ahead_try_reaches_the_loop_once_unless_a_reader_waits_there(thre
         assert len(sink.calls) == 1, sink.calls
     else:
         assert len(sink.calls) >= 4, sink.calls  # (a call a group)
+
+
+@pytest.mark.parametrize("published", [True, False])
+def test_a_read_ahead_try_published_to_the_fast_path_is_read_in_one_group(three_nodes, monkeypatch,
+                                                                          published):
+    """A read-ahead try whose samples the compiled reads publish to the fast path as each read
+    is checked (Batch.whole: their readers need no group's end) makes every read in one call
+    of C, one group, where reads otherwise come in groups (here forced to the fewest: 1, 1, 2,
+    4, 4); without publishing it keeps its groups. Either way each sample arrives once."""
+    from fusefs import pyfuse3
+    from fusefs.fetch import Batch
+    from fusefs.store import ChunkStore as Store
+    monkeypatch.setattr(Store, "read_batch", functools.partialmethod(Store.read_batch, group_s=0.0))
+    groups = []
+    on_read = Batch.on_read
+    monkeypatch.setattr(Batch, "on_read", lambda b, got, *a, **kw: (groups.append(sorted(got)),
+                                                                     on_read(b, got, *a, **kw)))
+    dst, files = three_nodes
+    ix = Index.load(os.path.join(dst, INDEX_NAME))
+    placement = Placement(ix)
+    sids = [s for s in range(ix.n_files) if placement.node_of(s) == 0][:24:2]  # (none adjacent)
+    sink = Calls()
+    fetcher = Fetcher(ChunkStore(str(dst), ix), MountConfig.of().fetch, sink=sink, placement=placement,
+                      inflight=InFlight(ix.n_files), max_gap=0)
+    publish = pyfuse3.fast_path_publish_api() if published else None
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(fetcher.run, nursery)
+            assert fetcher.submit(sids, fetcher.claim(sids), serve=lambda items: None, served=set(sids),
+                                  hand=lambda items: None, publish=publish, readahead=True)
+            with trio.fail_after(30):
+                await sink.over.wait()
+            nursery.cancel_scope.cancel()
+    trio.run(main)
+    assert sorted(sum(sink.calls, [])) == sorted(sids) and sorted(sum(groups, [])) == sorted(sids)
+    assert all(bytes(r) == files[os.fsdecode(ix.file_path(s))] for s, r in sink.items)
+    assert len(groups) == 1 if published else len(groups) >= 4, groups
