@@ -1497,17 +1497,21 @@ static void fusefs_fast_let_go(PyObject *old) {
     fusefs_fast.dropped[fusefs_fast.dropped_n++] = old;
 }
 
-/* (with the GIL) The reads that wait for sample sid (parked), taken, for the caller to
- * answer from its bytes (fusefs_fast_answer_parked) without holding them: a fetched sample
- * that a missed read waits for, whether fusefs keeps it or not. The sample is no longer
- * expected. NULL (at once, without a lock) where none waits. */
+/* (any thread, no GIL needed) The reads that wait for sample sid (parked), taken, for the
+ * caller to answer from its bytes (fusefs_fast_answer_parked) without holding them: a
+ * fetched sample that a missed read waits for, whether fusefs keeps it or not. The sample
+ * is no longer expected. NULL (at once, without a lock) where none waits, or where the
+ * table is gone (it is dropped under the lock). */
 static fusefs_parked *fusefs_fast_hand(uint64_t sid) {
     if (fusefs_fast.expected == NULL || sid >= fusefs_fast.n_files
             || !(__atomic_load_n(&fusefs_fast.expected[sid], __ATOMIC_RELAXED) & FUSEFS_WAITED))
         return NULL;
+    fusefs_parked *waiting = NULL;
     pthread_rwlock_wrlock(&fusefs_fast.held_lock);
-    fusefs_parked *waiting = fusefs_fast.expected[sid] & FUSEFS_WAITED ? fusefs_unpark(sid, 0) : NULL;
-    fusefs_fast.expected[sid] = 0;
+    if (fusefs_fast.expected != NULL) {
+        waiting = fusefs_fast.expected[sid] & FUSEFS_WAITED ? fusefs_unpark(sid, 0) : NULL;
+        fusefs_fast.expected[sid] = 0;
+    }
     pthread_rwlock_unlock(&fusefs_fast.held_lock);
     return waiting;
 }
@@ -1526,16 +1530,7 @@ static void fusefs_fast_hold_nogil(uint64_t sid, void *obj, const char *buf, uin
 /* (any thread, without the GIL) fusefs_publish_api's hand_nogil: the reads that wait for
  * sample sid answered from its n bytes at buf, which are not held (fusefs_fast_hand's). */
 static void fusefs_fast_hand_nogil(uint64_t sid, const char *buf, uint64_t n) {
-    if (fusefs_fast.expected == NULL || sid >= fusefs_fast.n_files
-            || !(__atomic_load_n(&fusefs_fast.expected[sid], __ATOMIC_RELAXED) & FUSEFS_WAITED))
-        return;
-    pthread_rwlock_wrlock(&fusefs_fast.held_lock);
-    fusefs_parked *w = NULL;
-    if (fusefs_fast.expected != NULL) {
-        w = fusefs_fast.expected[sid] & FUSEFS_WAITED ? fusefs_unpark(sid, 0) : NULL;
-        fusefs_fast.expected[sid] = 0;
-    }
-    pthread_rwlock_unlock(&fusefs_fast.held_lock);
+    fusefs_parked *w = fusefs_fast_hand(sid);
     if (w != NULL)
         fusefs_fast_answer_parked(w, buf, n);
 }

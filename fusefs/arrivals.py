@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import collections
 import logging
-import operator
 import time
 
 import numpy as np
 
 from .cache import SampleCache
-from .fetch import READ_WELL, FetchCancelled
+from .fetch import ITEM_RESULT, ITEM_SID, READ_WELL, FetchCancelled
 from .holders import Holders
 from .policy import Policy
 from .prefetch import ReadAheadPlan, Wake
@@ -29,7 +28,6 @@ from .store import CorruptSample
 log = logging.getLogger("fusefs")
 
 GAVE_UP_MAX = 4096  # samples whose fetch gave up that are remembered (the oldest go first)
-_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)  # (of a (sid, result) item)
 
 
 class Arrivals:
@@ -120,7 +118,7 @@ class Arrivals:
         and the cache keeps the group's samples in one call (SampleCache.put_many). Returns
         the samples the cache may not have kept (the others it did keep): those refused,
         failed or missed, or all where a local tier is offered them first."""
-        if not missed and set(map(type, map(_SECOND, items))) <= READ_WELL:  # (a clean group: no loop)
+        if not missed and set(map(type, map(ITEM_RESULT, items))) <= READ_WELL:  # (a clean group: no loop)
             ok, unkept = items if type(items) is list else list(items), []
         else:
             ok, unkept = [], []
@@ -133,7 +131,7 @@ class Arrivals:
                     ok.append(item)
         if not ok:
             return unkept
-        keys = self.policy.keys_of(list(map(_FIRST, ok)))
+        keys = self.policy.keys_of(list(map(ITEM_SID, ok)))
         if self.local is not None:  # (each offered to the local tier first)
             for (sid, r), key in zip(ok, keys):
                 self._keep(sid, r, key)

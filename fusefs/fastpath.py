@@ -135,8 +135,9 @@ class FastPath:
     @staticmethod
     def publish_api():
         """The capsule (fusefs/_publishapi.h) through which a fetch's worker thread's compiled
-        reads (fusefs._fetchio.read_group) hold each group's samples (hold_many) or hand
-        them over (hand_many) in C, as the group is read."""
+        reads (read_group in fusefs/_fetchio.c) hold each sample (hold_many's work) or hand
+        it over (hand_many's) in C as its read is checked, and the cache's mirror holds and
+        lets go of its entries (hold's)."""
         return pyfuse3.fast_path_publish_api()
 
     @staticmethod

@@ -33,7 +33,7 @@ from .store import MAX_GAP, ChunkStore, CorruptSample, ShortRead
 log = logging.getLogger("fusefs")
 
 READ_WELL = frozenset((bytes, memoryview))  # what a sample read well is (NodeReads, LocalTierReads)
-_FIRST = operator.itemgetter(0)  # (a (sid, result) item's sid)
+ITEM_SID, ITEM_RESULT = operator.itemgetter(0), operator.itemgetter(1)  # (of a (sid, result) item)
 MAX_BACKOFF = 2.0  # seconds between tries of a read waiting for a node (io_timeout)
 BATCH_BYTES = 1 << 20  # a request holds at least --batch samples, and as many as make this
 # a read-ahead request holds more: as many samples as make READAHEAD_BYTES, up to READAHEAD_SAMPLES
@@ -340,7 +340,7 @@ class Batch:
             if len(settled) == len(left):
                 left.clear()
             else:
-                left.difference_update(map(_FIRST, settled))
+                left.difference_update(map(ITEM_SID, settled))
             self.fetcher.inflight.settle_many(settled)
             from_local = self.from_local
             if not from_local:

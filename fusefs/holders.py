@@ -37,6 +37,9 @@ class Holders:
         self.cache, self.handles, self.kernel_view = cache, handles, kernel_view
         self._serve = serve
         self._table = table if serve is not None else None
+        # (the fast path's capsule, made once: a table kept in Python has none)
+        api = getattr(self._table, "publish_api", None)
+        self.publish_api = api() if api is not None else None
         self.waiting: set[int] = set()  # missed samples whose reads wait in the fast path for
         # their arrival (wait_for)
         self.pushing: dict[int, bytes] = {}  # sid -> bytes while a worker thread pushes them
@@ -89,14 +92,6 @@ class Holders:
         serve = self._serve
         for sid, data in items:
             serve(sid, data)
-
-    @property
-    def publish_api(self):
-        """The fast path's capsule a fetch thread's compiled reads publish each group with,
-        in C (FastPath.publish_api: serve_early's and hand_many's work), or None (no table,
-        or one kept in Python, which serve_early and hand_many fill)."""
-        api = getattr(self._table, "publish_api", None)
-        return api() if api is not None else None
 
     @property
     def expects(self) -> bool:

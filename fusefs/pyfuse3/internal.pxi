@@ -246,6 +246,7 @@ cdef extern from "_fastpath.h":
     void fusefs_fast_miss_counts(unsigned long long *out) nogil
     object fusefs_fast_miss_api()
     object fusefs_fast_publish_api()
+    void fusefs_fast_hold_one(unsigned long long sid, void *obj)
     void fusefs_fast_free_held()
     void fusefs_fast_kernel_flags(const unsigned char *flags, unsigned long long n)
     int fusefs_fast_tree(unsigned long long n_dirs, const unsigned long long *dir_first_file,
@@ -567,20 +568,11 @@ def _fusefs_free():
 
 
 cdef _fusefs_hold(unsigned long long sid, data):
-    cdef fusefs_parked *w
-    cdef const char *buf = NULL
-    cdef unsigned long long n = 0
-    if data is None:
-        w = fusefs_fast_hold(sid, NULL)
-    elif type(data) is bytes:
-        w = fusefs_fast_hold(sid, <PyObject *> data)
-        buf = <const char *> data
-        n = len(data)
-    else:
+    if data is not None and type(data) is not bytes:
         raise TypeError('fast_path_hold: data must be bytes or None')
-    if w != NULL:
-        with nogil:  # (data's reference, the caller's, keeps buf alive)
-            fusefs_fast_answer_parked(w, buf, n)
+    # (the cache's mirror's hold: the reads that waited answered without the GIL, data's
+    # reference, the caller's, keeping its bytes alive)
+    fusefs_fast_hold_one(sid, <void *> data if data is not None else NULL)
 
 
 def fast_path_hold(sid, data):
